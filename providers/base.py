@@ -1,0 +1,173 @@
+"""The contract between the virtual kubelet and a GPU cloud.
+
+Why it exists: the service must reason about many clouds with one vocabulary. Everything a cloud
+adapter takes or returns is a frozen value type declared here, and every failure is one of the
+typed errors below, so that placement can decide (try the next cloud, block an offer, fail the
+pod, retry later) without knowing which cloud it talks to.
+
+Rules for adapters:
+
+* ``create`` is idempotent by ``spec.name``: if an instance with that name already exists, return
+  it instead of making a second one (a retry after a timeout must never run a pod twice).
+* ``list`` returns only instances tagged with this adapter's ``owner`` (the node name), in one
+  call per sweep, never one call per pod.
+* ``delete`` is idempotent: deleting an instance that is gone is not an error.
+* Secrets (API keys, env values) never appear in ``repr``, logs or error messages.
+"""
+
+from __future__ import annotations
+
+import builtins
+import enum
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+#: Tag keys every instance carries so that a restart can adopt it and GC can find orphans.
+TAG_NODE = "vkprovider.io/node"
+TAG_NAMESPACE = "vkprovider.io/namespace"
+TAG_POD = "vkprovider.io/pod"
+TAG_UID = "vkprovider.io/uid"
+
+
+class InstanceState(enum.StrEnum):
+    """The lifecycle of a cloud instance, as every adapter must map it."""
+
+    PENDING = "pending"  # accepted, not running yet (queued, pulling, booting)
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"  # container exited 0
+    FAILED = "failed"  # exited non-zero, crashed, preempted or could not start
+    TERMINATING = "terminating"  # a delete is in progress
+
+
+@dataclass(frozen=True, kw_only=True)
+class Port:
+    container_port: int
+    protocol: str = "TCP"
+    name: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstanceSpec:
+    """What to run. Built from a pod by the service; adapters map it onto their API."""
+
+    name: str  # deterministic: "<node>-<pod uid>"; the idempotency key
+    image: str
+    gpu_count: int
+    gpu_type: str | None = None  # the cluster's GPU name (e.g. "H100"); adapters map it
+    command: tuple[str, ...] | None = None
+    args: tuple[str, ...] | None = None
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)  # may hold secrets
+    ports: tuple[Port, ...] = ()
+    cpu_millis: int = 0
+    memory_bytes: int = 0
+    region: str | None = None  # the offer placement chose; None lets the cloud choose
+    max_price_per_hour: float | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Instance:
+    """What the cloud reports about one instance."""
+
+    id: str
+    name: str
+    provider: str
+    state: InstanceState
+    tags: Mapping[str, str] = field(default_factory=dict)
+    gpu_type: str | None = None
+    gpu_count: int = 0
+    region: str | None = None
+    price_per_hour: float = 0.0  # for the whole instance
+    ip: str | None = None
+    endpoints: tuple[str, ...] = ()  # public URLs or host:port
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    exit_code: int | None = None
+    message: str | None = None  # a human reason for FAILED/PENDING, free of secrets
+    restart_count: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Offer:
+    """Capacity a cloud sells now: `available` GPUs of one type in one region."""
+
+    provider: str
+    gpu_type: str
+    region: str
+    available: int
+    price_per_gpu_hour: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogOptions:
+    follow: bool = False
+    tail_lines: int | None = None
+    since_seconds: int | None = None
+    timestamps: bool = False
+    limit_bytes: int | None = None
+
+
+class ProviderError(Exception):
+    """Base of every error an adapter raises. Messages never include secrets."""
+
+    def __init__(self, message: str, *, provider: str = "") -> None:
+        super().__init__(message)
+        self.provider = provider
+
+
+class CapacityError(ProviderError):
+    """No capacity for this GPU type/region now: try the next candidate, block this offer."""
+
+
+class QuotaError(ProviderError):
+    """The account's quota or balance does not allow it: try elsewhere, do not retry here."""
+
+
+class AuthError(ProviderError):
+    """Credentials rejected: block the provider until its configuration changes."""
+
+
+class InvalidSpec(ProviderError):
+    """The cloud can never run this spec: fail the pod, never retry."""
+
+
+class RateLimited(ProviderError):
+    """Slow down; ``retry_after`` seconds (None when the cloud did not say)."""
+
+    def __init__(self, message: str, *, provider: str = "", retry_after: float | None) -> None:
+        super().__init__(message, provider=provider)
+        self.retry_after = retry_after
+
+
+class TransientError(ProviderError):
+    """A timeout, 5xx or connection error: retry with backoff."""
+
+
+class NotFound(ProviderError):
+    """The instance does not exist (any more)."""
+
+
+class Unsupported(ProviderError):
+    """The cloud does not offer this operation (exec, previous logs, ...)."""
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """One GPU cloud account, scoped to one virtual node (``owner``)."""
+
+    name: str
+
+    async def create(self, spec: InstanceSpec) -> Instance: ...
+
+    async def list(self) -> list[Instance]: ...
+
+    async def delete(self, instance_id: str) -> None: ...
+
+    def logs(self, instance_id: str, opts: LogOptions) -> AsyncIterator[bytes]: ...
+
+    async def capacity(self) -> builtins.list[Offer]: ...
+
+    async def aclose(self) -> None: ...

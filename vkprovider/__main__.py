@@ -1,0 +1,7 @@
+"""``python -m vkprovider`` is the ``vkprovider`` command."""
+
+import sys
+
+from vkprovider.cli import main
+
+sys.exit(main())
