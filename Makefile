@@ -1,0 +1,32 @@
+# The two commands a newcomer needs: `make demo` (the whole story on a local cluster) and
+# `make test` (every test, against a real control plane). Both set themselves up from scratch.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint controlplane venv clean
+
+$(BIN)/vkprovider: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(BIN)/vkprovider
+
+controlplane:
+	@bash tools/controlplane/build.sh >/dev/null
+
+demo: venv controlplane
+	$(BIN)/vkprovider demo
+
+test: venv controlplane
+	$(BIN)/python -m pytest
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+clean:
+	rm -rf $(VENV) .artifacts .mypy_cache .ruff_cache .pytest_cache

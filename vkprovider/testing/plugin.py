@@ -1,0 +1,152 @@
+"""pytest plugin: one real control plane per test run, a namespace per test.
+
+Why it exists: starting etcd and kube-apiserver costs ~10-20 s, so the whole run shares one
+cluster and tests isolate by namespace. Use it from your own tests with
+``pytest_plugins = ["vkprovider.testing.plugin"]``.
+
+Fixtures:
+
+* ``local_cluster`` (session): a started :class:`LocalCluster` with the fake kubelet running.
+* ``kube`` (function, async): an admin :class:`KubeClient`.
+* ``namespace`` (function, async): a fresh namespace, deleted after the test.
+
+A failing test gets the tail of every component's log attached to its report; the full logs stay
+under ``.artifacts/controlplane-logs`` (or ``VKP_ARTIFACTS``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import sys
+import uuid
+from collections.abc import AsyncIterator, Generator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from vkprovider.kube import KubeClient
+from vkprovider.kube.errors import NotFoundError
+from vkprovider.testing.cluster import REPO_ROOT, LocalCluster
+from vkprovider.testing.fakekubelet import create_gpu_nodes
+from vkprovider.testing.waiting import eventually
+
+_CLUSTER_KEY = pytest.StashKey[LocalCluster]()
+
+
+def _artifacts() -> Path:
+    return Path(os.environ.get("VKP_ARTIFACTS", REPO_ROOT / ".artifacts"))
+
+
+@pytest.fixture(scope="session")
+def local_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    log_dir = _artifacts() / "controlplane-logs"
+    shutil.rmtree(log_dir, ignore_errors=True)
+    cluster = LocalCluster(log_dir=log_dir)
+    try:
+        asyncio.run(cluster.start())
+        cluster.start_component(
+            name="fake-kubelet",
+            argv=[
+                sys.executable,
+                "-m",
+                "vkprovider.testing.fakekubelet",
+                f"--kubeconfig={cluster.kubeconfig}",
+                "--start-delay=0.3",
+                "--max-grace=1",
+            ],
+        )
+        request.config.stash[_CLUSTER_KEY] = cluster
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest_asyncio.fixture
+async def kube(local_cluster: LocalCluster) -> AsyncIterator[KubeClient]:
+    client = local_cluster.client()
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest_asyncio.fixture
+async def namespace(kube: KubeClient, request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    base = request.node.name.lower().replace("_", "-")[:40].strip("-")
+    name = f"{base}-{uuid.uuid4().hex[:6]}"
+    await kube.create(
+        "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    )
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(NotFoundError):
+            await kube.delete(f"/api/v1/namespaces/{name}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    cluster = item.config.stash.get(_CLUSTER_KEY, None)
+    if report.failed and cluster is not None:
+        for comp in cluster.components.values():
+            report.sections.append((f"{comp.name} log (tail)", comp.tail(30)))
+    return report
+
+
+@pytest_asyncio.fixture
+async def gpu_nodes(kube: KubeClient, namespace: str) -> AsyncIterator[GPUNodeFactory]:
+    """A factory for simulated GPU nodes in a pool of this test; deleted after the test.
+
+    Each node is labelled ``vkprovider.io/pool=<namespace>``, so a test's pods can select its own
+    nodes with that nodeSelector and never land on another test's.
+    """
+    factory = GPUNodeFactory(kube=kube, pool=namespace)
+    try:
+        yield factory
+    finally:
+        for name in factory.created:
+            with contextlib.suppress(NotFoundError):
+                await kube.delete(f"/api/v1/nodes/{name}")
+
+
+class GPUNodeFactory:
+    def __init__(self, *, kube: KubeClient, pool: str) -> None:
+        self.kube = kube
+        self.pool = pool
+        self.created: list[str] = []
+
+    async def create(
+        self, *, count: int, gpus: int, product: str = "NVIDIA-H100-80GB-HBM3"
+    ) -> list[str]:
+        names = [f"{self.pool[:40]}-gpu-{len(self.created) + i}" for i in range(count)]
+        await create_gpu_nodes(
+            kube=self.kube,
+            names=names,
+            gpus=gpus,
+            product=product,
+            labels={"vkprovider.io/pool": self.pool},
+        )
+        self.created.extend(names)
+        for name in names:  # usable = Ready and the node-lifecycle controller's taints gone
+            await eventually(
+                lambda n=name: self.kube.get(f"/api/v1/nodes/{n}"),  # type: ignore[misc]
+                until=_schedulable,
+                timeout=60,
+                what=f"node {name} Ready without not-ready taints",
+            )
+        return names
+
+
+def _schedulable(node: dict[str, Any]) -> bool:
+    taints = node.get("spec", {}).get("taints") or []
+    conds = node.get("status", {}).get("conditions") or []
+    ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+    return ready and not any(t["key"].startswith("node.kubernetes.io/") for t in taints)

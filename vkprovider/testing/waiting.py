@@ -1,0 +1,38 @@
+"""Polling helpers for tests: wait until a condition holds, with a deadline and a clear failure.
+
+Why it exists: e2e tests observe a distributed system; they must wait for convergence without
+fixed sleeps, and when it does not come, say what was last seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class NotConverged(AssertionError):
+    """The condition did not hold before the deadline."""
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T]],
+    *,
+    until: Callable[[T], bool] = bool,
+    timeout: float = 60.0,
+    interval: float = 0.25,
+    what: str = "condition",
+) -> T:
+    """Call ``probe`` until ``until(result)`` is true; return that result or raise NotConverged."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while True:
+        last = await probe()
+        if until(last):
+            return last
+        if time.monotonic() > deadline:
+            raise NotConverged(f"{what} not reached in {timeout}s; last seen: {last!r}"[:2000])
+        await asyncio.sleep(interval)
