@@ -1,0 +1,1 @@
+"""The virtual node: registration, lease, status, pod lifecycle and orphan GC."""

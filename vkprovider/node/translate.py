@@ -1,0 +1,664 @@
+"""Turn a pod (a plain dict from the API server) into the InstanceSpec a cloud adapter runs.
+
+Why it exists: this is the one place that decides what of a pod a GPU cloud can honour. Anything no
+cloud can do is refused here, before any cloud call, with a ``PodRejected`` that names the exact
+pod field (so the pod is failed with a clear reason and a Warning event); a missing Secret or
+ConfigMap raises ``PodConfigPending`` so the pod waits like the kubelet's
+``CreateContainerConfigError``. Everything else is mapped: image, command/args (with ``$(VAR)``
+expansion), env (plain, Secret/ConfigMap refs, downward API, resource fields, ``envFrom``), ports,
+GPU count and type, cpu and memory, and the tags that let a restart adopt the instance.
+
+The only I/O is reading Secrets and ConfigMaps through the injected ``RefSource``; each object is
+read at most once per translation. Secret values end up in ``InstanceSpec.env`` (whose repr hides
+them) and never in an error message.
+
+Decisions worth knowing:
+
+* GPU type: the annotation ``vkprovider.io/gpu-type`` wins over the nodeSelector
+  ``nvidia.com/gpu.product``: the annotation is the provider-specific, explicit choice, while the
+  nodeSelector is usually written for internal nodes.
+* GPU count, cpu and memory come from limits, else requests. If both set ``nvidia.com/gpu`` they
+  must be equal (an extended resource cannot be overcommitted).
+* A missing or blank image is rejected with reason ``InvalidImageName`` (the kubelet's own reason
+  for a bad image reference); other unsupported features use ``UnsupportedPodSpec``; bad
+  quantities use ``InvalidResources``.
+* ``resourceFieldRef`` on ``limits.*`` falls back to the request (the kubelet would use the node's
+  allocatable, which a cloud instance does not have); when neither is set the variable is left
+  unset. ``requests.*`` falls back to the limit, then to 0, as Kubernetes defaults requests.
+* ``status.podIP``/``status.hostIP`` (and the plural forms) are empty: the cloud assigns the
+  address only after the instance exists.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from decimal import Decimal
+from typing import Any, Protocol
+
+from providers.base import TAG_NAMESPACE, TAG_NODE, TAG_POD, TAG_UID, InstanceSpec, Port
+from vkprovider.errors import PodConfigPending, PodRejected
+
+__all__ = [
+    "ANNOTATION_GPU_TYPE",
+    "CPU_CAP",
+    "GPU_CAP",
+    "GPU_RESOURCE",
+    "MEMORY_CAP",
+    "NODE_SELECTOR_GPU_PRODUCT",
+    "REASON_INVALID_IMAGE",
+    "REASON_INVALID_RESOURCES",
+    "REASON_UNSUPPORTED",
+    "QuantityError",
+    "RefSource",
+    "cpu_millis",
+    "instance_name",
+    "memory_bytes",
+    "parse_quantity",
+    "translate",
+    "validate",
+]
+
+GPU_RESOURCE = "nvidia.com/gpu"
+ANNOTATION_GPU_TYPE = "vkprovider.io/gpu-type"
+NODE_SELECTOR_GPU_PRODUCT = "nvidia.com/gpu.product"
+
+REASON_UNSUPPORTED = "UnsupportedPodSpec"
+REASON_INVALID_IMAGE = "InvalidImageName"
+REASON_INVALID_RESOURCES = "InvalidResources"
+
+#: Sanity caps: anything above is a typo or an attack, not a workload.
+GPU_CAP = Decimal(1024)
+CPU_CAP = Decimal(4096)  # cores
+MEMORY_CAP = Decimal(64 * 2**40)  # 64Ti bytes
+
+_C0 = "spec.containers[0]"
+
+
+class RefSource(Protocol):
+    """Reads the Secrets and ConfigMaps a pod refers to. ``None`` means it does not exist."""
+
+    async def secret(self, *, namespace: str, name: str) -> dict[str, str] | None:
+        """The Secret's data, values already base64-decoded."""
+        ...
+
+    async def config_map(self, *, namespace: str, name: str) -> dict[str, str] | None:
+        """The ConfigMap's ``data``."""
+        ...
+
+
+# --------------------------------------------------------------------------------------------
+# Quantities
+
+
+class QuantityError(ValueError):
+    """A Kubernetes quantity that cannot be parsed; the message says why, never the pod field."""
+
+
+_BINARY_SUFFIXES = {
+    "Ki": Decimal(2**10),
+    "Mi": Decimal(2**20),
+    "Gi": Decimal(2**30),
+    "Ti": Decimal(2**40),
+    "Pi": Decimal(2**50),
+    "Ei": Decimal(2**60),
+}
+_DECIMAL_SUFFIXES = {
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "": Decimal(1),
+    "k": Decimal("1e3"),
+    "M": Decimal("1e6"),
+    "G": Decimal("1e9"),
+    "T": Decimal("1e12"),
+    "P": Decimal("1e15"),
+    "E": Decimal("1e18"),
+}
+_QUANTITY_RE = re.compile(
+    r"(?P<sign>[+-]?)(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?[0-9]+|[numkMGTPE]?)"
+)
+_MAX_QUANTITY_LEN = 64
+_MAX_EXPONENT = 30
+
+
+def parse_quantity(value: object) -> Decimal:
+    """Parse a Kubernetes quantity ("500m", "1.5Gi", "1e3", "2") into its exact value.
+
+    Accepts ints (JSON numbers) and strings. Negative values parse (callers decide); a suffix is
+    case-sensitive as in Kubernetes ("1M" is 10^6, "1m" is 1/1000, "1E" is 10^18, "1E3" is 1000).
+    Raises ``QuantityError`` with a clear message.
+    """
+    if isinstance(value, bool):
+        raise QuantityError(f"{value!r} is not a quantity")
+    if isinstance(value, int):
+        return Decimal(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise QuantityError(f"{value!r} is not a finite quantity")
+        return Decimal(repr(value))
+    if not isinstance(value, str):
+        raise QuantityError(f"expected a string quantity, got {type(value).__name__}")
+    text = value.strip()
+    if not text:
+        raise QuantityError("empty quantity")
+    if len(text) > _MAX_QUANTITY_LEN:
+        raise QuantityError(f"quantity longer than {_MAX_QUANTITY_LEN} characters")
+    match = _QUANTITY_RE.fullmatch(text)
+    if match is None:
+        raise QuantityError(
+            f"{text!r} is not a quantity (expected a number with an optional suffix: "
+            "n, u, m, k, M, G, T, P, E, Ki..Ei or an exponent like e3)"
+        )
+    number = Decimal(match["number"])
+    if match["sign"] == "-":
+        number = -number
+    suffix = match["suffix"]
+    if suffix in _BINARY_SUFFIXES:
+        return number * _BINARY_SUFFIXES[suffix]
+    if suffix in _DECIMAL_SUFFIXES:
+        return number * _DECIMAL_SUFFIXES[suffix]
+    exponent = int(suffix[1:])
+    if abs(exponent) > _MAX_EXPONENT:
+        raise QuantityError(f"{text!r}: exponent {exponent} is out of range")
+    return number.scaleb(exponent)
+
+
+def cpu_millis(quantity: Decimal) -> int:
+    """CPU cores to millicores, rounded up (as Kubernetes does)."""
+    return math.ceil(quantity * 1000)
+
+
+def memory_bytes(quantity: Decimal) -> int:
+    """Memory to whole bytes, rounded up."""
+    return math.ceil(quantity)
+
+
+# --------------------------------------------------------------------------------------------
+# Small helpers over untyped JSON
+
+
+def _map(obj: Any, key: str) -> Mapping[str, Any]:
+    value = obj.get(key) if isinstance(obj, Mapping) else None
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(obj: Any, key: str) -> Sequence[Any]:
+    value = obj.get(key) if isinstance(obj, Mapping) else None
+    return value if isinstance(value, list) else []
+
+
+def _str(obj: Any, key: str) -> str:
+    value = obj.get(key) if isinstance(obj, Mapping) else None
+    return value if isinstance(value, str) else ""
+
+
+def _unsupported(field: str, message: str) -> PodRejected:
+    return PodRejected(reason=REASON_UNSUPPORTED, field=field, message=message)
+
+
+def instance_name(*, node_name: str, pod_uid: str) -> str:
+    """The deterministic instance name ``<node>-<pod uid>``: the cloud-side idempotency key."""
+    if not node_name or not pod_uid:
+        raise ValueError("node_name and pod_uid must not be empty")
+    return f"{node_name}-{pod_uid}"
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+
+_TOKEN_VOLUME_SOURCES = frozenset({"serviceAccountToken", "configMap", "downwardAPI"})
+_HOST_NAMESPACES = ("hostNetwork", "hostPID", "hostIPC")
+_LABEL_FIELD_RE = re.compile(r"metadata\.(?P<kind>labels|annotations)\['(?P<key>[^']+)'\]")
+_SIMPLE_FIELDS = frozenset(
+    {
+        "metadata.name",
+        "metadata.namespace",
+        "metadata.uid",
+        "spec.nodeName",
+        "spec.serviceAccountName",
+        "status.podIP",
+        "status.podIPs",
+        "status.hostIP",
+        "status.hostIPs",
+    }
+)
+_RESOURCE_FIELDS = frozenset({"limits.cpu", "limits.memory", "requests.cpu", "requests.memory"})
+_ENV_SOURCES = ("secretKeyRef", "configMapKeyRef", "fieldRef", "resourceFieldRef")
+_ENV_FROM_SOURCES = ("secretRef", "configMapRef")
+_RESOURCE_CAPS = {"cpu": CPU_CAP, "memory": MEMORY_CAP, GPU_RESOURCE: GPU_CAP}
+
+
+def _is_token_volume(volume: Mapping[str, Any]) -> bool:
+    """The projected service-account token volume (``kube-api-access-*``) that admission adds."""
+    projected = volume.get("projected")
+    if not isinstance(projected, Mapping):
+        return False
+    kinds: set[str] = set()
+    for source in _list(projected, "sources"):
+        if isinstance(source, Mapping):
+            kinds.update(k for k, v in source.items() if v is not None)
+    return "serviceAccountToken" in kinds and kinds <= _TOKEN_VOLUME_SOURCES
+
+
+def _volume_type(volume: Mapping[str, Any]) -> str:
+    types = sorted(k for k, v in volume.items() if k != "name" and v is not None)
+    return types[0] if types else "unknown"
+
+
+def validate(pod: Mapping[str, Any]) -> None:
+    """Raise ``PodRejected`` (reason and exact field path) for what no cloud can run."""
+    meta = _map(pod, "metadata")
+    for key in ("name", "namespace", "uid"):
+        if not _str(meta, key):
+            raise _unsupported(f"metadata.{key}", f"the pod has no metadata.{key}")
+    spec = _map(pod, "spec")
+
+    for key in _HOST_NAMESPACES:
+        if spec.get(key) is True:
+            raise _unsupported(
+                f"spec.{key}", f"{key} is not supported: the pod runs on a cloud instance"
+            )
+
+    if _list(spec, "initContainers"):
+        raise _unsupported("spec.initContainers", "init containers are not supported")
+    if _list(spec, "ephemeralContainers"):
+        raise _unsupported("spec.ephemeralContainers", "ephemeral containers are not supported")
+
+    containers = _list(spec, "containers")
+    if len(containers) != 1:
+        names = ", ".join(_str(c, "name") or "?" for c in containers)
+        raise _unsupported(
+            "spec.containers",
+            f"exactly one container is supported, the pod has {len(containers)}"
+            + (f" ({names})" if names else ""),
+        )
+
+    for i, volume in enumerate(_list(spec, "volumes")):
+        if not isinstance(volume, Mapping) or _is_token_volume(volume):
+            continue
+        vtype = _volume_type(volume)
+        raise _unsupported(
+            f"spec.volumes[{i}].{vtype}",
+            f"volume {_str(volume, 'name')!r} of type {vtype} is not supported "
+            "(only the service-account token volume is)",
+        )
+
+    container = containers[0] if isinstance(containers[0], Mapping) else {}
+    _validate_container(container)
+
+
+def _validate_container(container: Mapping[str, Any]) -> None:
+    image = container.get("image")
+    if not isinstance(image, str) or not image.strip():
+        raise PodRejected(
+            reason=REASON_INVALID_IMAGE, field=f"{_C0}.image", message="the image is missing"
+        )
+    if image != image.strip() or any(ch.isspace() for ch in image):
+        raise PodRejected(
+            reason=REASON_INVALID_IMAGE,
+            field=f"{_C0}.image",
+            message=f"the image reference {image!r} contains whitespace",
+        )
+
+    if _map(container, "securityContext").get("privileged") is True:
+        raise _unsupported(
+            f"{_C0}.securityContext.privileged", "privileged containers are not supported"
+        )
+    if _list(container, "volumeDevices"):
+        raise _unsupported(f"{_C0}.volumeDevices", "volume devices are not supported")
+
+    for i, port in enumerate(_list(container, "ports")):
+        number = _map_value(port, "containerPort")
+        if not isinstance(number, int) or isinstance(number, bool) or not 0 < number < 65536:
+            raise _unsupported(
+                f"{_C0}.ports[{i}].containerPort", f"{number!r} is not a valid port number"
+            )
+
+    _validate_resources(_map(container, "resources"))
+    _validate_env(container)
+
+
+def _map_value(obj: Any, key: str) -> Any:
+    return obj.get(key) if isinstance(obj, Mapping) else None
+
+
+def _validate_resources(resources: Mapping[str, Any]) -> None:
+    parsed: dict[str, dict[str, Decimal]] = {}
+    for kind in ("limits", "requests"):
+        parsed[kind] = {}
+        for name, raw in _map(resources, kind).items():
+            field = f"{_C0}.resources.{kind}[{name}]"
+            try:
+                value = parse_quantity(raw)
+            except QuantityError as err:
+                raise PodRejected(
+                    reason=REASON_INVALID_RESOURCES, field=field, message=str(err)
+                ) from None
+            if value < 0:
+                raise PodRejected(
+                    reason=REASON_INVALID_RESOURCES, field=field, message=f"{raw!r} is negative"
+                )
+            cap = _RESOURCE_CAPS.get(name)
+            if cap is not None and value > cap:
+                raise PodRejected(
+                    reason=REASON_INVALID_RESOURCES,
+                    field=field,
+                    message=f"{raw!r} is more than the sane maximum of {_format_cap(name, cap)}",
+                )
+            if name == GPU_RESOURCE and value != value.to_integral_value():
+                raise PodRejected(
+                    reason=REASON_INVALID_RESOURCES,
+                    field=field,
+                    message=f"{raw!r} is not a whole number of GPUs",
+                )
+            parsed[kind][name] = value
+    limit = parsed["limits"].get(GPU_RESOURCE)
+    request = parsed["requests"].get(GPU_RESOURCE)
+    if limit is not None and request is not None and limit != request:
+        raise PodRejected(
+            reason=REASON_INVALID_RESOURCES,
+            field=f"{_C0}.resources.requests[{GPU_RESOURCE}]",
+            message=f"the GPU request ({request}) must equal the GPU limit ({limit})",
+        )
+
+
+def _format_cap(name: str, cap: Decimal) -> str:
+    if name == "memory":
+        return f"{int(cap) // 2**40}Ti"
+    return str(int(cap))
+
+
+def _validate_env(container: Mapping[str, Any]) -> None:
+    container_name = _str(container, "name")
+    for i, entry in enumerate(_list(container, "env")):
+        base = f"{_C0}.env[{i}]"
+        if not _str(entry, "name"):
+            raise _unsupported(f"{base}.name", "an environment variable has no name")
+        value_from = _map_value(entry, "valueFrom")
+        if value_from is None:
+            continue
+        sources = [k for k in _ENV_SOURCES if _map_value(value_from, k) is not None]
+        if len(sources) != 1:
+            raise _unsupported(
+                f"{base}.valueFrom",
+                "valueFrom must have exactly one of " + ", ".join(_ENV_SOURCES),
+            )
+        source = sources[0]
+        ref = _map(value_from, source)
+        if source in ("secretKeyRef", "configMapKeyRef"):
+            for key in ("name", "key"):
+                if not _str(ref, key):
+                    raise _unsupported(f"{base}.valueFrom.{source}.{key}", f"{key} is required")
+        elif source == "fieldRef":
+            path = _str(ref, "fieldPath")
+            if path not in _SIMPLE_FIELDS and _LABEL_FIELD_RE.fullmatch(path) is None:
+                raise _unsupported(
+                    f"{base}.valueFrom.fieldRef.fieldPath",
+                    f"downward API field {path!r} is not supported",
+                )
+        else:
+            resource = _str(ref, "resource")
+            if resource not in _RESOURCE_FIELDS:
+                raise _unsupported(
+                    f"{base}.valueFrom.resourceFieldRef.resource",
+                    f"resource {resource!r} is not supported (use one of "
+                    + ", ".join(sorted(_RESOURCE_FIELDS))
+                    + ")",
+                )
+            other = _str(ref, "containerName")
+            if other and other != container_name:
+                raise _unsupported(
+                    f"{base}.valueFrom.resourceFieldRef.containerName",
+                    f"container {other!r} does not exist in this pod",
+                )
+            divisor = ref.get("divisor")
+            if divisor is not None:
+                try:
+                    ok = parse_quantity(divisor) > 0
+                except QuantityError:
+                    ok = False
+                if not ok:
+                    raise PodRejected(
+                        reason=REASON_INVALID_RESOURCES,
+                        field=f"{base}.valueFrom.resourceFieldRef.divisor",
+                        message=f"{divisor!r} is not a positive quantity",
+                    )
+    for i, entry in enumerate(_list(container, "envFrom")):
+        sources = [k for k in _ENV_FROM_SOURCES if _map_value(entry, k) is not None]
+        if len(sources) != 1:
+            raise _unsupported(
+                f"{_C0}.envFrom[{i}]", "envFrom must have exactly one of secretRef, configMapRef"
+            )
+        if not _str(_map(entry, sources[0]), "name"):
+            raise _unsupported(f"{_C0}.envFrom[{i}].{sources[0]}.name", "name is required")
+
+
+# --------------------------------------------------------------------------------------------
+# Translation
+
+
+class _Refs:
+    """Reads each Secret/ConfigMap at most once per translation."""
+
+    def __init__(self, source: RefSource, namespace: str) -> None:
+        self._source = source
+        self._namespace = namespace
+        self._cache: dict[tuple[str, str], dict[str, str] | None] = {}
+
+    async def get(self, kind: str, name: str) -> dict[str, str] | None:
+        key = (kind, name)
+        if key not in self._cache:
+            if kind == "secret":
+                self._cache[key] = await self._source.secret(namespace=self._namespace, name=name)
+            else:
+                self._cache[key] = await self._source.config_map(
+                    namespace=self._namespace, name=name
+                )
+        return self._cache[key]
+
+
+def _expand(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes ``$(VAR)`` expansion: ``$$`` escapes, undefined references stay as written."""
+    out: list[str] = []
+    i = 0
+    n = len(text)
+    while i < n:
+        ch = text[i]
+        if ch != "$" or i + 1 >= n:
+            out.append(ch)
+            i += 1
+            continue
+        nxt = text[i + 1]
+        if nxt == "$":
+            out.append("$")
+            i += 2
+        elif nxt == "(":
+            end = text.find(")", i + 2)
+            if end == -1:
+                out.append("$(")
+                i += 2
+            else:
+                name = text[i + 2 : end]
+                out.append(env.get(name, f"$({name})"))
+                i = end + 1
+        else:
+            out.append("$" + nxt)
+            i += 2
+    return "".join(out)
+
+
+def _valid_env_name(name: str) -> bool:
+    # Kubernetes (relaxed validation) allows any printable ASCII except "=".
+    return bool(name) and "=" not in name and all(" " <= ch <= "~" for ch in name)
+
+
+def _field_value(pod: Mapping[str, Any], path: str) -> str:
+    meta = _map(pod, "metadata")
+    spec = _map(pod, "spec")
+    match = _LABEL_FIELD_RE.fullmatch(path)
+    if match is not None:
+        value = _map(meta, match["kind"]).get(match["key"])
+        return value if isinstance(value, str) else ""
+    if path.startswith("metadata."):
+        return _str(meta, path.removeprefix("metadata."))
+    if path.startswith("spec."):
+        return _str(spec, path.removeprefix("spec."))
+    return ""  # status.podIP(s)/hostIP(s): the cloud assigns an address only after create
+
+
+def _resource_value(resources: Mapping[str, Any], resource: str, divisor_raw: object) -> str | None:
+    kind, name = resource.split(".", 1)
+    other = "requests" if kind == "limits" else "limits"
+    raw = _map(resources, kind).get(name)
+    if raw is None:
+        raw = _map(resources, other).get(name)
+    if raw is None:
+        if kind == "limits":
+            return None
+        raw = "0"
+    value = parse_quantity(raw)
+    divisor = parse_quantity(divisor_raw) if divisor_raw is not None else Decimal(1)
+    if name == "cpu":
+        # Like the kubelet: whole millicores first, then divide and round up.
+        return str(math.ceil(Decimal(cpu_millis(value)) / (divisor * 1000)))
+    return str(math.ceil(value / divisor))
+
+
+async def _build_env(
+    *, pod: Mapping[str, Any], container: Mapping[str, Any], refs: _Refs, namespace: str
+) -> dict[str, str]:
+    env: dict[str, str] = {}
+
+    for i, entry in enumerate(_list(container, "envFrom")):
+        kind, source = (
+            ("secret", "secretRef")
+            if _map_value(entry, "secretRef") is not None
+            else ("configMap", "configMapRef")
+        )
+        ref = _map(entry, source)
+        name = _str(ref, "name")
+        data = await refs.get(kind, name)
+        if data is None:
+            if ref.get("optional") is True:
+                continue
+            raise PodConfigPending(
+                field=f"{_C0}.envFrom[{i}].{source}",
+                message=f'{kind} "{namespace}/{name}" not found',
+            )
+        prefix = _str(entry, "prefix")
+        for key, value in data.items():
+            full = prefix + key
+            if _valid_env_name(full):
+                env[full] = value
+
+    resources = _map(container, "resources")
+    for i, entry in enumerate(_list(container, "env")):
+        name = _str(entry, "name")
+        value_from = _map_value(entry, "valueFrom")
+        if value_from is None:
+            env[name] = _expand(_str(entry, "value"), env)
+            continue
+        base = f"{_C0}.env[{i}].valueFrom"
+        if _map_value(value_from, "fieldRef") is not None:
+            env[name] = _field_value(pod, _str(_map(value_from, "fieldRef"), "fieldPath"))
+            continue
+        if _map_value(value_from, "resourceFieldRef") is not None:
+            ref = _map(value_from, "resourceFieldRef")
+            amount = _resource_value(resources, _str(ref, "resource"), ref.get("divisor"))
+            if amount is not None:
+                env[name] = amount
+            continue
+        kind, source = (
+            ("secret", "secretKeyRef")
+            if _map_value(value_from, "secretKeyRef") is not None
+            else ("configMap", "configMapKeyRef")
+        )
+        ref = _map(value_from, source)
+        obj_name = _str(ref, "name")
+        key = _str(ref, "key")
+        optional = ref.get("optional") is True
+        data = await refs.get(kind, obj_name)
+        if data is None:
+            if optional:
+                continue
+            raise PodConfigPending(
+                field=f"{base}.{source}", message=f'{kind} "{namespace}/{obj_name}" not found'
+            )
+        if key not in data:
+            if optional:
+                continue
+            raise PodConfigPending(
+                field=f"{base}.{source}",
+                message=f'key "{key}" not found in {kind} "{namespace}/{obj_name}"',
+            )
+        env[name] = data[key]
+    return env
+
+
+def _strings(container: Mapping[str, Any], key: str, env: Mapping[str, str]) -> tuple[str, ...]:
+    return tuple(_expand(s, env) for s in _list(container, key) if isinstance(s, str))
+
+
+def _gpu_type(pod: Mapping[str, Any]) -> str | None:
+    annotated = _str(_map(pod, "metadata").get("annotations"), ANNOTATION_GPU_TYPE).strip()
+    if annotated:
+        return annotated
+    selected = _str(_map(pod, "spec").get("nodeSelector"), NODE_SELECTOR_GPU_PRODUCT).strip()
+    return selected or None
+
+
+def _quantity(resources: Mapping[str, Any], name: str) -> Decimal | None:
+    for kind in ("limits", "requests"):
+        raw = _map(resources, kind).get(name)
+        if raw is not None:
+            return parse_quantity(raw)
+    return None
+
+
+async def translate(*, pod: Mapping[str, Any], node_name: str, refs: RefSource) -> InstanceSpec:
+    """Validate the pod and build the InstanceSpec for it.
+
+    Raises ``PodRejected`` for what no cloud can run and ``PodConfigPending`` when a non-optional
+    Secret/ConfigMap (or key) is missing. Any error of ``refs`` propagates unchanged.
+    """
+    validate(pod)
+    meta = _map(pod, "metadata")
+    namespace = _str(meta, "namespace")
+    pod_name = _str(meta, "name")
+    uid = _str(meta, "uid")
+    container = _map(pod, "spec")["containers"][0]
+
+    env = await _build_env(
+        pod=pod, container=container, refs=_Refs(refs, namespace), namespace=namespace
+    )
+    command = _strings(container, "command", env)
+    args = _strings(container, "args", env)
+    ports = tuple(
+        Port(
+            container_port=int(p["containerPort"]),
+            protocol=_str(p, "protocol") or "TCP",
+            name=_str(p, "name") or None,
+        )
+        for p in _list(container, "ports")
+    )
+    resources = _map(container, "resources")
+    gpus = _quantity(resources, GPU_RESOURCE)
+    cpu = _quantity(resources, "cpu")
+    memory = _quantity(resources, "memory")
+
+    return InstanceSpec(
+        name=instance_name(node_name=node_name, pod_uid=uid),
+        image=container["image"],
+        gpu_count=int(gpus) if gpus is not None else 0,
+        gpu_type=_gpu_type(pod),
+        command=command or None,
+        args=args or None,
+        env=env,
+        ports=ports,
+        cpu_millis=cpu_millis(cpu) if cpu is not None else 0,
+        memory_bytes=memory_bytes(memory) if memory is not None else 0,
+        tags={TAG_NODE: node_name, TAG_NAMESPACE: namespace, TAG_POD: pod_name, TAG_UID: uid},
+    )
