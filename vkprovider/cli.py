@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 
 from vkprovider import logs
+from vkprovider.errors import ConfigError
 
 
 def _dev_up(args: argparse.Namespace) -> int:
@@ -21,11 +23,69 @@ def _dev_up(args: argparse.Namespace) -> int:
     return asyncio.run(run_dev_up(gpu_nodes=args.gpu_nodes, gpus_per_node=args.gpus))
 
 
+def _run(args: argparse.Namespace) -> int:
+    from vkprovider.config import load_settings
+    from vkprovider.service import run_virtual_kubelet
+
+    settings = load_settings(args.config, kubeconfig=args.kubeconfig)
+    ip = os.environ.get("VKP_NODE_INTERNAL_IP")
+    if ip:
+        settings = settings.model_copy(
+            update={"node": settings.node.model_copy(update={"internal_ip": ip})})
+    return asyncio.run(run_virtual_kubelet(settings=settings))
+
+
+def parse_inventory(text: str) -> list[tuple[str, str, int, float]]:
+    """``TYPE:REGION:COUNT:PRICE[,...]`` -> offers; errors name the bad entry."""
+    offers = []
+    for entry in filter(None, (e.strip() for e in text.split(","))):
+        parts = entry.split(":")
+        try:
+            gpu_type, region, count, price = parts
+            offers.append((gpu_type, region, int(count), float(price)))
+        except ValueError:
+            raise ConfigError(
+                f"--inventory: {entry!r} is not TYPE:REGION:COUNT:PRICE (e.g. H100:us-east:16:2.49)"
+            ) from None
+    return offers
+
+
+def _mock_cloud(args: argparse.Namespace) -> int:
+    from providers.mock.server import DEFAULT_INVENTORY, InventoryOffer, MockCloudState, serve
+
+    api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    inventory = DEFAULT_INVENTORY
+    if args.inventory:
+        inventory = tuple(
+            InventoryOffer(gpu_type=t, region=r, count=c, price_per_gpu_hour=p)
+            for t, r, c, p in parse_inventory(args.inventory)
+        )
+    state = MockCloudState(api_key=api_key, boot_delay=args.boot_delay, inventory=inventory,
+                           delete_delay=args.delete_delay, seed=args.seed)
+    asyncio.run(serve(host=args.host, port=args.port, state=state, log_level="warning"))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vkprovider", description=__doc__.split("\n\n")[0])
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--log-format", choices=("json", "text"), default="text")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the virtual kubelet (one virtual node)")
+    run.add_argument("--config", required=True, help="settings YAML (see docs/configuration.md)")
+    run.add_argument("--kubeconfig", help="default: in-cluster, else ~/.kube/config")
+    run.set_defaults(func=_run)
+
+    mock = sub.add_parser("mock-cloud", help="run the mock GPU cloud (tests, demos, your CI)")
+    mock.add_argument("--host", default="127.0.0.1")
+    mock.add_argument("--port", type=int, default=8080)
+    mock.add_argument("--boot-delay", type=float, default=1.0, help="seconds pending -> running")
+    mock.add_argument("--delete-delay", type=float, default=0.0)
+    mock.add_argument("--api-key-env", help="require this env var's value as the API key")
+    mock.add_argument("--seed", type=int, default=0)
+    mock.add_argument("--inventory", help="TYPE:REGION:COUNT:PRICE[,...]; default: a small mix")
+    mock.set_defaults(func=_mock_cloud)
 
     dev = sub.add_parser("dev", help="local development helpers")
     dev_sub = dev.add_subparsers(dest="dev_command", required=True)
@@ -44,6 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130
+    except ConfigError as exc:
+        sys.stderr.write(f"vkprovider: {exc}\n")
+        return 2
 
 
 if __name__ == "__main__":

@@ -315,7 +315,8 @@ class LocalCluster:
                 f"--kubelet-client-certificate={self.kubelet_client.cert}",
                 f"--kubelet-client-key={self.kubelet_client.key}",
                 "--kubelet-preferred-address-types=InternalIP",
-                "--endpoint-reconciler-type=none",  # 1.37 refuses a loopback advertise address otherwise
+                # 1.37 refuses a loopback advertise address with the endpoint reconciler
+            "--endpoint-reconciler-type=none",
             "--profiling=false",
                 "--max-requests-inflight=1000",
                 "--max-mutating-requests-inflight=500",

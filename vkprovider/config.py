@@ -1,0 +1,126 @@
+"""Settings for every process, loaded once from YAML and passed explicitly.
+
+Why it exists: a production component needs one place that says what can be configured, with
+defaults and validation that names the wrong field. Settings are frozen pydantic models; there
+is no module-level singleton, so tests build their own.
+
+Secrets never live here: a provider names the environment variable or file holding its key.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from vkprovider.errors import ConfigError
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class NodeSettings(_Frozen):
+    """The virtual node as the cluster sees it."""
+
+    name: str = "vk-gpu-burst"
+    internal_ip: str = "127.0.0.1"  # where the API server reaches the kubelet API
+    kubelet_port: int = Field(default=10250, ge=1, le=65535)
+    cpu: str = "1000"  # capacity figures the scheduler uses; GPUs come from the clouds
+    memory: str = "8Ti"
+    pods: int = Field(default=1000, ge=1)
+    labels: dict[str, str] = Field(default_factory=dict)
+    taint: bool = True  # virtual-kubelet.io/provider=vkprovider:NoSchedule
+    lease_duration_seconds: int = Field(default=40, ge=10)
+    lease_renew_seconds: float = Field(default=10.0, gt=0)
+    status_interval_seconds: float = Field(default=60.0, gt=0)  # full status at least this often
+    capacity_refresh_seconds: float = Field(default=30.0, gt=0)
+
+
+class PodSettings(_Frozen):
+    """How pods are driven to their cloud instances."""
+
+    workers: int = Field(default=10, ge=1, le=500)
+    status_interval_seconds: float = Field(default=5.0, gt=0)  # one list per provider per tick
+    orphan_grace_seconds: float = Field(default=30.0, ge=0)  # between the two sightings
+    create_deadline_seconds: float = Field(default=900.0, gt=0)  # then fail the pod
+    capacity_block_seconds: float = Field(default=180.0, ge=0)
+    max_backoff_seconds: float = Field(default=60.0, gt=0)
+    require_policy: bool = False  # issue 6: only pods an OverflowPolicy selects
+
+
+class ProviderSettings(_Frozen):
+    """One cloud account. The API key comes from ``api_key_env`` or ``api_key_file``."""
+
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    type: Literal["mock", "runpod", "vastai", "salad"]
+    url: str
+    api_key_env: str | None = None
+    api_key_file: str | None = None
+    timeout_seconds: float = Field(default=15.0, gt=0)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    def api_key(self) -> str | None:
+        if self.api_key_env:
+            value = os.environ.get(self.api_key_env)
+            if value is None:
+                raise ConfigError(
+                    f"providers[{self.name}].api_key_env: environment variable "
+                    f"{self.api_key_env} is not set"
+                )
+            return value
+        if self.api_key_file:
+            try:
+                return Path(self.api_key_file).read_text().strip()
+            except OSError as exc:
+                raise ConfigError(
+                    f"providers[{self.name}].api_key_file: cannot read {self.api_key_file}: "
+                    f"{exc.strerror}"
+                ) from exc
+        return None
+
+
+class Settings(_Frozen):
+    kubeconfig: str | None = None  # None: in-cluster, else the default kubeconfig
+    node: NodeSettings = Field(default_factory=NodeSettings)
+    pods: PodSettings = Field(default_factory=PodSettings)
+    providers: tuple[ProviderSettings, ...] = ()
+    metrics_port: int = Field(default=9464, ge=0, le=65535)  # 0: no metrics server
+    tls_cert_file: str | None = None  # kubelet API serving cert; generated when absent
+    tls_key_file: str | None = None
+
+    @field_validator("providers")
+    @classmethod
+    def _unique_names(cls, value: tuple[ProviderSettings, ...]) -> tuple[ProviderSettings, ...]:
+        names = [p.name for p in value]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"provider names must be unique; repeated: {', '.join(dupes)}")
+        return value
+
+
+def load_settings(path: str | Path | None, **overrides: Any) -> Settings:
+    """Read YAML settings; every error names the field at fault."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read settings file {path}: {exc.strerror}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping")
+        data = loaded or {}
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise ConfigError(f"invalid settings: {problems}") from exc

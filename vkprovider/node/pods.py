@@ -1,0 +1,583 @@
+"""The pod controller: drive every pod on the virtual node to its cloud instance and back.
+
+Why it exists: this is the kubelet's job for a node whose "containers" are cloud instances. It is
+level-triggered: every reconcile compares the pod (from the watch cache) with the instance the
+cloud last reported for it (from ONE list call per provider per sweep, never a call per pod) and
+does the one step that brings them closer:
+
+* no instance, pod live          -> translate, pick a provider, create (idempotent by name)
+* instance exists                -> map its state to the pod status; patch only on change
+* instance finished or failed    -> the pod becomes Succeeded/Failed; the instance is deleted
+* pod terminating                -> delete the instance, then the pod (grace 0, UID precondition)
+* pod gone from the API          -> delete its instance
+* instance with no pod           -> orphan; deleted after two sightings ``orphan_grace`` apart
+
+Crash safety: instance names are ``<node>-<pod uid>`` and carry tags (node, namespace, pod, uid);
+create is idempotent by name; a create whose outcome is unknown (timeout, 5xx) is retried on the
+SAME provider only, until a later list proves it did not happen; on start the first sweep runs
+before any worker, so existing instances are adopted rather than created again; a provider whose
+list failed is "unknown" for that sweep, and nothing is created or collected on its behalf.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from providers.base import (
+    TAG_NODE,
+    TAG_UID,
+    AuthError,
+    CapacityError,
+    Instance,
+    InstanceSpec,
+    InstanceState,
+    InvalidSpec,
+    NotFound,
+    Offer,
+    Provider,
+    ProviderError,
+    QuotaError,
+    RateLimited,
+)
+from vkprovider.config import Settings
+from vkprovider.errors import PodConfigPending, PodRejected
+from vkprovider.kube import KubeClient
+from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
+from vkprovider.kube.events import EventRecorder
+from vkprovider.kube.watching import Informer, object_key
+from vkprovider.logs import kv
+from vkprovider.metrics import Metrics
+from vkprovider.node import podstatus
+from vkprovider.node.translate import RefSource, translate
+from vkprovider.node.virtualnode import NodeCapacity
+from vkprovider.node.workqueue import ShutDown, WorkQueue
+from vkprovider.placement.blocks import Blocks
+
+log = logging.getLogger(__name__)
+
+Body = dict[str, Any]
+_TERMINAL = ("Succeeded", "Failed")
+_DONE_STATES = (InstanceState.SUCCEEDED, InstanceState.FAILED)
+
+
+class Retry(Exception):
+    """Reconcile again later (``after`` seconds, or backoff when None)."""
+
+    def __init__(self, reason: str, *, after: float | None = None) -> None:
+        super().__init__(reason)
+        self.after = after
+
+
+@dataclass
+class Placed:
+    """Where a pod's instance lives, as far as we know."""
+
+    provider: str
+    instance: Instance
+    seen_at: float  # clock() of the list (or create) that reported it
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+class PodController:
+    def __init__(
+        self,
+        *,
+        client: KubeClient,
+        settings: Settings,
+        providers: Mapping[str, Provider],
+        events: EventRecorder,
+        refs: RefSource,
+        metrics: Metrics,
+        blocks: Blocks | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.settings = settings
+        self.node = settings.node.name
+        self.providers = dict(providers)
+        self.events = events
+        self.refs = refs
+        self.metrics = metrics
+        self.blocks = blocks or Blocks(clock=clock)
+        self.clock = clock
+        self.queue: WorkQueue[str] = WorkQueue(max_delay=settings.pods.max_backoff_seconds)
+        self.informer = Informer(
+            client=client,
+            path="/api/v1/pods",
+            params={"fieldSelector": f"spec.nodeName={self.node}"},
+            handler=self._on_pod,
+            name="pods",
+        )
+        self.pod_keys: dict[str, str] = {}  # uid -> namespace/name
+        self.first_seen: dict[str, float] = {}  # uid -> clock() the watch first showed it
+        self.placed: dict[str, Placed] = {}  # uid -> instance, from sweeps and creates
+        self.listed: dict[str, bool] = dict.fromkeys(self.providers, False)  # last list ok?
+        self.last_list: dict[str, float] = {}  # provider -> clock() of its last good list
+        self.unsure: dict[str, tuple[str, float]] = {}  # uid -> (provider, since): create unknown
+        self.deleting: dict[str, float] = {}  # instance id -> clock() of our delete call
+        self.orphans: dict[str, float] = {}  # instance id -> first sighting
+        self.running_seen: dict[str, float] = {}  # uid -> wall time the instance was running
+        self.swept = asyncio.Event()
+        self.offers: list[Offer] = []
+        self.offers_read = False
+        self.largest_offer: dict[str, int] = {}  # GPU type -> most GPUs ever offered at once
+
+    # ---- capacity (the node reports it; create checks against it) ---------------------------
+
+    async def node_capacity(self) -> NodeCapacity:
+        """What the clouds sell now plus what our pods already hold (the node's allocatable)."""
+        offers: list[Offer] = []
+        answered = 0
+        for name, provider in self.providers.items():
+            try:
+                got = await provider.capacity()
+            except ProviderError as exc:
+                self._count(name, "capacity", exc)
+                log.warning("capacity read failed", extra=kv(provider=name, error=str(exc)))
+                continue
+            self._count(name, "capacity", None)
+            answered += 1
+            offers.extend(got)
+        if not answered:
+            raise ProviderError("no provider answered the capacity call")
+        self.offers = offers
+        self.offers_read = True
+        for offer in offers:
+            held = sum(p.instance.gpu_count for p in self.placed.values()
+                       if p.instance.gpu_type == offer.gpu_type
+                       and p.instance.region == offer.region and p.provider == offer.provider)
+            size = offer.available + held
+            if size > self.largest_offer.get(offer.gpu_type, 0):
+                self.largest_offer[offer.gpu_type] = size
+        free = sum(max(0, o.available) for o in offers)
+        held = sum(p.instance.gpu_count for p in self.placed.values())
+        return NodeCapacity(gpus=free + held,
+                            gpu_products=tuple(sorted({o.gpu_type for o in offers})))
+
+    def _unrunnable(self, spec: InstanceSpec) -> str | None:
+        """Why no configured cloud could ever run ``spec`` (checked before any create call)."""
+        if spec.gpu_count <= 0 or not self.largest_offer:
+            return None
+        if spec.gpu_type is not None and spec.gpu_type not in self.largest_offer:
+            known = ", ".join(sorted(self.largest_offer))
+            return f"no provider sells GPU type {spec.gpu_type!r} (sold: {known})"
+        types = [spec.gpu_type] if spec.gpu_type else list(self.largest_offer)
+        largest = max(self.largest_offer[t] for t in types)
+        if spec.gpu_count > largest:
+            return (f"{spec.gpu_count} GPUs requested; the largest offer of "
+                    f"{spec.gpu_type or 'any type'} is {largest}")
+        return None
+
+    # ---- wiring ------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self.informer.run(), name="pods-informer")
+            await self.informer.synced.wait()
+            await self.sweep()  # adopt what exists before any worker may create
+            self.swept.set()
+            tg.create_task(self._sweeper(), name="status-sweeper")
+            for i in range(self.settings.pods.workers):
+                tg.create_task(self._worker(), name=f"pod-worker-{i}")
+
+    def _on_pod(self, event: str, pod: Body) -> None:
+        uid = str(pod["metadata"].get("uid", ""))
+        if not uid:
+            return
+        if event == "DELETED":
+            self.pod_keys.pop(uid, None)
+        else:
+            self.pod_keys[uid] = object_key(pod)
+            self.first_seen.setdefault(uid, self.clock())
+        self.queue.add(uid)
+
+    async def _sweeper(self) -> None:
+        interval = self.settings.pods.status_interval_seconds
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.sweep()
+            except Exception:  # the sweeper must outlive any bug in one sweep
+                log.exception("status sweep failed")
+
+    async def _worker(self) -> None:
+        while True:
+            try:
+                uid = await self.queue.get()
+            except ShutDown:
+                return
+            try:
+                await self.reconcile(uid)
+                self.queue.forget(uid)
+            except Retry as exc:
+                self.metrics.queue_retries.inc()
+                if exc.after is not None:
+                    self.queue.add_after(uid, exc.after)
+                else:
+                    self.queue.add_rate_limited(uid)
+            except (APIError, ProviderError) as exc:
+                self.metrics.queue_retries.inc()
+                delay = self.queue.add_rate_limited(uid, at_least=_retry_after(exc))
+                log.warning("reconcile failed; will retry",
+                            extra=kv(uid=uid, pod=self.pod_keys.get(uid), error=str(exc),
+                                     retry_in=round(delay, 2)))
+            except Exception:
+                self.metrics.queue_retries.inc()
+                self.queue.add_rate_limited(uid)
+                log.exception("reconcile crashed; will retry", extra=kv(uid=uid))
+            finally:
+                self.queue.done(uid)
+                self.metrics.queue_depth.set(len(self.queue))
+
+    # ---- the sweep: one list per provider ----------------------------------------------------
+
+    async def sweep(self) -> None:
+        now = self.clock()
+        seen: dict[str, Placed] = {}
+        for name, provider in self.providers.items():
+            try:
+                instances = await provider.list()
+            except ProviderError as exc:
+                self.listed[name] = False
+                self.metrics.provider_requests.labels(name, "list", type(exc).__name__).inc()
+                log.warning("provider list failed", extra=kv(provider=name, error=str(exc)))
+                continue
+            self.metrics.provider_requests.labels(name, "list", "ok").inc()
+            self.listed[name] = True
+            self.last_list[name] = now
+            cost = 0.0
+            live = 0
+            for inst in instances:
+                uid = inst.tags.get(TAG_UID)
+                if not uid or inst.tags.get(TAG_NODE) != self.node:
+                    continue  # not ours: never touched
+                live += 1
+                cost += inst.price_per_hour
+                other = seen.get(uid)
+                if other is not None and other.instance.id != inst.id:
+                    await self._delete_duplicate(keep=other, extra=Placed(name, inst, now))
+                    continue
+                seen[uid] = Placed(provider=name, instance=inst, seen_at=now)
+            self.metrics.instances.labels(name).set(live)
+            self.metrics.cost.labels(name).set(round(cost, 6))
+        # Keep what we created since the list began (lists may lag behind creates), and what
+        # providers we could not list reported last time.
+        for uid, placed in self.placed.items():
+            if uid in seen:
+                continue
+            if placed.seen_at > now or not self.listed.get(placed.provider, False):
+                seen[uid] = placed
+        self.placed = seen
+        live_ids = {p.instance.id for p in seen.values()}
+        self.deleting = {i: t for i, t in self.deleting.items() if i in live_ids}
+        for uid, (where, since) in list(self.unsure.items()):
+            if uid in seen or (self.listed.get(where) and self.last_list[where] > since):
+                del self.unsure[uid]  # the list has spoken: it exists, or it never happened
+        await self._collect_orphans(now)
+        for uid in list(self.pod_keys):
+            self.queue.add(uid)
+        self.metrics.queue_depth.set(len(self.queue))
+
+    async def _delete_duplicate(self, *, keep: Placed, extra: Placed) -> None:
+        log.error("two instances for one pod; deleting the newer",
+                  extra=kv(uid=keep.instance.tags.get(TAG_UID), keep=keep.instance.id,
+                           delete=extra.instance.id))
+        await self._delete_instance(extra.provider, extra.instance.id, why="duplicate")
+
+    async def _collect_orphans(self, now: float) -> None:
+        if not self.informer.synced.is_set():
+            return
+        live_ids = set()
+        for uid, placed in self.placed.items():
+            inst = placed.instance
+            live_ids.add(inst.id)
+            if uid in self.pod_keys:
+                self.orphans.pop(inst.id, None)
+                continue
+            if not self.listed.get(placed.provider):
+                continue
+            first = self.orphans.setdefault(inst.id, now)
+            if now - first >= self.settings.pods.orphan_grace_seconds and first < now:
+                await self._delete_instance(placed.provider, inst.id, why="orphan")
+                self.metrics.orphans_deleted.labels(placed.provider).inc()
+        for inst_id in [i for i in self.orphans if i not in live_ids]:
+            del self.orphans[inst_id]
+
+    async def _delete_instance(self, provider: str, instance_id: str, *, why: str) -> bool:
+        """Ask the cloud to delete; True once the cloud accepted (or it is already gone)."""
+        try:
+            await self.providers[provider].delete(instance_id)
+        except NotFound:
+            pass
+        except ProviderError as exc:
+            self.metrics.provider_requests.labels(provider, "delete", type(exc).__name__).inc()
+            log.warning("instance delete failed", extra=kv(provider=provider,
+                                                           instance=instance_id, why=why,
+                                                           error=str(exc)))
+            return False
+        self.metrics.provider_requests.labels(provider, "delete", "ok").inc()
+        self.deleting[instance_id] = self.clock()
+        log.info("instance deleted", extra=kv(provider=provider, instance=instance_id, why=why))
+        return True
+
+    # ---- reconcile ---------------------------------------------------------------------------
+
+    async def reconcile(self, uid: str) -> None:
+        key = self.pod_keys.get(uid)
+        pod = self.informer.store.get(key) if key else None
+        if pod is not None and pod["metadata"].get("uid") != uid:
+            pod = None
+        placed = self.placed.get(uid)
+        if pod is None:
+            await self._pod_gone(uid, placed)
+            return
+        if pod["metadata"].get("deletionTimestamp"):
+            await self._terminate(pod, uid, placed)
+            return
+        phase = (pod.get("status") or {}).get("phase")
+        if phase in _TERMINAL:
+            if placed is not None:
+                await self._stop_spend(placed)
+            return
+        if placed is None:
+            await self._create(pod, uid)
+            return
+        await self._sync(pod, uid, placed)
+
+    async def _pod_gone(self, uid: str, placed: Placed | None) -> None:
+        if (
+            placed is not None
+            and placed.instance.id not in self.deleting
+            and not await self._delete_instance(placed.provider, placed.instance.id,
+                                                why="pod deleted")
+        ):
+            raise Retry("instance delete failed")
+        self.queue.remove(uid)
+        self.first_seen.pop(uid, None)
+        self.unsure.pop(uid, None)
+        self.running_seen.pop(uid, None)
+        if placed is None or placed.instance.id in self.deleting:
+            self.placed.pop(uid, None)
+
+    async def _stop_spend(self, placed: Placed) -> None:
+        if placed.instance.id in self.deleting:
+            return
+        if placed.instance.state == InstanceState.TERMINATING:
+            return
+        if not await self._delete_instance(placed.provider, placed.instance.id,
+                                           why="pod finished"):
+            raise Retry("instance delete failed")
+
+    async def _terminate(self, pod: Body, uid: str, placed: Placed | None) -> None:
+        meta = pod["metadata"]
+        if placed is not None and placed.instance.id not in self.deleting:
+            if await self._delete_instance(placed.provider, placed.instance.id,
+                                           why="pod terminating"):
+                await self.events.emit(obj=_pod_ref(pod), reason="Killing",
+                                       message=f"Stopping instance {placed.instance.id} on "
+                                               f"{placed.provider}")
+            else:
+                deadline = _parse_time(meta.get("deletionTimestamp"))
+                if deadline is None or datetime.now(UTC) < deadline:
+                    raise Retry("instance delete failed")
+                # Past the grace period: let the pod go; the orphan collector keeps deleting.
+        if uid in self.unsure:
+            raise Retry("a create may be in flight", after=1.0)
+        try:
+            await self.client.delete(_pod_path(pod), grace_period_seconds=0, uid=uid)
+            self.metrics.kube_writes.labels("pod_delete").inc()
+        except (NotFoundError, ConflictError):
+            pass
+
+    # ---- create ------------------------------------------------------------------------------
+
+    async def _create(self, pod: Body, uid: str) -> None:
+        meta = pod["metadata"]
+        unknown = [n for n, ok in self.listed.items() if not ok]
+        if unknown:
+            raise Retry(f"cannot list {', '.join(unknown)}; not creating blind", after=2.0)
+        try:
+            spec = await translate(pod=pod, node_name=self.node, refs=self.refs)
+        except PodRejected as exc:
+            await self._reject(pod, reason=exc.reason, message=f"{exc.field}: {exc.message}")
+            return
+        except PodConfigPending as exc:
+            status = podstatus.config_pending_status(pod=pod, message=exc.message,
+                                                     now=datetime.now(UTC))
+            await self._patch_status(pod, status)
+            await self.events.emit(obj=_pod_ref(pod), reason="Failed", type_="Warning",
+                                   message=f"Error: {exc.message} ({exc.field})")
+            raise Retry("waiting for a Secret/ConfigMap") from None
+
+        if not self.offers_read:
+            await self.node_capacity()
+        why = self._unrunnable(spec)
+        if why is not None:
+            reason = "UnknownGPUType" if "GPU type" in why else "GPUCountUnavailable"
+            await self._reject(pod, reason=reason, message=why)
+            return
+
+        sticky = self.unsure.get(uid)
+        order = [sticky[0]] if sticky else list(self.providers)
+        reasons: list[str] = []
+        for name in order:
+            block = self.blocks.blocked(provider=name, region=spec.region, gpu_type=spec.gpu_type)
+            if block is not None and not sticky:
+                reasons.append(f"{name}: blocked ({block.reason})")
+                continue
+            provider = self.providers[name]
+            try:
+                started = self.clock()
+                inst = await provider.create(spec)
+            except CapacityError as exc:
+                self._count(name, "create", exc)
+                self.blocks.block(provider=name, region=spec.region, gpu_type=spec.gpu_type,
+                                  seconds=self.settings.pods.capacity_block_seconds,
+                                  reason="no capacity")
+                reasons.append(f"{name}: no capacity ({exc})")
+                continue
+            except AuthError as exc:
+                self._count(name, "create", exc)
+                self.blocks.block(provider=name, region=None, gpu_type=None, seconds=300,
+                                  reason="credentials rejected")
+                reasons.append(f"{name}: credentials rejected")
+                continue
+            except QuotaError as exc:
+                self._count(name, "create", exc)
+                reasons.append(f"{name}: quota ({exc})")
+                continue
+            except InvalidSpec as exc:
+                self._count(name, "create", exc)
+                await self._reject(pod, reason="ProviderRejected", message=f"{name}: {exc}")
+                return
+            except ProviderError as exc:  # transient or rate limited: outcome unknown
+                self._count(name, "create", exc)
+                self.unsure.setdefault(uid, (name, self.clock()))
+                after = exc.retry_after if isinstance(exc, RateLimited) else None
+                raise Retry(f"{name}: {exc}", after=after) from exc
+            self._count(name, "create", None)
+            self.unsure.pop(uid, None)
+            self.placed[uid] = Placed(provider=name, instance=inst, seen_at=self.clock())
+            self.metrics.create_latency.labels(name).observe(
+                self.clock() - self.first_seen.get(uid, started))
+            await self.events.emit(
+                obj=_pod_ref(pod), reason="ProviderCreated",
+                message=f"Created instance {inst.id} on {name} ({_describe(inst)})")
+            log.info("instance created", extra=kv(pod=object_key(pod), uid=uid, provider=name,
+                                                  instance=inst.id))
+            await self._sync(pod, uid, self.placed[uid])
+            return
+
+        await self._no_provider(pod, meta, spec, reasons)
+
+    async def _no_provider(self, pod: Body, meta: Body, spec: InstanceSpec,
+                           reasons: list[str]) -> None:
+        created = _parse_time(meta.get("creationTimestamp"))
+        age = (datetime.now(UTC) - created).total_seconds() if created else 0.0
+        summary = "; ".join(reasons) or "no provider configured"
+        if age > self.settings.pods.create_deadline_seconds:
+            await self._reject(pod, reason="ProviderUnavailable",
+                               message=f"no cloud could run it within "
+                                       f"{int(self.settings.pods.create_deadline_seconds)}s: "
+                                       f"{summary}")
+            return
+        await self.events.emit(obj=_pod_ref(pod), reason="NoCapacity", type_="Warning",
+                               message=f"No provider can run {spec.gpu_count}x "
+                                       f"{spec.gpu_type or 'any GPU'} now: {summary}")
+        raise Retry("no capacity", after=min(30.0, max(5.0, self.queue.failures(
+            str(meta.get("uid"))) * 5.0)))
+
+    async def _reject(self, pod: Body, *, reason: str, message: str) -> None:
+        self.metrics.pods_rejected.labels(reason).inc()
+        status = podstatus.failed_status(pod=pod, reason=reason, message=message,
+                                         now=datetime.now(UTC))
+        await self._patch_status(pod, status)
+        await self.events.emit(obj=_pod_ref(pod), reason=reason, message=message,
+                               type_="Warning")
+        log.info("pod rejected", extra=kv(pod=object_key(pod), reason=reason, message=message))
+
+    # ---- status ------------------------------------------------------------------------------
+
+    async def _sync(self, pod: Body, uid: str, placed: Placed) -> None:
+        inst = placed.instance
+        annotations = podstatus.instance_annotations(inst)
+        current = pod["metadata"].get("annotations") or {}
+        if any(current.get(k) != v for k, v in annotations.items()):
+            await self.client.patch(_pod_path(pod), {"metadata": {"annotations": annotations}})
+            self.metrics.kube_writes.labels("pod_annotations").inc()
+        if inst.state == InstanceState.RUNNING:
+            self.running_seen.setdefault(uid, time.time())
+        status = podstatus.compute_status(pod=pod, instance=inst, node_name=self.node,
+                                          now=datetime.now(UTC))
+        old = pod.get("status") or {}
+        if podstatus.status_changed(old, status):
+            await self._patch_status(pod, status)
+            if status.get("phase") == "Running" and old.get("phase") != "Running":
+                seen = self.running_seen.get(uid)
+                if seen is not None:
+                    self.metrics.status_latency.labels(placed.provider).observe(
+                        max(0.0, time.time() - seen))
+                await self.events.emit(obj=_pod_ref(pod), reason="Started",
+                                       message=f"Instance {inst.id} running on {placed.provider}")
+            if inst.state == InstanceState.FAILED:
+                await self.events.emit(obj=_pod_ref(pod), reason="InstanceFailed",
+                                       type_="Warning",
+                                       message=f"Instance {inst.id} on {placed.provider} failed: "
+                                               f"{inst.message or 'no reason given'}")
+        if inst.state in _DONE_STATES:
+            await self._stop_spend(placed)
+
+    async def _patch_status(self, pod: Body, status: Body) -> None:
+        try:
+            await self.client.patch(f"{_pod_path(pod)}/status", {"status": status},
+                                    patch_type="strategic")
+            self.metrics.kube_writes.labels("pod_status").inc()
+        except NotFoundError:
+            return
+
+    def _count(self, provider: str, op: str, exc: Exception | None) -> None:
+        result = "ok" if exc is None else type(exc).__name__
+        self.metrics.provider_requests.labels(provider, op, result).inc()
+
+    async def aclose(self) -> None:
+        await self.queue.shutdown()
+        for provider in self.providers.values():
+            with contextlib.suppress(Exception):
+                await provider.aclose()
+
+
+def _retry_after(exc: Exception) -> float:
+    value = getattr(exc, "retry_after", None)
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
+def _pod_path(pod: Body) -> str:
+    meta = pod["metadata"]
+    return f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+
+
+def _pod_ref(pod: Body) -> Body:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": pod["metadata"]}
+
+
+def _describe(inst: Instance) -> str:
+    parts = [f"{inst.gpu_count}x {inst.gpu_type or 'GPU'}"]
+    if inst.region:
+        parts.append(inst.region)
+    parts.append(f"${inst.price_per_hour:.2f}/h")
+    return ", ".join(parts)

@@ -1,0 +1,1 @@
+"""Which cloud runs a pod: candidate order, blocked offers, failover."""

@@ -1,0 +1,58 @@
+"""Blocked offers and providers, each with an expiry.
+
+Why it exists: after a capacity error, asking the same (provider, region, GPU type) again for every
+pod wastes the create deadline and hammers the cloud; after an auth error, every call to that
+provider will fail until someone fixes the credentials. Blocks expire on their own, so a cloud
+that regains capacity is used again without anyone intervening.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class Block:
+    provider: str
+    region: str | None  # None: every region
+    gpu_type: str | None  # None: every GPU type
+    until: float  # clock() value
+    reason: str
+
+
+class Blocks:
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._blocks: dict[tuple[str, str | None, str | None], Block] = {}
+
+    def block(
+        self, *, provider: str, region: str | None, gpu_type: str | None, seconds: float,
+        reason: str,
+    ) -> None:
+        key = (provider, region, gpu_type)
+        self._blocks[key] = Block(provider=provider, region=region, gpu_type=gpu_type,
+                                  until=self._clock() + seconds, reason=reason)
+
+    def unblock_provider(self, provider: str) -> None:
+        for key in [k for k in self._blocks if k[0] == provider]:
+            del self._blocks[key]
+
+    def blocked(self, *, provider: str, region: str | None, gpu_type: str | None) -> Block | None:
+        """The block that applies, if any (expired ones are dropped)."""
+        now = self._clock()
+        for key in ((provider, None, None), (provider, region, gpu_type),
+                    (provider, None, gpu_type)):
+            block = self._blocks.get(key)
+            if block is None:
+                continue
+            if block.until <= now:
+                del self._blocks[key]
+                continue
+            return block
+        return None
+
+    def active(self) -> list[Block]:
+        now = self._clock()
+        return [b for b in self._blocks.values() if b.until > now]

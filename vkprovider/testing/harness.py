@@ -1,0 +1,171 @@
+"""Run the system under test as real processes: mock clouds and ``vkprovider run``.
+
+Why it exists: e2e tests (and benchmarks, and the demo) must exercise the shipped entry points,
+with the RBAC from ``manifests/`` (the provider authenticates with a token of its ServiceAccount
+obtained through the TokenRequest API), and must be able to ``kill -9`` the provider mid-flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from vkprovider.kube import KubeClient
+from vkprovider.kube.errors import ConflictError
+from vkprovider.testing.cluster import REPO_ROOT, Component, LocalCluster, free_port
+
+MANIFESTS = REPO_ROOT / "manifests"
+
+# kind -> (API path prefix, plural, namespaced)
+_KINDS: dict[str, tuple[str, str, bool]] = {
+    "Namespace": ("/api/v1", "namespaces", False),
+    "ServiceAccount": ("/api/v1", "serviceaccounts", True),
+    "ConfigMap": ("/api/v1", "configmaps", True),
+    "Secret": ("/api/v1", "secrets", True),
+    "Service": ("/api/v1", "services", True),
+    "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
+    "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
+    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
+    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
+    "Deployment": ("/apis/apps/v1", "deployments", True),
+    "PriorityClass": ("/apis/scheduling.k8s.io/v1", "priorityclasses", False),
+    "CustomResourceDefinition": ("/apis/apiextensions.k8s.io/v1", "customresourcedefinitions",
+                                 False),
+}
+
+
+def collection_path(obj: dict[str, Any]) -> str:
+    prefix, plural, namespaced = _KINDS[obj["kind"]]
+    if namespaced:
+        ns = obj["metadata"].get("namespace", "default")
+        return f"{prefix}/namespaces/{ns}/{plural}"
+    return f"{prefix}/{plural}"
+
+
+async def apply_file(kube: KubeClient, path: Path) -> list[dict[str, Any]]:
+    """Create every object in a YAML file; objects that exist are left as they are."""
+    objs = [o for o in yaml.safe_load_all(path.read_text()) if o]  # noqa: ASYNC240 - tiny file
+    for obj in objs:
+        with contextlib.suppress(ConflictError):
+            await kube.create(collection_path(obj), obj)
+    return objs
+
+
+async def service_account_kubeconfig(
+    *, kube: KubeClient, cluster: LocalCluster, namespace: str, name: str, path: Path
+) -> Path:
+    """A kubeconfig with a fresh TokenRequest token for ``namespace/name``."""
+    body = await kube.create(
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+         "spec": {"expirationSeconds": 86400}},
+    )
+    return cluster.write_token_kubeconfig(path=path, token=body["status"]["token"])
+
+
+async def install_provider_rbac(*, kube: KubeClient, cluster: LocalCluster, path: Path) -> Path:
+    await apply_file(kube, MANIFESTS / "base" / "namespace.yaml")
+    await apply_file(kube, MANIFESTS / "base" / "rbac.yaml")
+    return await service_account_kubeconfig(kube=kube, cluster=cluster,
+                                            namespace="vkprovider-system", name="vkprovider",
+                                            path=path)
+
+
+class MockCloudProcess:
+    """``vkprovider mock-cloud`` on a free loopback port, with its admin API at hand."""
+
+    def __init__(self, *, work_dir: Path, name: str = "mock", boot_delay: float = 0.5,
+                 delete_delay: float = 0.0, inventory: str | None = None) -> None:
+        self.name = name
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.component = Component(
+            name=f"mock-cloud-{name}",
+            argv=[sys.executable, "-m", "vkprovider", "mock-cloud", "--port", str(self.port),
+                  "--boot-delay", str(boot_delay), "--delete-delay", str(delete_delay),
+                  *(["--inventory", inventory] if inventory else [])],
+            log_path=work_dir / f"mock-cloud-{name}.log",
+        )
+
+    async def start(self) -> None:
+        self.component.start()
+        deadline = time.monotonic() + 30
+        async with httpx.AsyncClient(base_url=self.url) as http:
+            while True:
+                try:
+                    if (await http.get("/healthz")).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                if not self.component.alive() or time.monotonic() > deadline:
+                    raise RuntimeError(f"mock cloud did not start:\n{self.component.tail()}")
+                await asyncio.sleep(0.1)
+
+    async def admin(self, method: str, path: str, **kwargs: Any) -> Any:
+        async with httpx.AsyncClient(base_url=self.url, timeout=30) as http:
+            resp = await http.request(method, path, **kwargs)
+            resp.raise_for_status()
+            return resp.json() if resp.content else None
+
+    async def ledger(self) -> list[dict[str, Any]]:
+        body = await self.admin("GET", "/admin/ledger")
+        return list(body["instances"] if isinstance(body, dict) else body)
+
+    async def stats(self) -> dict[str, Any]:
+        return dict(await self.admin("GET", "/admin/stats"))
+
+    async def instances(self) -> list[dict[str, Any]]:
+        body = await self.admin("GET", "/instances")
+        return list(body["instances"] if isinstance(body, dict) else body)
+
+    def stop(self) -> None:
+        self.component.stop()
+
+
+class ProviderProcess:
+    """``vkprovider run`` with a generated config, restartable, killable with SIGKILL."""
+
+    def __init__(self, *, work_dir: Path, kubeconfig: Path, node_name: str,
+                 clouds: list[MockCloudProcess], pods: dict[str, Any] | None = None,
+                 node: dict[str, Any] | None = None) -> None:
+        self.node_name = node_name
+        self.metrics_port = free_port()
+        config = {
+            "kubeconfig": str(kubeconfig),
+            "metrics_port": self.metrics_port,
+            "node": {"name": node_name, "kubelet_port": free_port(),
+                     "capacity_refresh_seconds": 2, **(node or {})},
+            "pods": {"status_interval_seconds": 1, "orphan_grace_seconds": 3, **(pods or {})},
+            "providers": [{"name": c.name, "type": "mock", "url": c.url} for c in clouds],
+        }
+        self.config_path = work_dir / f"{node_name}.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.component = Component(
+            name=f"provider-{node_name}",
+            argv=[sys.executable, "-m", "vkprovider", "--log-format=json", "run",
+                  "--config", str(self.config_path)],
+            log_path=work_dir / f"provider-{node_name}.log",
+        )
+
+    def start(self) -> None:
+        self.component.start()
+
+    def kill(self) -> None:
+        self.component.kill()
+
+    def stop(self) -> None:
+        self.component.stop()
+
+    def log_text(self) -> str:
+        return self.component.log_path.read_text(errors="replace")
+
+    async def metrics(self) -> str:
+        async with httpx.AsyncClient() as http:
+            return (await http.get(f"http://127.0.0.1:{self.metrics_port}/metrics")).text
