@@ -66,6 +66,12 @@ def _mock_cloud(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from vkprovider.demo import run_demo
+
+    return asyncio.run(run_demo(keep=args.keep))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vkprovider", description=__doc__.split("\n\n")[0])
     parser.add_argument("--log-level", default="INFO")
@@ -86,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     mock.add_argument("--seed", type=int, default=0)
     mock.add_argument("--inventory", help="TYPE:REGION:COUNT:PRICE[,...]; default: a small mix")
     mock.set_defaults(func=_mock_cloud)
+
+    demo = sub.add_parser("demo", help="play the burst story on a local cluster, narrated")
+    demo.add_argument("--keep", action="store_true", help="keep everything running at the end")
+    demo.set_defaults(func=_demo)
 
     dev = sub.add_parser("dev", help="local development helpers")
     dev_sub = dev.add_subparsers(dest="dev_command", required=True)
