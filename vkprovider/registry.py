@@ -19,6 +19,15 @@ def build_provider(*, settings: ProviderSettings, owner: str) -> Provider:
 
         return MockProvider(name=settings.name, base_url=settings.url, owner=owner, api_key=key,
                             timeout=settings.timeout_seconds)
+    if settings.type == "runpod":
+        from providers.runpod import RunPodProvider
+
+        try:
+            return RunPodProvider(name=settings.name, base_url=settings.url, owner=owner,
+                                  api_key=key, timeout=settings.timeout_seconds,
+                                  options=settings.options)
+        except ValueError as exc:
+            raise ConfigError(f"providers[{settings.name}].{exc}") from exc
     raise ConfigError(
         f"providers[{settings.name}].type: the {settings.type!r} adapter is not available in "
         f"this build"

@@ -1,0 +1,962 @@
+"""The adapter for RunPod's REST API v2: :class:`RunPodProvider`.
+
+Why it exists: RunPod runs one container per pod on rented GPUs, which is exactly what a virtual
+kubelet needs, and REST v2 (``https://api.runpod.io/v2``) is the API RunPod keeps (v1 is retired
+on 2026-11-15). This module maps :class:`~providers.base.InstanceSpec` onto ``POST /v2/pods`` and
+RunPod's answers back onto :class:`~providers.base.Instance`, and turns every failure into one of
+the typed errors of :mod:`providers.base`. It follows :mod:`providers.mock.client`: httpx at the
+edge, tenacity retries only there, secrets never in messages or ``repr``.
+
+Endpoints used: ``GET /v2/pods`` (list; the API does not paginate it), ``POST /v2/pods``
+(create), ``GET /v2/pods/{id}`` (:meth:`RunPodProvider.get`), ``DELETE /v2/pods/{id}``,
+``GET /v2/pods/{id}/logs`` (Server-Sent Events) and
+``GET /v2/catalog/gpus?include=AVAILABILITY&product=POD&cloud=...`` (capacity).
+
+Ownership tags: RunPod pods have no labels, so the adapter stores the spec's tags plus
+``vkprovider.io/node=<owner>`` as compact JSON in one environment variable, ``VKPROVIDER_TAGS``
+(:data:`TAGS_ENV`), which ``GET /v2/pods`` returns with the pod. ``list`` keeps only pods whose
+tags name this owner; pods without the variable are never ours. The container sees the
+variable; it holds no secret. The pod's RunPod ``name`` is ``spec.name`` unchanged.
+
+Idempotent create: RunPod names are not unique and the API has no idempotency key, so every
+create attempt first lists the pods and adopts a live pod of this owner with ``spec.name``
+(the oldest, if several); only if there is none does it POST. A retried attempt (after a
+timeout or 5xx whose outcome is unknown) therefore lists again before posting again.
+
+Mapping (see ``docs/providers/runpod.md`` for the tables):
+
+* ``image`` -> ``image``; ``args`` -> ``args`` as one string (:func:`shlex.join`);
+  ``command`` is refused with :class:`~providers.base.InvalidSpec` before any HTTP call, because
+  v2 cannot override the image's ENTRYPOINT.
+* ``env`` -> ``env`` (plus ``VKPROVIDER_TAGS``, which wins over a user variable of that name).
+* ``ports`` -> ``ports`` as ``"<port>/http"`` when the port's name starts with ``http``
+  (``http``, ``https``, ``http-metrics``...), else ``"<port>/tcp"``; UDP is refused (RunPod
+  exposes only HTTP and TCP).
+* ``gpu_type``/``gpu_count`` -> ``gpu: {id, count}`` (``id`` through option ``gpu_types``);
+  ``gpu_count == 0`` makes a CPU pod only when option ``cpu_flavor`` is set.
+* ``region`` -> ``dataCenterIds: [region]``; without one, option ``data_center_ids``.
+* ``cpu_millis``/``memory_bytes`` are ignored for GPU pods (RunPod sizes vCPU and RAM by GPU);
+  ``max_price_per_hour`` cannot be enforced (v2 has no bid or price cap, and no spot pods).
+
+Status mapping: ``PROVISIONING``/``STARTING`` -> PENDING, ``RUNNING`` -> RUNNING, ``EXITED`` and
+``ERROR`` -> FAILED (v2 reports no exit code), ``TERMINATED`` -> FAILED from :meth:`get`; ``list``
+leaves ``TERMINATED`` pods out, as RunPod does once the delete completes, so the service sees
+them as gone.
+
+Options (``options=`` mapping; unknown keys are a ``ValueError``):
+
+``gpu_types`` (mapping, default ``{}``)
+    The cluster's GPU name -> RunPod GPU type id, e.g. ``{"H100": "NVIDIA H100 80GB HBM3"}``;
+    one-to-one. A name not in it is sent unchanged (so RunPod ids work as GPU types). When it
+    is non-empty, :meth:`RunPodProvider.capacity` offers only the mapped types, under the
+    cluster's names, and instances report their GPU type by the cluster's name.
+``default_gpu_type`` (str, default none)
+    The GPU type (a cluster name or a RunPod id) for specs without one. Without it such a spec
+    is :class:`~providers.base.InvalidSpec`.
+``cloud`` (``"SECURE"`` or ``"COMMUNITY"``, default ``"SECURE"``)
+    The RunPod cloud tier for creates and for capacity and prices.
+``data_center_ids`` (list of str, default ``[]``)
+    Preferred data centers, in order, for specs without ``region``; when non-empty, capacity
+    offers only these data centers.
+``disk_gb`` (int >= 1, default none: RunPod's default)
+    Container disk (ephemeral) in GB.
+``volume_gb`` (int >= 10, default none) and ``volume_path`` (str, default ``/workspace``)
+    A host-local persistent volume (GPU pods only).
+``registry_id`` (str, default none)
+    A RunPod container-registry credential id, for private images.
+``allowed_cuda_versions`` (list of ``"major.minor"``, default ``[]``) or ``min_cuda_version``
+(``"major.minor"``, default none)
+    CUDA constraints on the host, sent as ``gpu.allowedCudaVersions``/``gpu.minCudaVersion``;
+    mutually exclusive.
+``cpu_flavor`` (str, default none)
+    A RunPod CPU flavor id (e.g. ``cpu3c``) for specs with ``gpu_count == 0``; vCPUs are
+    ``cpu_millis`` rounded up to a power of two, at least 2.
+``availability_gpus`` (mapping, default ``{"NONE": 0, "LOW": 1, "MEDIUM": 4, "HIGH": 8}``)
+    RunPod reports stock as a level, not a count: how many GPUs each level counts as in an
+    :class:`~providers.base.Offer` (capped at the type's largest machine, ``maxCount``).
+``log_source`` (``"container"``, ``"system"`` or ``"all"``, default ``"container"``)
+    Which RunPod log stream :meth:`RunPodProvider.logs` reads.
+``logs_idle_seconds`` (float > 0, default 2.0)
+    The SSE log stream never ends by itself; without ``follow``, logs end after this long
+    without a new line (after the backfill).
+``max_attempts`` (int >= 1, default 4), ``backoff_initial`` (default 0.1), ``backoff_max``
+(default 2.0), ``retry_after_cap`` (default 5.0)
+    Retries, as in :mod:`providers.mock.client`: timeouts, connection errors and 5xx are
+    retried with exponential backoff and jitter; a 429 is retried after its ``Retry-After``
+    when that is at most ``retry_after_cap`` seconds, else raised at once.
+
+Errors (RunPod answers RFC 9457 problem details ``{title, status, detail, errors?}``):
+401/403 -> AuthError; 402, and a create 400 whose detail speaks of balance or quota ->
+QuotaError; other create 400s -> CapacityError (the spec says a 400 on create means a broken
+cross-field rule *or* no capacity for this GPU and data center, with no machine-readable code,
+and tells clients to try the next candidate); other 400s and every 422 -> InvalidSpec; a create
+404 (an unknown referenced object) -> InvalidSpec; other 404s -> NotFound; 429 -> RateLimited
+(``Retry-After``, else the ``RateLimit`` header's reset of an exhausted window); 5xx, 408,
+timeouts and connection errors -> TransientError; anything else -> ProviderError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import collections
+import json
+import math
+import random
+import re
+import shlex
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
+from types import TracebackType
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+
+from providers.base import (
+    TAG_NODE,
+    AuthError,
+    CapacityError,
+    Instance,
+    InstanceSpec,
+    InstanceState,
+    InvalidSpec,
+    LogOptions,
+    NotFound,
+    Offer,
+    ProviderError,
+    QuotaError,
+    RateLimited,
+    TransientError,
+)
+
+__all__ = [
+    "ANY_REGION",
+    "COMMAND_UNSUPPORTED",
+    "DEFAULT_BASE_URL",
+    "STATUS_MAP",
+    "TAGS_ENV",
+    "RunPodProvider",
+]
+
+_T = TypeVar("_T")
+
+DEFAULT_BASE_URL = "https://api.runpod.io"
+#: The environment variable that carries an instance's tags (RunPod pods have no labels).
+TAGS_ENV = "VKPROVIDER_TAGS"
+COMMAND_UNSUPPORTED = (
+    "RunPod v2 cannot override the container entrypoint (command); use args or an image whose "
+    "entrypoint does what you need"
+)
+#: RunPod v2 pod status -> instance state (``TERMINATED`` pods are also left out of ``list``).
+STATUS_MAP: Mapping[str, InstanceState] = {
+    "PROVISIONING": InstanceState.PENDING,
+    "STARTING": InstanceState.PENDING,
+    "RUNNING": InstanceState.RUNNING,
+    "EXITED": InstanceState.FAILED,
+    "ERROR": InstanceState.FAILED,
+    "TERMINATED": InstanceState.FAILED,
+}
+_STATUS_MESSAGES = {
+    "PROVISIONING": "RunPod is allocating a machine",
+    "STARTING": "the container is starting",
+    "EXITED": "the container exited (RunPod v2 reports no exit code)",
+    "ERROR": "RunPod reports the container in an unrecoverable error state",
+    "TERMINATED": "RunPod terminated the pod",
+}
+_HTTP_PROXY = "https://{pod_id}-{port}.proxy.runpod.net"  # RunPod's documented proxy convention
+_MAX_SERVER_MESSAGE = 300
+_MAX_LOG_TAIL = 5000  # the API's maximum backfill
+_QUOTA_WORDS = ("balance", "quota", "spend limit", "spending limit")
+_CUDA_VERSION = re.compile(r"^\d+\.\d+$")
+_LEVELS = ("NONE", "LOW", "MEDIUM", "HIGH")
+_OPTION_KEYS = frozenset(
+    {
+        "gpu_types",
+        "default_gpu_type",
+        "cloud",
+        "data_center_ids",
+        "disk_gb",
+        "volume_gb",
+        "volume_path",
+        "registry_id",
+        "allowed_cuda_versions",
+        "min_cuda_version",
+        "cpu_flavor",
+        "availability_gpus",
+        "log_source",
+        "logs_idle_seconds",
+        "max_attempts",
+        "backoff_initial",
+        "backoff_max",
+        "retry_after_cap",
+    }
+)
+#: The region of an offer for a GPU type that no data center has in stock now.
+ANY_REGION = "*"
+
+
+# -- options ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Options:
+    gpu_types: Mapping[str, str] = field(default_factory=dict)
+    default_gpu_type: str | None = None
+    cloud: str = "SECURE"
+    data_center_ids: tuple[str, ...] = ()
+    disk_gb: int | None = None
+    volume_gb: int | None = None
+    volume_path: str = "/workspace"
+    registry_id: str | None = None
+    allowed_cuda_versions: tuple[str, ...] = ()
+    min_cuda_version: str | None = None
+    cpu_flavor: str | None = None
+    availability_gpus: Mapping[str, int] = field(
+        default_factory=lambda: {"NONE": 0, "LOW": 1, "MEDIUM": 4, "HIGH": 8}
+    )
+    log_source: str = "container"
+    logs_idle_seconds: float = 2.0
+    max_attempts: int = 4
+    backoff_initial: float = 0.1
+    backoff_max: float = 2.0
+    retry_after_cap: float = 5.0
+
+
+def _bad(key: str, why: str) -> ValueError:
+    return ValueError(f"options.{key}: {why}")
+
+
+def _opt_string(raw: Mapping[str, Any], key: str) -> str | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise _bad(key, "must be a non-empty string")
+    return value
+
+
+def _opt_strings(raw: Mapping[str, Any], key: str) -> tuple[str, ...]:
+    value = raw.get(key)
+    if value is None:
+        return ()
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise _bad(key, "must be a list of strings")
+    if not all(isinstance(v, str) and v for v in value):
+        raise _bad(key, "must be a list of non-empty strings")
+    return tuple(value)
+
+
+def _opt_number(raw: Mapping[str, Any], key: str, default: float, *, minimum: float) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
+        raise _bad(key, f"must be a number >= {minimum}")
+    return float(value)
+
+
+def _opt_count(raw: Mapping[str, Any], key: str, *, minimum: int) -> int | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _bad(key, f"must be an integer >= {minimum}")
+    return value
+
+
+def _parse_options(raw: Mapping[str, Any] | None) -> _Options:
+    raw = raw or {}
+    unknown = sorted(set(raw) - _OPTION_KEYS)
+    if unknown:
+        known = ", ".join(sorted(_OPTION_KEYS))
+        raise ValueError(f"options: unknown option(s) {', '.join(unknown)}; known: {known}")
+    gpu_types = raw.get("gpu_types") or {}
+    if not isinstance(gpu_types, Mapping) or not all(
+        isinstance(k, str) and k and isinstance(v, str) and v for k, v in gpu_types.items()
+    ):
+        raise _bad("gpu_types", "must map GPU names to RunPod GPU type ids (strings)")
+    if len(set(gpu_types.values())) != len(gpu_types):
+        raise _bad("gpu_types", "must be one-to-one (two names map to one RunPod GPU type)")
+    cloud = raw.get("cloud", "SECURE")
+    if cloud not in ("SECURE", "COMMUNITY"):
+        raise _bad("cloud", "must be SECURE or COMMUNITY")
+    volume_gb = _opt_count(raw, "volume_gb", minimum=10)
+    volume_path = _opt_string(raw, "volume_path") or "/workspace"
+    cuda = _opt_strings(raw, "allowed_cuda_versions")
+    min_cuda = _opt_string(raw, "min_cuda_version")
+    for key, versions in (("allowed_cuda_versions", cuda), ("min_cuda_version", (min_cuda,))):
+        if any(v is not None and not _CUDA_VERSION.match(v) for v in versions):
+            raise _bad(key, 'CUDA versions are "major.minor", e.g. "12.8"')
+    if cuda and min_cuda:
+        raise _bad("min_cuda_version", "cannot be combined with allowed_cuda_versions")
+    levels = dict(_Options().availability_gpus)
+    given = raw.get("availability_gpus") or {}
+    if not isinstance(given, Mapping):
+        raise _bad("availability_gpus", "must map NONE/LOW/MEDIUM/HIGH to GPU counts")
+    for level, count in given.items():
+        if level not in _LEVELS or isinstance(count, bool) or not isinstance(count, int):
+            raise _bad("availability_gpus", "must map NONE/LOW/MEDIUM/HIGH to GPU counts")
+        if count < 0:
+            raise _bad("availability_gpus", "counts must be >= 0")
+        levels[level] = count
+    log_source = raw.get("log_source", "container")
+    if log_source not in ("container", "system", "all"):
+        raise _bad("log_source", "must be container, system or all")
+    max_attempts = _opt_count(raw, "max_attempts", minimum=1)
+    return _Options(
+        gpu_types=dict(gpu_types),
+        default_gpu_type=_opt_string(raw, "default_gpu_type"),
+        cloud=cloud,
+        data_center_ids=_opt_strings(raw, "data_center_ids"),
+        disk_gb=_opt_count(raw, "disk_gb", minimum=1),
+        volume_gb=volume_gb,
+        volume_path=volume_path,
+        registry_id=_opt_string(raw, "registry_id"),
+        allowed_cuda_versions=cuda,
+        min_cuda_version=min_cuda,
+        cpu_flavor=_opt_string(raw, "cpu_flavor"),
+        availability_gpus=levels,
+        log_source=log_source,
+        logs_idle_seconds=_opt_number(raw, "logs_idle_seconds", 2.0, minimum=0.001),
+        max_attempts=max_attempts if max_attempts is not None else 4,
+        backoff_initial=_opt_number(raw, "backoff_initial", 0.1, minimum=0.0),
+        backoff_max=_opt_number(raw, "backoff_max", 2.0, minimum=0.0),
+        retry_after_cap=_opt_number(raw, "retry_after_cap", 5.0, minimum=0.0),
+    )
+
+
+# -- small parsers ---------------------------------------------------------------------------
+
+
+def _parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date)."""
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - datetime.now(UTC)).total_seconds()
+    if seconds != seconds:  # NaN
+        return None
+    return max(0.0, seconds)
+
+
+def _parse_ratelimit_reset(value: str | None) -> float | None:
+    """The longest reset ``t`` among exhausted windows (``r=0``) of a ``RateLimit`` header.
+
+    The header is a structured-field list such as ``"minute";r=0;t=12, "hour";r=2800;t=1812``.
+    """
+    if not value:
+        return None
+    waits: list[float] = []
+    for member in value.split(","):
+        params: dict[str, str] = {}
+        for part in member.split(";")[1:]:
+            key, _, val = part.strip().partition("=")
+            params[key.strip()] = val.strip()
+        try:
+            if int(params.get("r", "1")) <= 0 and "t" in params:
+                waits.append(max(0.0, float(params["t"])))
+        except ValueError:
+            continue
+    return max(waits) if waits else None
+
+
+def _opt_time(data: Mapping[str, Any], key: str) -> datetime | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    when = datetime.fromisoformat(str(value))
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def _rfc3339(when: datetime) -> str:
+    return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _decode_tags(env: Any) -> dict[str, str] | None:
+    """The tags stored in a pod's env, or None when the pod carries none (it is not ours)."""
+    if not isinstance(env, Mapping):
+        return None
+    raw = env.get(TAGS_ENV)
+    if not isinstance(raw, str):
+        return None
+    try:
+        tags = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(tags, dict):
+        return None
+    return {str(k): str(v) for k, v in tags.items()}
+
+
+def _port_entry(port: int, name: str | None) -> str:
+    kind = "http" if (name or "").lower().startswith("http") else "tcp"
+    return f"{port}/{kind}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class _LogLine:
+    ts: str
+    line: str
+
+
+class RunPodProvider:
+    """A :class:`~providers.base.Provider` for one RunPod account, scoped to ``owner``.
+
+    ``transport`` replaces the network (e.g. ``httpx.ASGITransport(app=...)`` in tests). The API
+    key goes into the client's default ``Authorization`` header and nowhere else; server text
+    that echoes it is scrubbed before it reaches an error message.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        base_url: str,
+        owner: str,
+        api_key: str | None,
+        timeout: float = 15.0,
+        options: Mapping[str, Any] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.name = name
+        self.owner = owner
+        # The API's paths start with /v2; accept a base URL given with or without it.
+        self._base_url = (base_url or DEFAULT_BASE_URL).rstrip("/").removesuffix("/v2")
+        self._timeout = timeout
+        self._opts = _parse_options(options)
+        self._by_runpod_id = {v: k for k, v in self._opts.gpu_types.items()}
+        self._secret = api_key or None
+        headers = {"Accept": "application/json"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._client = httpx.AsyncClient(
+            base_url=self._base_url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"RunPodProvider(name={self.name!r}, base_url={self._base_url!r}, owner={self.owner!r})"
+        )
+
+    async def __aenter__(self) -> RunPodProvider:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    # -- the Provider protocol --------------------------------------------------------------
+
+    async def create(self, spec: InstanceSpec) -> Instance:
+        """Adopt this owner's live pod named ``spec.name``, or create it (list-before-create)."""
+        body = self.create_body(spec)  # InvalidSpec before any HTTP call
+        what = f"create pod {spec.name!r}"
+
+        async def attempt() -> Instance:
+            existing = [i for i in await self._list_once(what=what) if i.name == spec.name]
+            if existing:
+                return min(existing, key=lambda i: i.created_at or datetime.max.replace(tzinfo=UTC))
+            request = self._client.build_request("POST", "/v2/pods", json=body)
+            response = await self._send(request, what=what, stream=False, op="create")
+            return self._instance(self._json(response, what=what), what=what)
+
+        return await self._retrying(attempt)
+
+    async def list(self) -> list[Instance]:
+        """Every live pod tagged with our owner, from one ``GET /v2/pods``."""
+        what = "list pods"
+        return await self._retrying(lambda: self._list_once(what=what))
+
+    async def get(self, instance_id: str) -> Instance:
+        """One pod by id (not in the protocol); NotFound when it is gone."""
+        what = f"get pod {instance_id}"
+
+        async def attempt() -> Instance:
+            request = self._client.build_request("GET", self._pod_path(instance_id))
+            response = await self._send(request, what=what, stream=False, op="get")
+            return self._instance(self._json(response, what=what), what=what)
+
+        return await self._retrying(attempt)
+
+    async def delete(self, instance_id: str) -> None:
+        """Terminate the pod; a pod that is already gone (404) is not an error."""
+        what = f"delete pod {instance_id}"
+
+        async def attempt() -> None:
+            request = self._client.build_request("DELETE", self._pod_path(instance_id))
+            await self._send(request, what=what, stream=False, op="delete")
+
+        try:
+            await self._retrying(attempt)
+        except NotFound:
+            return
+
+    async def logs(self, instance_id: str, opts: LogOptions) -> AsyncGenerator[bytes, None]:
+        """The pod's log lines (``GET /v2/pods/{id}/logs``, SSE) as bytes, one line a chunk.
+
+        ``tail_lines`` becomes ``tail`` (at most 5000, the API's limit; without it the adapter
+        asks for 5000, as close to "everything" as the API allows); ``since_seconds`` becomes
+        ``since`` (then RunPod ignores ``tail``, and without ``follow`` the adapter keeps the
+        last ``tail_lines`` itself). Without ``follow`` the stream ends after
+        ``logs_idle_seconds`` without a line. ``timestamps`` prefixes each line with the event's
+        ``ts``; ``limit_bytes`` truncates the output.
+        """
+        if not opts.follow and opts.tail_lines == 0 and opts.since_seconds is None:
+            return  # nothing to backfill and nothing to wait for
+        params: dict[str, str | int] = {}
+        if self._opts.log_source != "all":
+            params["source"] = self._opts.log_source
+        if opts.since_seconds is not None:
+            since = datetime.now(UTC) - timedelta(seconds=max(0, opts.since_seconds))
+            params["since"] = _rfc3339(since.replace(microsecond=0))
+        else:
+            tail = _MAX_LOG_TAIL if opts.tail_lines is None else opts.tail_lines
+            params["tail"] = max(0, min(tail, _MAX_LOG_TAIL))
+        what = f"logs of pod {instance_id}"
+        timeout = httpx.Timeout(self._timeout, read=None)
+
+        async def open_stream() -> httpx.Response:
+            request = self._client.build_request(
+                "GET",
+                f"{self._pod_path(instance_id)}/logs",
+                params=params,
+                headers={"Accept": "text/event-stream"},
+                timeout=timeout,
+            )
+            try:
+                async with asyncio.timeout(self._timeout):
+                    return await self._send(request, what=what, stream=True, op="logs")
+            except TimeoutError:
+                raise TransientError(
+                    f"{self.name}: {what} failed: timed out waiting for the stream",
+                    provider=self.name,
+                ) from None
+
+        response = await self._retrying(open_stream)
+        keep: collections.deque[bytes] | None = None
+        if not opts.follow and opts.tail_lines is not None and opts.since_seconds is not None:
+            keep = collections.deque(maxlen=max(0, opts.tail_lines))
+        budget = opts.limit_bytes
+        events = self._sse_lines(response, follow=opts.follow, what=what)
+        try:
+            async for event in events:
+                text = f"{event.ts} {event.line}\n" if opts.timestamps else f"{event.line}\n"
+                chunk = text.encode()
+                if keep is not None:
+                    keep.append(chunk)
+                    continue
+                if budget is not None:
+                    chunk = chunk[: max(0, budget)]
+                    budget -= len(chunk)
+                if chunk:
+                    yield chunk
+                if budget is not None and budget <= 0:
+                    return
+            for chunk in keep or ():
+                if budget is not None:
+                    chunk = chunk[: max(0, budget)]
+                    budget -= len(chunk)
+                if chunk:
+                    yield chunk
+                if budget is not None and budget <= 0:
+                    return
+        finally:
+            await events.aclose()
+            await response.aclose()
+
+    async def capacity(self) -> builtins.list[Offer]:
+        """One offer per (GPU type, data center) from ``GET /v2/catalog/gpus``.
+
+        RunPod reports stock as a level per data center; ``availability_gpus`` turns it into a
+        count, capped at the type's largest machine. A type stocked nowhere still gets one offer
+        (region ``*``, 0 available) so that the service knows RunPod sells it.
+        """
+        what = "read the GPU catalog"
+        cloud = self._opts.cloud.lower()
+        params = {"include": "AVAILABILITY", "product": "POD", "cloud": self._opts.cloud}
+
+        async def attempt() -> httpx.Response:
+            request = self._client.build_request("GET", "/v2/catalog/gpus", params=params)
+            return await self._send(request, what=what, stream=False, op="capacity")
+
+        data = self._json(await self._retrying(attempt), what=what)
+        wanted = set(self._opts.data_center_ids)
+        offers: builtins.list[Offer] = []
+        try:
+            for gpu in data["gpus"]:
+                runpod_id = str(gpu["id"])
+                if self._opts.gpu_types and runpod_id not in self._by_runpod_id:
+                    continue
+                max_count = int(gpu["maxCount"][cloud])
+                if not gpu.get(cloud) or max_count <= 0:
+                    continue
+                gpu_type = self._cluster_gpu_type(runpod_id)
+                price = float(gpu["price"][cloud])
+                found = False
+                for dc in gpu.get("dataCenters") or ():
+                    region = str(dc["id"])
+                    if wanted and region not in wanted:
+                        continue
+                    level = str(dc["availability"])
+                    available = min(max_count, self._opts.availability_gpus.get(level, 0))
+                    offers.append(
+                        Offer(
+                            provider=self.name,
+                            gpu_type=gpu_type,
+                            region=region,
+                            available=available,
+                            price_per_gpu_hour=price,
+                        )
+                    )
+                    found = True
+                if not found:
+                    offers.append(
+                        Offer(
+                            provider=self.name,
+                            gpu_type=gpu_type,
+                            region=ANY_REGION,
+                            available=0,
+                            price_per_gpu_hour=price,
+                        )
+                    )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise self._malformed(what) from exc
+        return offers
+
+    # -- mapping ----------------------------------------------------------------------------
+
+    def create_body(self, spec: InstanceSpec) -> dict[str, Any]:
+        """The ``POST /v2/pods`` body for ``spec``; InvalidSpec for what RunPod v2 cannot run."""
+        p = self.name
+        if spec.command:
+            raise InvalidSpec(COMMAND_UNSUPPORTED, provider=p)
+        if not spec.image:
+            raise InvalidSpec("the pod has no image", provider=p)
+        if not spec.name:
+            raise InvalidSpec("the instance has no name", provider=p)
+        env = {str(k): str(v) for k, v in spec.env.items()}
+        tags = {**spec.tags, TAG_NODE: self.owner}
+        env[TAGS_ENV] = json.dumps(tags, sort_keys=True, separators=(",", ":"))
+        ports: builtins.list[str] = []
+        for port in spec.ports:
+            if port.protocol.upper() != "TCP":
+                raise InvalidSpec(
+                    f"port {port.container_port}/{port.protocol}: RunPod exposes only HTTP and "
+                    "TCP ports",
+                    provider=p,
+                )
+            if not 1 <= port.container_port <= 65535:
+                raise InvalidSpec(f"port {port.container_port} is out of range", provider=p)
+            entry = _port_entry(port.container_port, port.name)
+            if entry not in ports:
+                ports.append(entry)
+        body: dict[str, Any] = {"name": spec.name, "image": spec.image, "env": env}
+        if spec.args:
+            body["args"] = shlex.join(spec.args)
+        if ports:
+            body["ports"] = ports
+        body["cloud"] = self._opts.cloud
+        if spec.gpu_count > 0:
+            body["gpu"] = self._gpu_config(spec)
+            if self._opts.volume_gb is not None:
+                body["mounts"] = {
+                    "persistent": {"size": self._opts.volume_gb, "path": self._opts.volume_path}
+                }
+        elif spec.gpu_count == 0 and self._opts.cpu_flavor:
+            vcpus = max(2, math.ceil(spec.cpu_millis / 1000))
+            body["cpu"] = {"id": self._opts.cpu_flavor, "vcpuCount": 1 << (vcpus - 1).bit_length()}
+        else:
+            raise InvalidSpec(
+                f"{spec.gpu_count} GPUs requested; RunPod pods need at least one GPU unless "
+                f"the provider option cpu_flavor is set",
+                provider=p,
+            )
+        region = spec.region if spec.region and spec.region != ANY_REGION else None
+        data_centers = [region] if region else list(self._opts.data_center_ids)
+        if data_centers:
+            body["dataCenterIds"] = data_centers
+        if self._opts.disk_gb is not None:
+            body["disk"] = self._opts.disk_gb
+        if self._opts.registry_id is not None:
+            body["registry"] = self._opts.registry_id
+        return body
+
+    def _gpu_config(self, spec: InstanceSpec) -> dict[str, Any]:
+        gpu_type = spec.gpu_type or self._opts.default_gpu_type
+        if not gpu_type:
+            raise InvalidSpec(
+                "the pod names no GPU type and the provider option default_gpu_type is not set",
+                provider=self.name,
+            )
+        gpu: dict[str, Any] = {
+            "id": self._opts.gpu_types.get(gpu_type, gpu_type),
+            "count": spec.gpu_count,
+        }
+        if self._opts.allowed_cuda_versions:
+            gpu["allowedCudaVersions"] = list(self._opts.allowed_cuda_versions)
+        if self._opts.min_cuda_version:
+            gpu["minCudaVersion"] = self._opts.min_cuda_version
+        return gpu
+
+    def _pod_path(self, instance_id: str) -> str:
+        if not instance_id:
+            raise NotFound(f"{self.name}: an empty pod id names no pod", provider=self.name)
+        return f"/v2/pods/{quote(instance_id, safe='')}"
+
+    def _cluster_gpu_type(self, runpod_id: str) -> str:
+        return self._by_runpod_id.get(runpod_id, runpod_id)
+
+    def _instance(self, data: Any, *, what: str) -> Instance:
+        try:
+            status = str(data["status"])
+            state = STATUS_MAP[status]
+            pod_id = str(data["id"])
+            gpu = data.get("gpu") or {}
+            runtime = data.get("runtime") or {}
+            endpoints: builtins.list[str] = []
+            ip: str | None = None
+            if status == "RUNNING":
+                for entry in data.get("ports") or ():
+                    port, _, kind = str(entry).partition("/")
+                    if kind == "http":
+                        endpoints.append(_HTTP_PROXY.format(pod_id=pod_id, port=port))
+                for mapping in runtime.get("ports") or ():
+                    host, public = mapping.get("ip"), mapping.get("public")
+                    if host and ip is None:
+                        ip = str(host)
+                    if host and public and mapping.get("type") == "tcp":
+                        endpoints.append(f"{host}:{public}")
+            return Instance(
+                id=pod_id,
+                name=str(data["name"]),
+                provider=self.name,
+                state=state,
+                tags=_decode_tags(data.get("env")) or {},
+                gpu_type=self._cluster_gpu_type(str(gpu["id"])) if gpu.get("id") else None,
+                gpu_count=int(gpu.get("count") or 0),
+                region=None if data.get("dataCenterId") is None else str(data["dataCenterId"]),
+                price_per_hour=float(data.get("cost") or 0.0),
+                ip=ip,
+                endpoints=tuple(endpoints),
+                created_at=_opt_time(data, "createdAt"),
+                started_at=_opt_time(data, "startedAt"),
+                message=_STATUS_MESSAGES.get(status),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise self._malformed(what) from exc
+
+    async def _list_once(self, *, what: str) -> builtins.list[Instance]:
+        request = self._client.build_request("GET", "/v2/pods")
+        response = await self._send(request, what=what, stream=False, op="list")
+        data = self._json(response, what=what)
+        pods = data.get("pods")
+        if not isinstance(pods, builtins.list):
+            raise self._malformed(what)
+        mine: builtins.list[Instance] = []
+        for pod in pods:
+            if not isinstance(pod, Mapping):
+                raise self._malformed(what)
+            tags = _decode_tags(pod.get("env"))
+            if tags is None or tags.get(TAG_NODE) != self.owner:
+                continue  # not ours (another node's, or made by hand)
+            if pod.get("status") == "TERMINATED":
+                continue  # gone: the service must see it as deleted
+            mine.append(self._instance(pod, what=what))
+        return mine
+
+    # -- logs -------------------------------------------------------------------------------
+
+    async def _sse_lines(
+        self, response: httpx.Response, *, follow: bool, what: str
+    ) -> AsyncGenerator[_LogLine, None]:
+        """Parse the SSE stream into log lines; without ``follow``, stop when it goes idle."""
+        lines = response.aiter_lines()
+        data: builtins.list[str] = []
+        while True:
+            try:
+                if follow:
+                    raw = await anext(lines)
+                else:
+                    async with asyncio.timeout(self._opts.logs_idle_seconds):
+                        raw = await anext(lines)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                return
+            except httpx.TransportError as exc:
+                raise self._transport_error(exc, what=what) from exc
+            if raw == "":
+                if data:
+                    event = self._log_event("\n".join(data))
+                    data = []
+                    if event is not None:
+                        yield event
+                continue
+            if raw.startswith(":"):
+                continue  # an SSE comment (keep-alive)
+            field_name, _, value = raw.partition(":")
+            if field_name == "data":
+                data.append(value[1:] if value.startswith(" ") else value)
+        if data:
+            event = self._log_event("\n".join(data))
+            if event is not None:
+                yield event
+
+    @staticmethod
+    def _log_event(payload: str) -> _LogLine | None:
+        try:
+            data = json.loads(payload)
+        except ValueError:
+            return _LogLine(ts="", line=payload)  # not the documented JSON: pass it through
+        if not isinstance(data, dict) or "line" not in data:
+            return None
+        return _LogLine(ts=str(data.get("ts") or ""), line=str(data["line"]).rstrip("\n"))
+
+    # -- the HTTP edge ----------------------------------------------------------------------
+
+    async def _retrying(self, operation: Callable[[], Awaitable[_T]]) -> _T:
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self._opts.max_attempts),
+            wait=self._wait,
+            retry=retry_if_exception(self._should_retry),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await operation()
+        raise AssertionError("unreachable: tenacity reraises the last error")
+
+    def _should_retry(self, exc: BaseException) -> bool:
+        if isinstance(exc, TransientError):
+            return True
+        if isinstance(exc, RateLimited):
+            return exc.retry_after is None or exc.retry_after <= self._opts.retry_after_cap
+        return False
+
+    def _wait(self, retry_state: RetryCallState) -> float:
+        outcome = retry_state.outcome
+        exc = outcome.exception() if outcome is not None else None
+        if isinstance(exc, RateLimited) and exc.retry_after is not None:
+            return min(exc.retry_after, self._opts.retry_after_cap)
+        initial = self._opts.backoff_initial
+        backoff = initial * 2.0 ** (retry_state.attempt_number - 1)
+        return min(self._opts.backoff_max, backoff) + random.uniform(0, initial / 2)
+
+    async def _send(
+        self, request: httpx.Request, *, what: str, stream: bool, op: str
+    ) -> httpx.Response:
+        try:
+            response = await self._client.send(request, stream=stream)
+        except httpx.TransportError as exc:
+            raise self._transport_error(exc, what=what) from exc
+        if response.is_success:
+            return response
+        try:
+            if stream:
+                await response.aread()
+        except httpx.TransportError as exc:
+            raise self._transport_error(exc, what=what) from exc
+        finally:
+            if stream:
+                await response.aclose()
+        raise self._status_error(response, what=what, op=op)
+
+    def _transport_error(self, exc: httpx.TransportError, *, what: str) -> TransientError:
+        if isinstance(exc, httpx.TimeoutException):
+            kind = "timed out"
+        elif isinstance(exc, httpx.ConnectError):
+            kind = "could not connect"
+        else:
+            kind = "lost the connection"
+        return TransientError(
+            f"{self.name}: {what} failed: {kind} ({type(exc).__name__})", provider=self.name
+        )
+
+    def _scrub(self, text: str) -> str:
+        text = text[:_MAX_SERVER_MESSAGE]
+        if self._secret:
+            text = text.replace(self._secret, "***")
+        return text
+
+    def _problem(self, response: httpx.Response) -> tuple[str, str, builtins.list[str]]:
+        """``(title, detail, errors)`` of an RFC 9457 problem document (empty when absent)."""
+        try:
+            data = response.json()
+        except ValueError:
+            return "", "", []
+        if not isinstance(data, dict):
+            return "", "", []
+        title = self._scrub(str(data.get("title") or ""))
+        detail = self._scrub(str(data.get("detail") or ""))
+        raw_errors = data.get("errors")
+        errors = (
+            [self._scrub(str(e)) for e in raw_errors[:5]]
+            if isinstance(raw_errors, builtins.list)
+            else []
+        )
+        return title, detail, errors
+
+    def _status_error(self, response: httpx.Response, *, what: str, op: str) -> ProviderError:
+        status = response.status_code
+        title, detail, errors = self._problem(response)
+        message = f"{self.name}: {what} failed: HTTP {status}"
+        if title:
+            message += f" {title}"
+        if detail:
+            message += f": {detail}"
+        if errors:
+            message += f" ({'; '.join(errors)})"
+        p = self.name
+        lowered = detail.lower()
+        if status == 401 or status == 403:
+            return AuthError(message, provider=p)
+        if status == 402:
+            return QuotaError(message, provider=p)
+        if status == 429:
+            retry_after = _parse_retry_after(response.headers.get("Retry-After"))
+            if retry_after is None:
+                retry_after = _parse_ratelimit_reset(response.headers.get("RateLimit"))
+            return RateLimited(message, provider=p, retry_after=retry_after)
+        if op == "create" and status == 400:
+            if any(word in lowered for word in _QUOTA_WORDS):
+                return QuotaError(message, provider=p)
+            return CapacityError(message, provider=p)
+        if status in (400, 422):
+            return InvalidSpec(message, provider=p)
+        if status == 404:
+            if op == "create":
+                return InvalidSpec(message, provider=p)
+            return NotFound(message, provider=p)
+        if status >= 500 or status == 408:
+            return TransientError(message, provider=p)
+        return ProviderError(message, provider=p)
+
+    def _malformed(self, what: str) -> ProviderError:
+        return ProviderError(f"{self.name}: {what}: malformed response", provider=self.name)
+
+    def _json(self, response: httpx.Response, *, what: str) -> dict[str, Any]:
+        try:
+            data = response.json()
+        except ValueError as exc:
+            raise self._malformed(what) from exc
+        if not isinstance(data, dict):
+            raise self._malformed(what)
+        return data
