@@ -66,6 +66,13 @@ def _mock_cloud(args: argparse.Namespace) -> int:
     return 0
 
 
+def _descheduler(args: argparse.Namespace) -> int:
+    from vkprovider.descheduler.service import run_companion
+
+    return asyncio.run(run_companion(kubeconfig=args.kubeconfig, node_name=args.node_name,
+                                     interval=args.interval))
+
+
 def _demo(args: argparse.Namespace) -> int:
     from vkprovider.demo import run_demo
 
@@ -92,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     mock.add_argument("--seed", type=int, default=0)
     mock.add_argument("--inventory", help="TYPE:REGION:COUNT:PRICE[,...]; default: a small mix")
     mock.set_defaults(func=_mock_cloud)
+
+    comp = sub.add_parser("descheduler", help="run the companion: overflow admission by policy")
+    comp.add_argument("--kubeconfig", help="default: in-cluster, else ~/.kube/config")
+    comp.add_argument("--node-name", default="vk-gpu-burst", help="the virtual node's name")
+    comp.add_argument("--interval", type=float, default=2.0, help="seconds between passes")
+    comp.set_defaults(func=_descheduler)
 
     demo = sub.add_parser("demo", help="play the burst story on a local cluster, narrated")
     demo.add_argument("--keep", action="store_true", help="keep everything running at the end")

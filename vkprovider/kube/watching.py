@@ -22,7 +22,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from vkprovider.kube.client import Body, KubeClient
-from vkprovider.kube.errors import APIError, GoneError, InactivityTimeout, error_for
+from vkprovider.kube.errors import (
+    APIError,
+    GoneError,
+    InactivityTimeout,
+    NotFoundError,
+    error_for,
+)
 from vkprovider.logs import kv
 
 log = logging.getLogger(__name__)
@@ -56,6 +62,7 @@ class Informer:
         name: str = "",
         inactivity_timeout: float = 70.0,
         max_backoff: float = 30.0,
+        missing_ok: bool = False,
     ) -> None:
         self._client = client
         self._path = path
@@ -68,6 +75,8 @@ class Informer:
         self.synced = asyncio.Event()
         self.resource_version = ""
         self.relists = 0
+        self._missing_ok = missing_ok  # a 404 (CRD not installed) means "none" and retries later
+        self.missing = False
 
     def _emit(self, event: str, obj: Body) -> None:
         if self._handler is not None:
@@ -97,6 +106,7 @@ class Informer:
                     items, rv = await self._client.list_all(self._path, params=self._params)
                     self.relists += 1
                     self._replace(items)
+                    self.missing = False
                     self.resource_version = rv
                     self.synced.set()
                 await self._watch()
@@ -104,19 +114,33 @@ class Informer:
             except GoneError:
                 log.info("watch expired; relisting", extra=kv(informer=self.name))
                 self.resource_version = ""
+            except NotFoundError as exc:
+                if not self._missing_ok:
+                    failures += 1
+                    await self._backoff(exc, failures)
+                    continue
+                if not self.missing:
+                    log.info("resource not served (CRD not installed?); treating as empty",
+                             extra=kv(informer=self.name))
+                self.missing = True
+                self.resource_version = ""
+                self._replace([])
+                self.synced.set()
+                await asyncio.sleep(self._max_backoff)
             except InactivityTimeout:
                 continue
             except APIError as exc:
                 failures += 1
-                delay = exc.retry_after
-                if delay is None:
-                    delay = min(self._max_backoff, 0.5 * 2 ** min(failures, 8))
-                    delay *= random.uniform(0.8, 1.2)
-                log.warning(
-                    "watch failed; backing off",
-                    extra=kv(informer=self.name, error=str(exc), delay=round(delay, 2)),
-                )
-                await asyncio.sleep(delay)
+                await self._backoff(exc, failures)
+
+    async def _backoff(self, exc: APIError, failures: int) -> None:
+        delay = exc.retry_after
+        if delay is None:
+            delay = min(self._max_backoff, 0.5 * 2 ** min(failures, 8))
+            delay *= random.uniform(0.8, 1.2)
+        log.warning("watch failed; backing off",
+                    extra=kv(informer=self.name, error=str(exc), delay=round(delay, 2)))
+        await asyncio.sleep(delay)
 
     async def _watch(self) -> None:
         params: dict[str, str | int | bool] = dict(self._params)

@@ -58,7 +58,11 @@ from vkprovider.node import podstatus
 from vkprovider.node.translate import RefSource, translate
 from vkprovider.node.virtualnode import NodeCapacity
 from vkprovider.node.workqueue import ShutDown, WorkQueue
+from vkprovider.placement import policy as pol
 from vkprovider.placement.blocks import Blocks
+from vkprovider.placement.budget import Usage, pod_policy
+
+POLICIES_PATH = "/apis/vkprovider.io/v1alpha1/overflowpolicies"
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +127,8 @@ class PodController:
             handler=self._on_pod,
             name="pods",
         )
+        self.policies = Informer(client=client, path=POLICIES_PATH, name="policies",
+                                 missing_ok=True, handler=lambda _e, _o: None)
         self.pod_keys: dict[str, str] = {}  # uid -> namespace/name
         self.first_seen: dict[str, float] = {}  # uid -> clock() the watch first showed it
         self.placed: dict[str, Placed] = {}  # uid -> instance, from sweeps and creates
@@ -166,8 +172,80 @@ class PodController:
                 self.largest_offer[offer.gpu_type] = size
         free = sum(max(0, o.available) for o in offers)
         held = sum(p.instance.gpu_count for p in self.placed.values())
+        budget = self._budget_gpus(offers)
+        if budget is not None:
+            free = min(free, budget)
         return NodeCapacity(gpus=free + held,
                             gpu_products=tuple(sorted({o.gpu_type for o in offers})))
+
+    # ---- policies: money is only spent on purpose -------------------------------------------
+
+    def parsed_policies(self) -> dict[str, pol.OverflowPolicy]:
+        out: dict[str, pol.OverflowPolicy] = {}
+        for obj in self.policies.store.values():
+            try:
+                parsed = pol.parse_overflow_policy(obj)
+            except pol.PolicyError as exc:
+                log.warning("ignoring invalid policy",
+                            extra=kv(policy=obj["metadata"].get("name"), error=str(exc)))
+                continue
+            out[parsed.name] = parsed
+        return out
+
+    def policy_usage(self) -> dict[str, Usage]:
+        usage: dict[str, Usage] = {}
+        for uid, placed in self.placed.items():
+            key = self.pod_keys.get(uid)
+            pod = self.informer.store.get(key) if key else None
+            name = pod_policy(pod) if pod else None
+            if name:
+                usage[name] = usage.get(name, Usage()).plus(
+                    gpus=placed.instance.gpu_count, price_per_hour=placed.instance.price_per_hour)
+        return usage
+
+    def _budget_gpus(self, offers: list[Offer]) -> int | None:
+        """GPUs the policies may still buy (None: no policy, or no policy limits GPUs/$)."""
+        policies = self.parsed_policies()
+        if not policies:
+            return None
+        usage = self.policy_usage()
+        cheapest = min((o.price_per_gpu_hour for o in offers if o.available > 0), default=0.0)
+        total = 0
+        for policy in policies.values():
+            limits = policy.spec.limits
+            used = usage.get(policy.name, Usage())
+            left: int | None = None
+            if limits.max_gpus is not None:
+                left = max(0, limits.max_gpus - used.gpus)
+            if limits.max_price_per_hour is not None and cheapest > 0:
+                dollars = max(0.0, limits.max_price_per_hour - used.price_per_hour)
+                by_price = int(dollars // cheapest)
+                left = by_price if left is None else min(left, by_price)
+            if left is None:
+                return None  # an unlimited policy: the clouds' capacity is the only cap
+            total += left
+        return total
+
+    def _admitting_policy(self, pod: Body) -> tuple[pol.OverflowPolicy | None, str]:
+        """The policy this pod was admitted under, or why none admits it."""
+        policies = self.parsed_policies()
+        if not policies and not self.settings.pods.require_policy:
+            return None, ""
+        named = pod_policy(pod)
+        if named in policies:
+            # The companion checked the selector (incl. namespaceSelector, whose namespace labels
+            # we do not watch here) when it admitted the pod and recorded the policy.
+            return policies[named], ""
+        for policy in policies.values():
+            selected, _ = pol.policy_selects(policy, pod=pod)
+            if selected:
+                return policy, ""
+        if named:
+            return None, f"it names OverflowPolicy {named}, which does not exist"
+        closest = pol.closest_refusal(list(policies.values()), pod)
+        if closest is not None:
+            return None, f"no OverflowPolicy selects it (closest: {closest[0]}: {closest[1]})"
+        return None, "no OverflowPolicy selects it"
 
     def _unrunnable(self, spec: InstanceSpec) -> str | None:
         """Why no configured cloud could ever run ``spec`` (checked before any create call)."""
@@ -178,6 +256,8 @@ class PodController:
             return f"no provider sells GPU type {spec.gpu_type!r} (sold: {known})"
         types = [spec.gpu_type] if spec.gpu_type else list(self.largest_offer)
         largest = max(self.largest_offer[t] for t in types)
+        if largest == 0:
+            return None  # sold but out of stock everywhere so far: wait for capacity
         if spec.gpu_count > largest:
             return (f"{spec.gpu_count} GPUs requested; the largest offer of "
                     f"{spec.gpu_type or 'any type'} is {largest}")
@@ -188,7 +268,9 @@ class PodController:
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self.informer.run(), name="pods-informer")
+            tg.create_task(self.policies.run(), name="policies-informer")
             await self.informer.synced.wait()
+            await self.policies.synced.wait()
             await self.sweep()  # adopt what exists before any worker may create
             self.swept.set()
             tg.create_task(self._sweeper(), name="status-sweeper")
@@ -432,13 +514,32 @@ class PodController:
             await self._reject(pod, reason=reason, message=why)
             return
 
+        policy, refusal = self._admitting_policy(pod)
+        if refusal:
+            await self._reject(pod, reason="NotAdmitted",
+                               message=f"not sent to any cloud: {refusal}")
+            return
+        allowed = list(self.providers)
+        if policy is not None:
+            allowed = [n for n in policy.spec.providers if n in self.providers]
+            if not allowed:
+                await self._reject(pod, reason="NotAdmitted",
+                                   message=f"OverflowPolicy {policy.name} names providers "
+                                           f"{', '.join(policy.spec.providers)}, none of which "
+                                           f"this node serves")
+                return
         sticky = self.unsure.get(uid)
-        order = [sticky[0]] if sticky else list(self.providers)
+        order = [sticky[0]] if sticky else allowed
         reasons: list[str] = []
         for name in order:
             block = self.blocks.blocked(provider=name, region=spec.region, gpu_type=spec.gpu_type)
             if block is not None and not sticky:
                 reasons.append(f"{name}: blocked ({block.reason})")
+                continue
+            if not sticky and spec.gpu_type and self.offers_read and not any(
+                o.provider == name and o.gpu_type == spec.gpu_type for o in self.offers
+            ):
+                reasons.append(f"{name}: does not sell {spec.gpu_type}")
                 continue
             provider = self.providers[name]
             try:
@@ -463,7 +564,10 @@ class PodController:
                 continue
             except InvalidSpec as exc:
                 self._count(name, "create", exc)
-                await self._reject(pod, reason="ProviderRejected", message=f"{name}: {exc}")
+                text = str(exc)
+                await self._reject(pod, reason="ProviderRejected",
+                                   message=text if text.startswith(f"{name}:") else
+                                   f"{name}: {text}")
                 return
             except ProviderError as exc:  # transient or rate limited: outcome unknown
                 self._count(name, "create", exc)
