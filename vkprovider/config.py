@@ -52,6 +52,23 @@ class PodSettings(_Frozen):
     require_policy: bool = False  # issue 6: only pods an OverflowPolicy selects
 
 
+class KubeletAPISettings(_Frozen):
+    """The kubelet API (TLS on ``node.kubelet_port``): who may call it, and how often GPUs are read.
+
+    Authentication: client certificates signed by ``client_ca_file`` (the API server's
+    kubelet-client certificate), or bearer tokens checked with TokenReview; authorization with
+    SubjectAccessReview on ``nodes/<subresource>``. The cache TTLs match the kubelet's defaults.
+    """
+
+    bind_address: str = "0.0.0.0"
+    client_ca_file: str | None = None  # None: client certificates are not accepted
+    token_cache_ttl_seconds: float = Field(default=120.0, ge=0)  # a TokenReview that said yes
+    token_deny_cache_ttl_seconds: float = Field(default=10.0, ge=0)  # ... that said no
+    authz_allow_cache_ttl_seconds: float = Field(default=300.0, ge=0)  # SubjectAccessReview yes
+    authz_deny_cache_ttl_seconds: float = Field(default=30.0, ge=0)  # ... no
+    gpu_metrics_interval_seconds: float = Field(default=15.0, gt=0)  # per running instance
+
+
 class ProviderSettings(_Frozen):
     """One cloud account. The API key comes from ``api_key_env`` or ``api_key_file``."""
 
@@ -91,6 +108,7 @@ class Settings(_Frozen):
     metrics_port: int = Field(default=9464, ge=0, le=65535)  # 0: no metrics server
     tls_cert_file: str | None = None  # kubelet API serving cert; generated when absent
     tls_key_file: str | None = None
+    kubelet_api: KubeletAPISettings = Field(default_factory=KubeletAPISettings)
 
     @field_validator("providers")
     @classmethod

@@ -48,6 +48,36 @@ class Metrics:
         self.pods_rejected = Counter("vkprovider_pods_rejected_total",
                                      "Pods failed before any cloud call, by reason.", ["reason"],
                                      registry=r)
+        # Kubelet API (issue 4): per-pod GPU figures read from the clouds, and API use.
+        gpu = ["namespace", "pod", "provider", "gpu"]
+        self.pod_gpu_utilization = Gauge(
+            "vkprovider_pod_gpu_utilization_ratio",
+            "GPU busy fraction (0-1) of a pod's instance, per GPU, as the cloud reports it.",
+            gpu, registry=r)
+        self.pod_gpu_tensor_active = Gauge(
+            "vkprovider_pod_gpu_tensor_active_ratio",
+            "Fraction of cycles the tensor cores were active (0-1), per GPU.", gpu, registry=r)
+        self.pod_gpu_memory_used = Gauge("vkprovider_pod_gpu_memory_used_bytes",
+                                         "GPU memory in use, per GPU.", gpu, registry=r)
+        self.pod_gpu_memory_total = Gauge("vkprovider_pod_gpu_memory_total_bytes",
+                                          "GPU memory size, per GPU.", gpu, registry=r)
+        self.pod_gpu_temperature = Gauge("vkprovider_pod_gpu_temperature_celsius",
+                                         "GPU temperature, per GPU.", gpu, registry=r)
+        self.pod_gpu_power = Gauge("vkprovider_pod_gpu_power_watts",
+                                   "GPU power draw, per GPU.", gpu, registry=r)
+        self.kubelet_api_requests = Counter(
+            "vkprovider_kubelet_api_requests_total",
+            "Requests to the kubelet API by endpoint and HTTP status code.",
+            ["endpoint", "code"], registry=r)
+        self.kubelet_api_auth = Counter(
+            "vkprovider_kubelet_api_auth_total",
+            "Kubelet API authentication/authorization outcomes by credential type "
+            "(cert, token, none) and outcome (allowed, unauthenticated, forbidden, error).",
+            ["method", "outcome"], registry=r)
+        self.kubelet_api_reviews = Counter(
+            "vkprovider_kubelet_api_reviews_total",
+            "TokenReviews and SubjectAccessReviews sent to the API server (cache misses) by "
+            "result.", ["kind", "result"], registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -11,9 +11,8 @@ import contextlib
 import logging
 import signal
 
-from prometheus_client import start_http_server
-
 from vkprovider import __version__
+from vkprovider.api import APIServers
 from vkprovider.config import Settings
 from vkprovider.kube import KubeClient
 from vkprovider.kube.events import EventRecorder
@@ -29,14 +28,19 @@ log = logging.getLogger(__name__)
 
 async def run_virtual_kubelet(*, settings: Settings) -> int:
     metrics = Metrics()
-    if settings.metrics_port:
-        start_http_server(settings.metrics_port, addr="0.0.0.0", registry=metrics.registry)
     client = KubeClient.from_kubeconfig(kubeconfig=settings.kubeconfig,
                                         user_agent=f"vkprovider/{__version__}")
     providers = build_providers(settings=settings)
     events = EventRecorder(client=client, component="vkprovider", host=settings.node.name)
     controller = PodController(client=client, settings=settings, providers=providers,
                                events=events, refs=KubeRefSource(client=client), metrics=metrics)
+    try:  # binds the kubelet API and /metrics ports now: a bad port or cert fails at once
+        servers = APIServers.build(settings=settings, controller=controller, client=client,
+                                   metrics=metrics)
+    except BaseException:
+        await controller.aclose()
+        await client.aclose()
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -49,11 +53,14 @@ async def run_virtual_kubelet(*, settings: Settings) -> int:
                                                 capacity=controller.node_capacity,
                                                 version=f"v1.37.2-vkprovider-{__version__}"))
             pods_task = tg.create_task(controller.run())
+            api_task = tg.create_task(servers.run())
             await stop.wait()
             log.info("stopping")
             node_task.cancel()
             pods_task.cancel()
+            api_task.cancel()
     finally:
+        servers.close()
         await controller.aclose()
         with contextlib.suppress(Exception):
             await client.aclose()

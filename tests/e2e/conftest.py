@@ -13,7 +13,14 @@ import pytest_asyncio
 
 from vkprovider.kube import KubeClient
 from vkprovider.testing.cluster import LocalCluster
-from vkprovider.testing.harness import MockCloudProcess, ProviderProcess, install_provider_rbac
+from vkprovider.testing.harness import (
+    CompanionProcess,
+    MockCloudProcess,
+    ProviderProcess,
+    install_crds,
+    install_provider_rbac,
+    service_account_kubeconfig,
+)
 
 
 @pytest.fixture(scope="session")
@@ -29,30 +36,70 @@ def provider_kubeconfig(local_cluster: LocalCluster, tmp_path_factory: pytest.Te
     return asyncio.run(install())
 
 
+@pytest.fixture(scope="session")
+def companion_kubeconfig(local_cluster: LocalCluster, provider_kubeconfig: Path,
+                         tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The companion's ServiceAccount token (RBAC from manifests/base/rbac-policies.yaml)."""
+    path = tmp_path_factory.mktemp("rbac") / "companion.kubeconfig"
+
+    async def mint() -> Path:
+        async with local_cluster.client() as kube:
+            return await service_account_kubeconfig(kube=kube, cluster=local_cluster,
+                                                    namespace="vkprovider-system",
+                                                    name="vkprovider-companion", path=path)
+
+    return asyncio.run(mint())
+
+
+@pytest.fixture(scope="session")
+def crds(local_cluster: LocalCluster) -> list[str]:
+    """The GPUProvider and OverflowPolicy CRDs, installed once per run."""
+
+    async def install() -> list[str]:
+        async with local_cluster.client() as kube:
+            return await install_crds(kube)
+
+    return asyncio.run(install())
+
+
 class System:
     """Mock clouds and one provider process for one test, with its own virtual node."""
 
-    def __init__(self, *, work_dir: Path, kubeconfig: Path, kube: KubeClient) -> None:
+    def __init__(self, *, work_dir: Path, kubeconfig: Path, kube: KubeClient,
+                 client_ca: Path | None = None) -> None:
         self.work_dir = work_dir
         self.kubeconfig = kubeconfig
         self.kube = kube
+        self.client_ca = client_ca  # the cluster CA: the API server's kubelet-client cert
         self.node_name = f"vk-{uuid.uuid4().hex[:8]}"
         self.clouds: list[MockCloudProcess] = []
         self.provider: ProviderProcess | None = None
+        self.companion: CompanionProcess | None = None
 
     async def start(self, *, clouds: int = 1, boot_delay: float = 0.3,
                     pods: dict[str, object] | None = None,
+                    node_labels: dict[str, str] | None = None,
+                    inventories: list[str] | None = None,
                     inventory: str = "H100:us-east:256:2.49,H100:eu-west:64:2.19,"
                                      "A100:us-east:64:1.29") -> ProviderProcess:
         for i in range(clouds):
             cloud = MockCloudProcess(work_dir=self.work_dir, name=f"cloud{i}",
-                                     boot_delay=boot_delay, inventory=inventory)
+                                     boot_delay=boot_delay,
+                                     inventory=inventories[i] if inventories else inventory)
             await cloud.start()
             self.clouds.append(cloud)
         self.provider = ProviderProcess(work_dir=self.work_dir, kubeconfig=self.kubeconfig,
-                                        node_name=self.node_name, clouds=self.clouds, pods=pods)
+                                        node_name=self.node_name, clouds=self.clouds, pods=pods,
+                                        node={"labels": node_labels or {}},
+                                        client_ca_file=self.client_ca)
         self.provider.start()
         return self.provider
+
+    def start_companion(self, *, kubeconfig: Path) -> CompanionProcess:
+        self.companion = CompanionProcess(work_dir=self.work_dir, kubeconfig=kubeconfig,
+                                          node_name=self.node_name, interval=0.5)
+        self.companion.start()
+        return self.companion
 
     def stop(self) -> None:
         if self.provider is not None:
@@ -63,12 +110,16 @@ class System:
 
 @pytest_asyncio.fixture
 async def system(kube: KubeClient, provider_kubeconfig: Path, tmp_path: Path,
-                 request: pytest.FixtureRequest) -> AsyncIterator[System]:
-    sys_ = System(work_dir=tmp_path, kubeconfig=provider_kubeconfig, kube=kube)
+                 local_cluster: LocalCluster, request: pytest.FixtureRequest
+                 ) -> AsyncIterator[System]:
+    sys_ = System(work_dir=tmp_path, kubeconfig=provider_kubeconfig, kube=kube,
+                  client_ca=local_cluster.ca_path)
     try:
         yield sys_
     finally:
         sys_.stop()
+        if sys_.companion is not None:
+            sys_.companion.stop()
         report = getattr(request.node, "rep_call", None)
         if report is not None and report.failed and sys_.provider is not None:
             print(f"--- provider log tail ({sys_.node_name})")

@@ -73,6 +73,7 @@ async def service_account_kubeconfig(
 async def install_provider_rbac(*, kube: KubeClient, cluster: LocalCluster, path: Path) -> Path:
     await apply_file(kube, MANIFESTS / "base" / "namespace.yaml")
     await apply_file(kube, MANIFESTS / "base" / "rbac.yaml")
+    await apply_file(kube, MANIFESTS / "base" / "rbac-policies.yaml")
     return await service_account_kubeconfig(kube=kube, cluster=cluster,
                                             namespace="vkprovider-system", name="vkprovider",
                                             path=path)
@@ -134,16 +135,22 @@ class ProviderProcess:
 
     def __init__(self, *, work_dir: Path, kubeconfig: Path, node_name: str,
                  clouds: list[MockCloudProcess], pods: dict[str, Any] | None = None,
-                 node: dict[str, Any] | None = None) -> None:
+                 node: dict[str, Any] | None = None, client_ca_file: Path | None = None,
+                 kubelet_api: dict[str, Any] | None = None) -> None:
         self.node_name = node_name
         self.metrics_port = free_port()
+        self.kubelet_port = free_port()
         config = {
             "kubeconfig": str(kubeconfig),
             "metrics_port": self.metrics_port,
-            "node": {"name": node_name, "kubelet_port": free_port(),
+            "node": {"name": node_name, "kubelet_port": self.kubelet_port,
                      "capacity_refresh_seconds": 2, **(node or {})},
             "pods": {"status_interval_seconds": 1, "orphan_grace_seconds": 3, **(pods or {})},
             "providers": [{"name": c.name, "type": "mock", "url": c.url} for c in clouds],
+            # the kubelet API trusts client certificates of this CA (the API server's
+            # kubelet-client certificate in LocalCluster) and reads GPU figures every 2 s
+            "kubelet_api": {"client_ca_file": str(client_ca_file) if client_ca_file else None,
+                            "gpu_metrics_interval_seconds": 2, **(kubelet_api or {})},
         }
         self.config_path = work_dir / f"{node_name}.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
@@ -169,3 +176,50 @@ class ProviderProcess:
     async def metrics(self) -> str:
         async with httpx.AsyncClient() as http:
             return (await http.get(f"http://127.0.0.1:{self.metrics_port}/metrics")).text
+
+
+class CompanionProcess:
+    """``vkprovider descheduler`` for one virtual node."""
+
+    def __init__(self, *, work_dir: Path, kubeconfig: Path, node_name: str,
+                 interval: float = 1.0) -> None:
+        self.component = Component(
+            name=f"companion-{node_name}",
+            argv=[sys.executable, "-m", "vkprovider", "--log-format=json", "descheduler",
+                  "--kubeconfig", str(kubeconfig), "--node-name", node_name,
+                  "--interval", str(interval)],
+            log_path=work_dir / f"companion-{node_name}.log",
+        )
+
+    def start(self) -> None:
+        self.component.start()
+
+    def kill(self) -> None:
+        self.component.kill()
+
+    def stop(self) -> None:
+        self.component.stop()
+
+    def log_text(self) -> str:
+        return self.component.log_path.read_text(errors="replace")
+
+
+async def install_crds(kube: KubeClient, *, timeout: float = 30.0) -> list[str]:
+    """Create the CRDs in manifests/crds (idempotent) and wait until each is Established."""
+    names: list[str] = []
+    for path in sorted((MANIFESTS / "crds").glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        for obj in await apply_file(kube, path):
+            names.append(obj["metadata"]["name"])
+    deadline = time.monotonic() + timeout
+    for name in names:
+        while True:
+            crd = await kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+            conds = (crd.get("status") or {}).get("conditions") or []
+            if any(c["type"] == "Established" and c["status"] == "True" for c in conds):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"CRD {name} not Established after {timeout}s")
+            await asyncio.sleep(0.2)
+    return names

@@ -1,0 +1,212 @@
+"""Per-pod GPU figures, read from the clouds on a timer and kept for the kubelet API and /metrics.
+
+Why it exists: operators (and autoscalers reading ``/metrics/resource``) want to see whether a
+burst pod's GPUs are busy, but a scrape must never fan out into cloud calls. A collector reads the
+figures of each running instance at most once per ``interval`` (default 15 s), in the background,
+and everything else (``/stats/summary``, ``/metrics/resource``, the ``vkprovider_pod_gpu_*``
+gauges) reads its cache.
+
+Only providers that offer ``gpu_metrics(instance_id)`` are asked. The contract (the mock cloud's
+shape, and what a real adapter should return): a mapping with ``gpus``, a list of
+``{index, uuid, gpu_type, gpu_utilization (percent 0-100), tensor_active (0-1),
+memory_used_bytes, memory_total_bytes, temperature_c, power_w}``; missing figures are omitted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from providers.base import ProviderError
+from vkprovider.api.view import NodeView, Placement, is_running
+from vkprovider.logs import kv
+from vkprovider.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class GPUMetricsSource(Protocol):
+    """A provider that can report GPU figures of one instance."""
+
+    async def gpu_metrics(self, instance_id: str) -> Mapping[str, Any]: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class GPUReading:
+    index: int
+    uuid: str
+    model: str
+    utilization: float | None  # 0-1
+    tensor_active: float | None  # 0-1
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    temperature_celsius: float | None
+    power_watts: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodGPUs:
+    """The latest figures of one pod's instance."""
+
+    uid: str
+    namespace: str
+    pod: str
+    provider: str
+    instance_id: str
+    at: float  # wall time (epoch seconds) of the reading
+    gpus: tuple[GPUReading, ...]
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _ratio(value: Any, *, percent: bool) -> float | None:
+    number = _num(value)
+    if number is None:
+        return None
+    if percent:
+        number /= 100.0
+    return min(1.0, max(0.0, number))
+
+
+def parse_readings(body: Mapping[str, Any], *, default_model: str) -> tuple[GPUReading, ...]:
+    """The per-GPU figures of a ``gpu_metrics`` answer; malformed entries are skipped."""
+    out: list[GPUReading] = []
+    raw = body.get("gpus")
+    if not isinstance(raw, list):
+        return ()
+    for position, item in enumerate(raw):
+        if not isinstance(item, Mapping):
+            continue
+        index = item.get("index", position)
+        index = index if isinstance(index, int) and not isinstance(index, bool) else position
+        used, total = _num(item.get("memory_used_bytes")), _num(item.get("memory_total_bytes"))
+        out.append(GPUReading(
+            index=index,
+            uuid=str(item.get("uuid") or f"gpu-{index}"),
+            model=str(item.get("gpu_type") or default_model or "unknown"),
+            utilization=_ratio(item.get("gpu_utilization"), percent=True),
+            tensor_active=_ratio(item.get("tensor_active"), percent=False),
+            memory_used_bytes=None if used is None else int(used),
+            memory_total_bytes=None if total is None else int(total),
+            temperature_celsius=_num(item.get("temperature_c")),
+            power_watts=_num(item.get("power_w")),
+        ))
+    return tuple(out)
+
+
+class GPUCollector:
+    """Reads GPU figures of running instances; ``samples`` holds the latest, by pod UID."""
+
+    def __init__(
+        self,
+        *,
+        view: NodeView,
+        metrics: Metrics,
+        interval: float = 15.0,
+        tick: float = 1.0,
+        call_timeout: float = 10.0,
+        concurrency: int = 8,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.view = view
+        self.metrics = metrics
+        self.interval = interval
+        self.tick = min(tick, interval)
+        self.call_timeout = call_timeout
+        self.clock = clock
+        self.wall = wall
+        self.samples: dict[str, PodGPUs] = {}
+        self._attempted: dict[str, float] = {}  # uid -> clock() of the last call (ok or not)
+        self._labels: dict[str, set[tuple[str, str, str, str]]] = {}  # uid -> gauge label sets
+        self._limit = asyncio.Semaphore(concurrency)
+
+    async def run(self) -> None:
+        """Refresh until cancelled; a new running pod is read within ``tick`` seconds."""
+        while True:
+            try:
+                await self.refresh()
+            except Exception:  # the collector must outlive any bug in one pass
+                log.exception("GPU metrics refresh failed")
+            await asyncio.sleep(self.tick)
+
+    async def refresh(self) -> None:
+        now = self.clock()
+        running = {p.uid: p for p in self.view.placements()
+                   if is_running(p) and isinstance(p.provider, GPUMetricsSource)}
+        for uid in [u for u in self.samples if u not in running]:
+            self._forget(uid)
+        for uid in [u for u in self._attempted if u not in running]:
+            del self._attempted[uid]
+        due = [p for uid, p in running.items()
+               if now - self._attempted.get(uid, float("-inf")) >= self.interval]
+        if due:
+            await asyncio.gather(*(self._read(p) for p in due))
+
+    async def _read(self, placement: Placement) -> None:
+        self._attempted[placement.uid] = self.clock()
+        source = placement.provider
+        assert isinstance(source, GPUMetricsSource)
+        name = placement.provider_name
+        try:
+            async with self._limit, asyncio.timeout(self.call_timeout):
+                body = await source.gpu_metrics(placement.instance.id)
+        except (ProviderError, TimeoutError) as exc:
+            result = "TimeoutError" if isinstance(exc, TimeoutError) else type(exc).__name__
+            self.metrics.provider_requests.labels(name, "gpu_metrics", result).inc()
+            log.debug("GPU metrics read failed", extra=kv(provider=name,
+                                                          instance=placement.instance.id,
+                                                          error=str(exc) or result))
+            stale = self.samples.get(placement.uid)
+            if stale is not None and self.wall() - stale.at > 3 * self.interval:
+                self._forget(placement.uid)
+            return
+        self.metrics.provider_requests.labels(name, "gpu_metrics", "ok").inc()
+        if self.view.placement(placement.uid) is None:
+            return  # the pod went away while we asked
+        sample = PodGPUs(uid=placement.uid, namespace=placement.namespace, pod=placement.pod,
+                         provider=name, instance_id=placement.instance.id, at=self.wall(),
+                         gpus=parse_readings(body,
+                                             default_model=placement.instance.gpu_type or ""))
+        self.samples[placement.uid] = sample
+        self._export(sample)
+
+    def _export(self, sample: PodGPUs) -> None:
+        m = self.metrics
+        fresh: set[tuple[str, str, str, str]] = set()
+        for gpu in sample.gpus:
+            labels = (sample.namespace, sample.pod, sample.provider, str(gpu.index))
+            fresh.add(labels)
+            for gauge, value in ((m.pod_gpu_utilization, gpu.utilization),
+                                 (m.pod_gpu_tensor_active, gpu.tensor_active),
+                                 (m.pod_gpu_memory_used, gpu.memory_used_bytes),
+                                 (m.pod_gpu_memory_total, gpu.memory_total_bytes),
+                                 (m.pod_gpu_temperature, gpu.temperature_celsius),
+                                 (m.pod_gpu_power, gpu.power_watts)):
+                if value is not None:
+                    gauge.labels(*labels).set(value)
+        for labels in self._labels.get(sample.uid, set()) - fresh:
+            self._remove(labels)
+        self._labels[sample.uid] = fresh
+
+    def _forget(self, uid: str) -> None:
+        self.samples.pop(uid, None)
+        for labels in self._labels.pop(uid, set()):
+            self._remove(labels)
+
+    def _remove(self, labels: tuple[str, str, str, str]) -> None:
+        m = self.metrics
+        for gauge in (m.pod_gpu_utilization, m.pod_gpu_tensor_active, m.pod_gpu_memory_used,
+                      m.pod_gpu_memory_total, m.pod_gpu_temperature, m.pod_gpu_power):
+            with contextlib.suppress(KeyError):
+                gauge.remove(*labels)

@@ -1,0 +1,79 @@
+"""A read-only view of the virtual node for the kubelet API: its pods and where each one runs.
+
+Why it exists: the kubelet API answers from what the pod controller already knows (the watch
+cache of pods bound to the node, and the instance each pod has on a cloud), never from extra
+calls to the API server. This narrow protocol keeps the HTTP layer independent of the
+controller's internals, and lets unit tests hand it a few dicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from providers.base import TAG_NAMESPACE, TAG_POD, Instance, InstanceState, Provider
+from vkprovider.node.pods import PodController
+
+Body = dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement:
+    """One pod's cloud instance."""
+
+    uid: str
+    namespace: str
+    pod: str
+    provider_name: str
+    provider: Provider
+    instance: Instance
+
+
+class NodeView(Protocol):
+    node_name: str
+
+    def pods(self) -> list[Body]: ...
+
+    def pod(self, *, namespace: str, name: str) -> Body | None: ...
+
+    def placement(self, uid: str) -> Placement | None: ...
+
+    def placements(self) -> list[Placement]: ...
+
+
+class ControllerView:
+    """:class:`NodeView` over a running :class:`~vkprovider.node.pods.PodController`."""
+
+    def __init__(self, *, controller: PodController) -> None:
+        self._controller = controller
+        self.node_name = controller.node
+
+    def pods(self) -> list[Body]:
+        return list(self._controller.informer.store.values())
+
+    def pod(self, *, namespace: str, name: str) -> Body | None:
+        return self._controller.informer.store.get(f"{namespace}/{name}")
+
+    def placement(self, uid: str) -> Placement | None:
+        placed = self._controller.placed.get(uid)
+        if placed is None:
+            return None
+        provider = self._controller.providers.get(placed.provider)
+        if provider is None:
+            return None
+        key = self._controller.pod_keys.get(uid)
+        if key and "/" in key:
+            namespace, name = key.split("/", 1)
+        else:
+            tags = placed.instance.tags
+            namespace, name = tags.get(TAG_NAMESPACE, ""), tags.get(TAG_POD, "")
+        return Placement(uid=uid, namespace=namespace, pod=name, provider_name=placed.provider,
+                         provider=provider, instance=placed.instance)
+
+    def placements(self) -> list[Placement]:
+        found = (self.placement(uid) for uid in list(self._controller.placed))
+        return [p for p in found if p is not None]
+
+
+def is_running(placement: Placement) -> bool:
+    return placement.instance.state == InstanceState.RUNNING
