@@ -63,6 +63,7 @@ class Informer:
         inactivity_timeout: float = 70.0,
         max_backoff: float = 30.0,
         missing_ok: bool = False,
+        transform: Callable[[Body], Body] | None = None,
     ) -> None:
         self._client = client
         self._path = path
@@ -75,6 +76,7 @@ class Informer:
         self.synced = asyncio.Event()
         self.resource_version = ""
         self.relists = 0
+        self._transform = transform or _slim  # slim projections keep big caches cheap
         self._missing_ok = missing_ok  # a 404 (CRD not installed) means "none" and retries later
         self.missing = False
 
@@ -86,7 +88,7 @@ class Informer:
                 log.exception("informer handler failed", extra=kv(informer=self.name))
 
     def _replace(self, items: list[Body]) -> None:
-        fresh = {object_key(o): _slim(o) for o in items}
+        fresh = {object_key(o): self._transform(o) for o in items}
         for key, old in list(self.store.items()):
             new = fresh.get(key)
             if new is None or _uid(new) != _uid(old):
@@ -173,7 +175,8 @@ class Informer:
             self.store.pop(key, None)
             self._emit("DELETED", obj)
         elif kind in ("ADDED", "MODIFIED"):
-            self.store[key] = _slim(obj)
+            obj = self._transform(obj)
+            self.store[key] = obj
             self._emit(str(kind), obj)
 
 

@@ -1,0 +1,157 @@
+"""Lease-based leader election, as client-go does it, for running two replicas safely.
+
+Why it exists: a virtual kubelet or companion with two replicas must have exactly one actor, or
+two processes create instances for the same pod. Rules (client-go's, for the same reasons):
+
+* a replica becomes leader by creating the Lease, or by taking it over once the holder has not
+  renewed it for ``lease_duration`` as observed on OUR clock (never comparing the holder's
+  ``renewTime`` to our clock: clocks skew);
+* writes carry the Lease's resourceVersion, so two candidates cannot both win a takeover;
+* the leader renews every ``retry_period``; if it cannot renew within ``renew_deadline`` it stops
+  leading, and the caller must stop acting at once (here: the process exits and restarts), well
+  before another replica can take over (``renew_deadline < lease_duration``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from vkprovider.errors import VKError
+from vkprovider.kube.client import KubeClient
+from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
+from vkprovider.logs import kv
+
+log = logging.getLogger(__name__)
+
+
+class LeadershipLost(VKError):
+    """This replica could not renew its Lease in time and must stop acting."""
+
+
+def _micro(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaderElector:
+    def __init__(
+        self,
+        *,
+        client: KubeClient,
+        namespace: str,
+        name: str,
+        identity: str,
+        lease_duration: float = 15.0,
+        renew_deadline: float = 10.0,
+        retry_period: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not retry_period < renew_deadline < lease_duration:
+            raise ValueError("need retry_period < renew_deadline < lease_duration")
+        self.client = client
+        self.path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
+        self.collection = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+        self.name = name
+        self.identity = identity
+        self.lease_duration = lease_duration
+        self.renew_deadline = renew_deadline
+        self.retry_period = retry_period
+        self.clock = clock
+        self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
+        self._observed_at = 0.0
+        self.is_leader = False
+
+    def _spec(self, *, transitions: int, acquire: str | None = None) -> dict[str, Any]:
+        now = _micro(datetime.now(UTC))
+        return {"holderIdentity": self.identity,
+                "leaseDurationSeconds": int(self.lease_duration),
+                "acquireTime": acquire or now, "renewTime": now,
+                "leaseTransitions": transitions}
+
+    async def try_acquire_or_renew(self) -> bool:
+        """One attempt; True if we hold the Lease afterwards."""
+        try:
+            lease = await self.client.get(self.path)
+        except NotFoundError:
+            try:
+                await self.client.create(self.collection, {
+                    "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": self.name}, "spec": self._spec(transitions=0)})
+            except ConflictError:
+                return False
+            return True
+        spec = lease.get("spec") or {}
+        holder = str(spec.get("holderIdentity") or "")
+        record = (holder, str(spec.get("renewTime") or ""))
+        if record != self._observed:
+            self._observed = record
+            self._observed_at = self.clock()
+        expired = self.clock() - self._observed_at >= float(
+            spec.get("leaseDurationSeconds") or self.lease_duration)
+        if holder and holder != self.identity and not expired:
+            return False
+        transitions = int(spec.get("leaseTransitions") or 0)
+        if holder != self.identity:
+            transitions += 1
+            acquire = None
+        else:
+            acquire = spec.get("acquireTime")
+        body = {"metadata": {"resourceVersion": lease["metadata"]["resourceVersion"]},
+                "spec": self._spec(transitions=transitions, acquire=acquire)}
+        try:
+            await self.client.patch(self.path, body)
+        except ConflictError:
+            return False
+        return True
+
+    @contextlib.asynccontextmanager
+    async def leading(self) -> AsyncIterator[asyncio.Event]:
+        """Wait until leader; yield an Event that is set if leadership is lost."""
+        while True:
+            try:
+                if await self.try_acquire_or_renew():
+                    break
+            except APIError as exc:
+                log.warning("leader election attempt failed", extra=kv(error=str(exc)))
+            await asyncio.sleep(self.retry_period)
+        self.is_leader = True
+        log.info("became leader", extra=kv(lease=self.name, identity=self.identity))
+        lost = asyncio.Event()
+        renewer = asyncio.get_running_loop().create_task(self._renew(lost))
+        try:
+            yield lost
+        finally:
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
+            self.is_leader = False
+            await self._release()
+
+    async def _renew(self, lost: asyncio.Event) -> None:
+        last_ok = self.clock()
+        while True:
+            await asyncio.sleep(self.retry_period)
+            try:
+                if await self.try_acquire_or_renew():
+                    last_ok = self.clock()
+                    continue
+            except APIError as exc:
+                log.warning("lease renewal failed", extra=kv(error=str(exc)))
+            if self.clock() - last_ok >= self.renew_deadline:
+                log.error("leadership lost", extra=kv(lease=self.name, identity=self.identity))
+                lost.set()
+                return
+
+    async def _release(self) -> None:
+        """Hand over at once on a clean shutdown (client-go's ReleaseOnCancel)."""
+        with contextlib.suppress(APIError):
+            lease = await self.client.get(self.path)
+            if (lease.get("spec") or {}).get("holderIdentity") == self.identity:
+                await self.client.patch(self.path, {
+                    "metadata": {"resourceVersion": lease["metadata"]["resourceVersion"]},
+                    "spec": {"holderIdentity": None, "leaseDurationSeconds": 1}})
