@@ -7,6 +7,8 @@ entry here plus a module in ``providers/``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from providers.base import Provider
 from vkprovider.config import ProviderSettings, Settings
 from vkprovider.errors import ConfigError
@@ -19,15 +21,21 @@ def build_provider(*, settings: ProviderSettings, owner: str) -> Provider:
 
         return MockProvider(name=settings.name, base_url=settings.url, owner=owner, api_key=key,
                             timeout=settings.timeout_seconds)
+    adapter: type[Any] | None = None
     if settings.type == "runpod":
-        from providers.runpod import RunPodProvider
-
+        from providers.runpod import RunPodProvider as adapter
+    elif settings.type == "vastai":
+        from providers.vastai import VastAIProvider as adapter
+    elif settings.type == "salad":
+        from providers.salad import SaladProvider as adapter
+    if adapter is not None:
         try:
-            return RunPodProvider(name=settings.name, base_url=settings.url, owner=owner,
-                                  api_key=key, timeout=settings.timeout_seconds,
-                                  options=settings.options)
+            built: Provider = adapter(name=settings.name, base_url=settings.url, owner=owner,
+                                      api_key=key, timeout=settings.timeout_seconds,
+                                      options=settings.options)
         except ValueError as exc:
             raise ConfigError(f"providers[{settings.name}].{exc}") from exc
+        return built
     raise ConfigError(
         f"providers[{settings.name}].type: the {settings.type!r} adapter is not available in "
         f"this build"

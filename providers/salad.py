@@ -1,0 +1,972 @@
+"""The SaladCloud adapter: :class:`SaladProvider`.
+
+Why it exists: SaladCloud runs containers as *container groups* (a spec plus a replica count) on
+interruptible consumer GPUs. This module runs each instance as a one-replica container group in
+one organization's project, and maps Salad's group states and RFC 7807 ProblemDetails errors onto
+:mod:`providers.base`, so the service can treat SaladCloud like any other cloud. It follows
+``shared/specs/salad/salad-cloud.yaml`` (SaladTechnologies/salad-cloud-docs, 0.9.0-alpha.17).
+
+Names: a container group name must match ``^[a-z][a-z0-9-]{0,61}[a-z0-9]$`` (2-63 characters).
+:func:`salad_name` derives it from ``spec.name`` deterministically:
+
+1. if ``spec.name`` already matches, it is used as is;
+2. otherwise it is lower-cased, every run of other characters becomes ``-``, leading characters
+   up to the first letter and trailing ``-`` are dropped, the rest is cut to 52 characters
+   (``"vk"`` if nothing is left) and ``-`` plus the first 10 hex digits of SHA-256(``spec.name``)
+   is appended, so two different names never share a group by accident.
+
+Tags: Salad has no labels or tags, so the instance's identity (``spec.name``, the cluster GPU type,
+the quoted price and the tags, with ``vkprovider.io/node`` set to ``owner``) travels in the
+container's environment variable ``VKPROVIDER_INSTANCE`` as compact JSON. ``list`` keeps the
+groups of the project whose variable names our ``owner``; groups without it are never touched.
+The container sees this variable; it holds no secret.
+
+Idempotency: ``create`` first GETs the group by its derived name and adopts it when its
+``VKPROVIDER_INSTANCE`` names the same ``spec.name`` (a name taken by anything else is an error,
+never adopted). A create that races another answers 409, and the group is then read and adopted.
+Groups are created with ``autostart_policy: true``; a group found ``stopped`` by ``create`` is
+started (``POST .../start``).
+
+Options (the ``options`` mapping):
+
+``organization``, ``project`` (str, required)
+    Where the container groups live (both must already exist).
+``gpu_types`` (mapping str -> str or list of str, default empty)
+    Cluster GPU name -> Salad GPU class names or ids, e.g. ``{"RTX4090": ["RTX 4090 (24 GB)"]}``.
+    Without an entry, a GPU type matches the classes named exactly like it, or named like it
+    followed by a space (``"RTX 4090"`` matches ``"RTX 4090 (24 GB)"``). With a non-empty map,
+    ``capacity()`` reports only mapped types, under their cluster names.
+``priority`` (``"high"`` | ``"medium"`` | ``"low"`` | ``"batch"``, default ``"high"``)
+    Container priority: the price tier (and how readily Salad interrupts the node).
+``restart_policy`` (``"never"`` | ``"on_failure"`` | ``"always"``, default ``"never"``)
+    With ``never``, a container that exits ends the group (``succeeded``/``failed``), which is
+    what lets a pod finish.
+``default_cpu`` (int vCPU, default 1), ``default_memory_mb`` (int, default 1024)
+    Used when the pod requests no CPU/memory. Requests are rounded up to whole vCPUs and to at
+    least 1024 MB (Salad's minimum).
+``storage_gb`` (int, default none)
+    Container storage (``storage_amount``; at least 1).
+``country_codes`` (list of ISO 3166-1 alpha-2 codes, default none = anywhere)
+    Where groups may run when the spec names no region.
+``region`` (str, default ``"global"``)
+    The region name ``capacity()`` reports; a spec with this region (or none) uses
+    ``country_codes``; a spec with a two-letter region runs in that country.
+``networking_auth`` (bool, default false)
+    Whether Salad's container gateway requires a Salad API key from callers.
+``check_availability`` (bool, default true)
+    Before creating a GPU group, ask ``sce-gpu-availability``; none free is a CapacityError
+    (so placement can try elsewhere) instead of a group that waits for a node.
+``registry_authentication`` (mapping, default none)
+    Passed as ``container.registry_authentication`` for private images. Secret.
+``gpu_classes_ttl`` (float seconds, default 300)
+    How long the GPU class list is cached.
+``log_poll_interval`` (float seconds, default 2.0)
+    How often ``logs(follow=True)`` asks for new entries.
+``max_attempts`` (int, default 4), ``backoff_initial`` (default 0.2), ``backoff_max``
+(default 5.0), ``retry_after_cap`` (default 5.0)
+    Retries at the HTTP edge: timeouts, connection errors and 5xx are retried; a 429 after its
+    ``Retry-After`` when at most ``retry_after_cap`` (Salad documents no ``Retry-After``; without
+    one, backoff is exponential).
+
+Not supported, and said so (InvalidSpec, before any HTTP call) rather than ignored: more than one
+GPU (one GPU per Salad node), ``args`` without ``command`` (Salad's ``command`` replaces the
+image's ENTRYPOINT and CMD, so there is no way to pass arguments to the ENTRYPOINT), more than one
+port or a UDP port (Salad's gateway exposes one HTTP port), environment values that are empty,
+hold a line break or exceed 1000 characters (the spec's limits), and exit codes (Salad reports
+none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import random
+import re
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+
+from providers.base import (
+    TAG_NODE,
+    AuthError,
+    CapacityError,
+    Instance,
+    InstanceSpec,
+    InstanceState,
+    InvalidSpec,
+    LogOptions,
+    NotFound,
+    Offer,
+    ProviderError,
+    QuotaError,
+    RateLimited,
+    TransientError,
+)
+
+__all__ = ["META_ENV", "SaladProvider", "map_status", "salad_name"]
+
+_T = TypeVar("_T")
+
+#: The environment variable that carries an instance's identity and tags.
+META_ENV = "VKPROVIDER_INSTANCE"
+_NAME = re.compile(r"^[a-z][a-z0-9-]{0,61}[a-z0-9]$")
+_COUNTRY = re.compile(r"^[a-z]{2}$")
+_ENV_MAX = 1000
+_ARG_MAX = 1000
+_MAX_SERVER_MESSAGE = 300
+_LOG_PAGE = 100
+_PRICE_ROOM = 16  # the price in VKPROVIDER_INSTANCE is filled in after the spec is checked
+_PRIORITIES = ("high", "medium", "low", "batch")
+_RESTART_POLICIES = ("always", "on_failure", "never")
+_TERMINAL = ("succeeded", "failed", "stopped")
+_QUOTA_WORDS = ("quota", "limit exceeded", "insufficient", "balance", "payment")
+_CAPACITY_WORDS = ("capacity", "no available", "not available", "unavailable")
+
+
+def salad_name(spec_name: str) -> str:
+    """The container group name for ``spec_name`` (deterministic; see the module docstring)."""
+    if _NAME.match(spec_name):
+        return spec_name
+    readable = re.sub(r"[^a-z0-9-]+", "-", spec_name.lower())
+    readable = re.sub(r"^[^a-z]+", "", readable)[:52].rstrip("-") or "vk"
+    digest = hashlib.sha256(spec_name.encode("utf-8")).hexdigest()[:10]
+    return f"{readable}-{digest}"
+
+
+def map_status(status: str, running_count: int) -> InstanceState:
+    """Salad ``current_state.status`` (+ running instances) -> InstanceState.
+
+    ``running`` counts as RUNNING only once an instance runs (Salad reports the group running
+    while its one replica is still being allocated). ``stopped`` is FAILED: vkprovider never
+    stops a group, so someone or something else did.
+    """
+    if status in ("pending", "deploying"):
+        return InstanceState.PENDING
+    if status == "running":
+        return InstanceState.RUNNING if running_count >= 1 else InstanceState.PENDING
+    if status == "succeeded":
+        return InstanceState.SUCCEEDED
+    if status in ("failed", "stopped"):
+        return InstanceState.FAILED
+    return InstanceState.PENDING
+
+
+def _parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date)."""
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - datetime.now(UTC)).total_seconds()
+    if seconds != seconds:  # NaN
+        return None
+    return max(0.0, seconds)
+
+
+def _time(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+def _rfc3339(when: datetime) -> str:
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _display_name(spec_name: str) -> str:
+    text = re.sub(r"[^ ,\-.0-9A-Za-z]+", "-", spec_name)[:63]
+    return text if len(text) >= 2 else f"vk-{text}"
+
+
+@dataclass(frozen=True)
+class _GpuClass:
+    id: str
+    name: str
+    prices: Mapping[str, float]
+
+
+class _Conflict(ProviderError):
+    """HTTP 409: the name is taken (create raced another create)."""
+
+
+class _Options:
+    """The parsed, checked ``options``; a wrong value is a configuration error (ValueError)."""
+
+    def __init__(self, raw: Mapping[str, Any]) -> None:
+        known = {
+            "organization", "project", "gpu_types", "priority", "restart_policy", "default_cpu",
+            "default_memory_mb", "storage_gb", "country_codes", "region", "networking_auth",
+            "check_availability", "registry_authentication", "gpu_classes_ttl",
+            "log_poll_interval", "max_attempts", "backoff_initial", "backoff_max",
+            "retry_after_cap",
+        }  # fmt: skip
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"unknown SaladCloud option(s): {', '.join(unknown)}")
+        self.organization = str(raw.get("organization") or "")
+        self.project = str(raw.get("project") or "")
+        for key, value in (("organization", self.organization), ("project", self.project)):
+            if not _NAME.match(value):
+                raise ValueError(
+                    f"options.{key} is required and must match {_NAME.pattern} (got {value!r})"
+                )
+        self.gpu_types: dict[str, tuple[str, ...]] = {}
+        for key, value in dict(raw.get("gpu_types") or {}).items():
+            names = (value,) if isinstance(value, str) else tuple(value)
+            if not names or not all(isinstance(n, str) and n for n in names):
+                raise ValueError(f"options.gpu_types[{key!r}] must be a name or a list of names")
+            self.gpu_types[str(key)] = names
+        self.priority = str(raw.get("priority", "high"))
+        if self.priority not in _PRIORITIES:
+            raise ValueError(f"options.priority must be one of {', '.join(_PRIORITIES)}")
+        self.restart_policy = str(raw.get("restart_policy", "never"))
+        if self.restart_policy not in _RESTART_POLICIES:
+            raise ValueError(
+                f"options.restart_policy must be one of {', '.join(_RESTART_POLICIES)}"
+            )
+        self.default_cpu = int(raw.get("default_cpu", 1))
+        self.default_memory_mb = int(raw.get("default_memory_mb", 1024))
+        storage = raw.get("storage_gb")
+        self.storage_gb = None if storage is None else int(storage)
+        if self.default_cpu < 1 or self.default_memory_mb < 1024 or (
+            self.storage_gb is not None and self.storage_gb < 1
+        ):
+            raise ValueError(
+                "options: default_cpu must be >= 1, default_memory_mb >= 1024, storage_gb >= 1"
+            )
+        self.country_codes = tuple(str(c).lower() for c in raw.get("country_codes") or ())
+        if not all(_COUNTRY.match(c) for c in self.country_codes):
+            raise ValueError("options.country_codes must be ISO 3166-1 alpha-2 codes")
+        self.region = str(raw.get("region", "global"))
+        self.networking_auth = bool(raw.get("networking_auth", False))
+        self.check_availability = bool(raw.get("check_availability", True))
+        registry = raw.get("registry_authentication")
+        self.registry_authentication = None if registry is None else dict(registry)
+        self.gpu_classes_ttl = float(raw.get("gpu_classes_ttl", 300.0))
+        self.log_poll_interval = float(raw.get("log_poll_interval", 2.0))
+        self.max_attempts = int(raw.get("max_attempts", 4))
+        self.backoff_initial = float(raw.get("backoff_initial", 0.2))
+        self.backoff_max = float(raw.get("backoff_max", 5.0))
+        self.retry_after_cap = float(raw.get("retry_after_cap", 5.0))
+        if self.max_attempts < 1:
+            raise ValueError("options.max_attempts must be at least 1")
+
+
+class SaladProvider:
+    """A :class:`~providers.base.Provider` for one SaladCloud project, scoped to ``owner``.
+
+    ``transport`` replaces the network (e.g. ``httpx.ASGITransport(app=fake)`` in tests). The API
+    key goes into the client's ``Salad-Api-Key`` header and nowhere else.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        base_url: str,
+        owner: str,
+        api_key: str | None,
+        timeout: float = 15.0,
+        options: Mapping[str, Any] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.name = name
+        self.owner = owner
+        self._base_url = base_url
+        self._opts = _Options(options or {})
+        self._secret = api_key or None
+        headers = {"Accept": "application/json"}
+        if api_key:
+            headers["Salad-Api-Key"] = api_key
+        self._client = httpx.AsyncClient(
+            base_url=base_url, headers=headers, timeout=timeout, transport=transport
+        )
+        org, project = self._opts.organization, self._opts.project
+        self._org_path = f"/organizations/{org}"
+        self._groups_path = f"/organizations/{org}/projects/{project}/containers"
+        self._classes: tuple[float, builtins.list[_GpuClass]] | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"SaladProvider(name={self.name!r}, base_url={self._base_url!r}, "
+            f"owner={self.owner!r}, organization={self._opts.organization!r}, "
+            f"project={self._opts.project!r})"
+        )
+
+    async def __aenter__(self) -> SaladProvider:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    # -- the Provider protocol --------------------------------------------------------------
+
+    async def create(self, spec: InstanceSpec) -> Instance:
+        """Adopt the group named for ``spec.name``, or create (and start) it."""
+        group_name = salad_name(spec.name)
+        body = self._body(spec, group_name)  # InvalidSpec before any HTTP call
+        found = await self._get_group(group_name)
+        if found is not None:
+            return await self._adopt(spec, found)
+        classes = await self._choose_classes(spec) if spec.gpu_count else []
+        container = body["container"]
+        container["resources"]["gpu_classes"] = [c.id for c in classes]
+        price = max((c.prices[self._opts.priority] for c in classes), default=0.0)
+        container["environment_variables"][META_ENV] = self._meta(spec, price)
+        if classes and self._opts.check_availability:
+            await self._check_available(spec, body, classes)
+        what = f"create container group {group_name}"
+        try:
+            response = await self._request("POST", self._groups_path, what=what, json_body=body)
+        except _Conflict:
+            return await self._adopt(spec, await self._require_group(group_name))
+        group = self._json(response, what=what)
+        return await self._start_if_stopped(group, what=what)
+
+    async def list(self) -> list[Instance]:
+        """Every container group in the project whose identity names our ``owner``."""
+        what = "list container groups"
+        response = await self._request("GET", self._groups_path, what=what)
+        items = self._json(response, what=what).get("items")
+        if not isinstance(items, Sequence):
+            raise self._malformed(what)
+        found = []
+        for item in items:
+            instance = self._instance(item, what=what)
+            if instance is not None and instance.tags.get(TAG_NODE) == self.owner:
+                found.append(instance)
+        return found
+
+    async def delete(self, instance_id: str) -> None:
+        """Delete the container group; one that is gone (or never was) is not an error."""
+        if not _NAME.match(instance_id):
+            return  # not a container group name, so nothing of ours can have it
+        try:
+            await self._request(
+                "DELETE", f"{self._groups_path}/{instance_id}",
+                what=f"delete container group {instance_id}",
+            )
+        except NotFound:
+            return
+
+    async def logs(self, instance_id: str, opts: LogOptions) -> AsyncGenerator[bytes, None]:
+        """The container's log entries (``POST /log-entries``); with ``follow``, until it ends."""
+        if not _NAME.match(instance_id):
+            raise NotFound(f"{self.name}: no container group {instance_id}", provider=self.name)
+        group = await self._require_group(instance_id)
+        now = datetime.now(UTC)
+        if opts.since_seconds is not None:
+            start = now - timedelta(seconds=max(0, opts.since_seconds))
+        else:
+            start = _time(group.get("create_time")) or now - timedelta(days=1)
+        query = (
+            'resource.type = "container" AND '
+            f'resource.labels.project_name = "{self._opts.project}" AND '
+            f'resource.labels.container_group_name = "{instance_id}"'
+        )
+        seen: set[str] = set()
+        if opts.tail_lines is not None:
+            first = await self._tail(query, start, now, max(0, opts.tail_lines))
+            cursor = _rfc3339(now)
+        else:
+            first, cursor = await self._forward(query, _rfc3339(start), now, seen)
+
+        async def batches() -> AsyncGenerator[builtins.list[bytes], None]:
+            nonlocal cursor
+            yield self._render(first, opts, seen)
+            while opts.follow:
+                await asyncio.sleep(self._opts.log_poll_interval)
+                ended = await self._ended(instance_id)
+                entries, cursor = await self._forward(query, cursor, datetime.now(UTC), seen)
+                yield self._render(entries, opts, seen)
+                if ended:
+                    return
+
+        remaining = opts.limit_bytes
+        async with contextlib.aclosing(batches()) as stream:
+            async for batch in stream:
+                for chunk in batch:
+                    if remaining is not None:
+                        chunk = chunk[: max(0, remaining)]
+                        remaining -= len(chunk)
+                    if chunk:
+                        yield chunk
+                    if remaining is not None and remaining <= 0:
+                        return
+
+    async def capacity(self) -> builtins.list[Offer]:
+        """Per cluster GPU type: free nodes at our priority (one GPU each) and the GPU price.
+
+        One call for the class list (cached) plus one availability call per reported type.
+        """
+        classes = await self._gpu_classes()
+        wanted: dict[str, builtins.list[_GpuClass]] = {}
+        if self._opts.gpu_types:
+            for cluster in self._opts.gpu_types:
+                wanted[cluster] = self._match(cluster, classes)
+        else:
+            for cls in classes:
+                wanted.setdefault(cls.name, []).append(cls)
+        offers = []
+        for cluster, matched in sorted(wanted.items()):
+            priced = [c for c in matched if self._opts.priority in c.prices]
+            if not priced:
+                continue
+            body: dict[str, Any] = {"gpu_classes": [c.id for c in priced]}
+            if self._opts.country_codes:
+                body["country_codes"] = list(self._opts.country_codes)
+            available = await self._availability(body, what=f"read availability of {cluster}")
+            offers.append(
+                Offer(
+                    provider=self.name,
+                    gpu_type=cluster,
+                    region=self._opts.region,
+                    available=available,
+                    price_per_gpu_hour=min(c.prices[self._opts.priority] for c in priced),
+                )
+            )
+        return offers
+
+    # -- spec -> request body (pure; raises InvalidSpec) -------------------------------------
+
+    def _invalid(self, spec: InstanceSpec, why: str) -> InvalidSpec:
+        return InvalidSpec(f"{self.name}: cannot run {spec.name!r} on SaladCloud: {why}",
+                           provider=self.name)
+
+    def _body(self, spec: InstanceSpec, group_name: str) -> dict[str, Any]:
+        if spec.gpu_count > 1:
+            raise self._invalid(spec, f"{spec.gpu_count} GPUs requested; a Salad node has one")
+        if spec.args is not None and spec.command is None:
+            raise self._invalid(
+                spec, "args without command: Salad's command replaces the image's ENTRYPOINT "
+                "and CMD, so arguments cannot be passed to the ENTRYPOINT; set command too"
+            )
+        if len(spec.ports) > 1:
+            raise self._invalid(spec, f"{len(spec.ports)} ports; Salad's gateway exposes one")
+        for port in spec.ports:
+            if port.protocol.upper() != "TCP":
+                raise self._invalid(
+                    spec, f"{port.protocol} port {port.container_port}; Salad's gateway only "
+                    "carries HTTP (over TCP)"
+                )
+        if len(self._meta(spec, 0.0)) + _PRICE_ROOM > _ENV_MAX:
+            raise self._invalid(
+                spec, f"the identifying variable {META_ENV} would exceed {_ENV_MAX} characters "
+                "(shorten the node/pod names)"
+            )
+        env: dict[str, str] = {}
+        for key, value in spec.env.items():
+            if key == META_ENV:
+                raise self._invalid(spec, f"environment variable {META_ENV} is reserved")
+            if not key:
+                raise self._invalid(spec, "an environment variable has an empty name")
+            if not value or len(value) > _ENV_MAX or "\n" in value or "\r" in value:
+                raise self._invalid(
+                    spec, f"the value of {key} is empty, longer than {_ENV_MAX} characters or "
+                    "holds a line break, which SaladCloud does not accept"
+                )
+            env[key] = value
+        cpu = math.ceil(spec.cpu_millis / 1000) if spec.cpu_millis > 0 else self._opts.default_cpu
+        memory = (
+            max(1024, math.ceil(spec.memory_bytes / 2**20))
+            if spec.memory_bytes > 0
+            else self._opts.default_memory_mb
+        )
+        if cpu > 1024 or memory > 1073741824:
+            raise self._invalid(spec, f"{cpu} vCPU / {memory} MB is over Salad's limits")
+        resources: dict[str, Any] = {"cpu": cpu, "memory": memory, "gpu_classes": []}
+        if self._opts.storage_gb is not None:
+            resources["storage_amount"] = self._opts.storage_gb * 2**30
+        container: dict[str, Any] = {
+            "image": spec.image,
+            "resources": resources,
+            "environment_variables": env,
+            "priority": self._opts.priority,
+        }
+        if spec.command is not None:
+            command = [*spec.command, *(spec.args or ())]
+            if len(command) > 100 or any(
+                not part or len(part) > _ARG_MAX or "\n" in part or "\r" in part
+                for part in command
+            ):
+                raise self._invalid(
+                    spec, f"command + args must be at most 100 non-empty, single-line parts of "
+                    f"at most {_ARG_MAX} characters"
+                )
+            container["command"] = command
+        if self._opts.registry_authentication:
+            container["registry_authentication"] = self._opts.registry_authentication
+        body: dict[str, Any] = {
+            "name": group_name,
+            "display_name": _display_name(spec.name),
+            "container": container,
+            "autostart_policy": True,
+            "replicas": 1,
+            "restart_policy": self._opts.restart_policy,
+        }
+        countries = self._countries(spec)
+        if countries:
+            body["country_codes"] = countries
+        if spec.ports:
+            body["networking"] = {
+                "protocol": "http",
+                "port": spec.ports[0].container_port,
+                "auth": self._opts.networking_auth,
+            }
+        return body
+
+    def _countries(self, spec: InstanceSpec) -> builtins.list[str]:
+        region = (spec.region or "").strip()
+        if not region or region.lower() == self._opts.region.lower():
+            return list(self._opts.country_codes)
+        if _COUNTRY.match(region.lower()):
+            return [region.lower()]
+        raise self._invalid(
+            spec, f"region {region!r} is neither {self._opts.region!r} nor a two-letter country "
+            "code"
+        )
+
+    def _meta(self, spec: InstanceSpec, price: float) -> str:
+        meta = {
+            "name": spec.name,
+            "gpu": spec.gpu_type,
+            "price": round(price, 6),
+            "tags": {**spec.tags, TAG_NODE: self.owner},
+        }
+        return json.dumps(meta, separators=(",", ":"), sort_keys=True)
+
+    # -- GPU classes and availability --------------------------------------------------------
+
+    async def _gpu_classes(self) -> builtins.list[_GpuClass]:
+        now = time.monotonic()
+        if self._classes is not None and now - self._classes[0] < self._opts.gpu_classes_ttl:
+            return self._classes[1]
+        what = "list GPU classes"
+        response = await self._request("GET", f"{self._org_path}/gpu-classes", what=what)
+        items = self._json(response, what=what).get("items")
+        if not isinstance(items, Sequence):
+            raise self._malformed(what)
+        classes = []
+        try:
+            for item in items:
+                prices: dict[str, float] = {}
+                for entry in item.get("prices") or ():
+                    if entry.get("priority") in _PRIORITIES:
+                        prices[str(entry["priority"])] = float(entry["price"])
+                classes.append(_GpuClass(id=str(item["id"]), name=str(item["name"]),
+                                         prices=prices))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise self._malformed(what) from exc
+        self._classes = (now, classes)
+        return classes
+
+    def _match(self, gpu_type: str, classes: Sequence[_GpuClass]) -> builtins.list[_GpuClass]:
+        wanted = self._opts.gpu_types.get(gpu_type)
+        if wanted is not None:
+            keys = {w.lower() for w in wanted}
+            return [c for c in classes if c.id.lower() in keys or c.name.lower() in keys]
+        lowered = gpu_type.strip().lower()
+        exact = [c for c in classes if c.name.lower() == lowered or c.id.lower() == lowered]
+        return exact or [c for c in classes if c.name.lower().startswith(lowered + " ")]
+
+    async def _choose_classes(self, spec: InstanceSpec) -> builtins.list[_GpuClass]:
+        classes = await self._gpu_classes()
+        if spec.gpu_type:
+            chosen = self._match(spec.gpu_type, classes)
+        elif self._opts.gpu_types:
+            chosen = [c for t in self._opts.gpu_types for c in self._match(t, classes)]
+        else:
+            chosen = list(classes)
+        label = spec.gpu_type or "any GPU"
+        if not chosen:
+            raise CapacityError(f"{self.name}: SaladCloud sells no GPU class for {label}",
+                                provider=self.name)
+        priority = self._opts.priority
+        chosen = [c for c in chosen if priority in c.prices]
+        if spec.max_price_per_hour is not None:
+            chosen = [c for c in chosen if c.prices[priority] <= spec.max_price_per_hour]
+        if not chosen:
+            raise CapacityError(
+                f"{self.name}: no SaladCloud GPU class for {label} at {priority} priority"
+                + (f" costs <= ${spec.max_price_per_hour}/h" if spec.max_price_per_hour else ""),
+                provider=self.name,
+            )
+        unique = {c.id: c for c in chosen}
+        return sorted(unique.values(), key=lambda c: c.id)
+
+    async def _check_available(
+        self, spec: InstanceSpec, body: Mapping[str, Any], classes: Sequence[_GpuClass]
+    ) -> None:
+        resources = body["container"]["resources"]
+        query: dict[str, Any] = {
+            "gpu_classes": [c.id for c in classes],
+            "cpu": resources["cpu"],
+            "memory": resources["memory"],
+        }
+        if "storage_amount" in resources:
+            query["storage_amount"] = resources["storage_amount"]
+        if body.get("country_codes"):
+            query["country_codes"] = body["country_codes"]
+        available = await self._availability(query, what=f"check availability for {spec.name!r}")
+        if available < 1:
+            raise CapacityError(
+                f"{self.name}: no SaladCloud node free for {spec.gpu_type or 'any GPU'} at "
+                f"{self._opts.priority} priority",
+                provider=self.name,
+            )
+
+    async def _availability(self, body: Mapping[str, Any], *, what: str) -> int:
+        response = await self._request(
+            "POST", f"{self._org_path}/availability/sce-gpu-availability", what=what,
+            json_body=body,
+        )
+        value = self._json(response, what=what).get(f"available_gpu_{self._opts.priority}", 0)
+        if not isinstance(value, int):
+            raise self._malformed(what)
+        return max(0, value)
+
+    # -- groups -> instances ------------------------------------------------------------------
+
+    async def _get_group(self, group_name: str) -> dict[str, Any] | None:
+        """The container group, or None when there is none of that name."""
+        try:
+            return await self._require_group(group_name)
+        except NotFound:
+            return None
+
+    async def _require_group(self, group_name: str) -> dict[str, Any]:
+        """The container group; NotFound when there is none of that name."""
+        what = f"get container group {group_name}"
+        response = await self._request("GET", f"{self._groups_path}/{group_name}", what=what)
+        return self._json(response, what=what)
+
+    async def _adopt(self, spec: InstanceSpec, group: Mapping[str, Any]) -> Instance:
+        what = f"adopt container group {group.get('name')}"
+        instance = self._instance(group, what=what)
+        if instance is None or instance.name != spec.name:
+            raise ProviderError(
+                f"{self.name}: container group {group.get('name')!r} exists but was not made "
+                f"for {spec.name!r}; refusing to adopt it",
+                provider=self.name,
+            )
+        if instance.tags.get(TAG_NODE) != self.owner:
+            raise ProviderError(
+                f"{self.name}: container group {group.get('name')!r} belongs to node "
+                f"{instance.tags.get(TAG_NODE)!r}, not {self.owner!r}",
+                provider=self.name,
+            )
+        return await self._start_if_stopped(group, what=what)
+
+    async def _start_if_stopped(self, group: Mapping[str, Any], *, what: str) -> Instance:
+        state = group.get("current_state")
+        status = state.get("status") if isinstance(state, Mapping) else None
+        instance = self._instance(group, what=what)
+        if instance is None:
+            raise self._malformed(what)
+        if status != "stopped":
+            return instance
+        group_name = instance.id
+        try:
+            await self._request(
+                "POST", f"{self._groups_path}/{group_name}/start",
+                what=f"start container group {group_name}",
+            )
+        except InvalidSpec:
+            return instance  # Salad refused to start it (e.g. already starting): report as is
+        return dataclasses.replace(
+            instance, state=InstanceState.PENDING, message="starting", finished_at=None
+        )
+
+    def _instance(self, data: Any, *, what: str) -> Instance | None:
+        """Our Instance for one container group; None when it carries no identity of ours."""
+        if not isinstance(data, Mapping):
+            raise self._malformed(what)
+        try:
+            container = data["container"]
+            env = container.get("environment_variables") or {}
+            raw_meta = env.get(META_ENV)
+            if not isinstance(raw_meta, str):
+                return None
+            try:
+                meta = json.loads(raw_meta)
+                spec_name = str(meta["name"])
+                tags = {str(k): str(v) for k, v in dict(meta.get("tags") or {}).items()}
+            except (ValueError, KeyError, TypeError):
+                return None
+            current = data["current_state"]
+            status = str(current["status"])
+            counts = current.get("instance_status_counts") or {}
+            running = int(counts.get("running_count") or 0)
+            state = map_status(status, running)
+            countries = [str(c) for c in data.get("country_codes") or ()]
+            networking = data.get("networking")
+            dns = networking.get("dns") if isinstance(networking, Mapping) else None
+            terminal = status in _TERMINAL
+            return Instance(
+                id=str(data["name"]),
+                name=spec_name,
+                provider=self.name,
+                state=state,
+                tags=tags,
+                gpu_type=None if meta.get("gpu") is None else str(meta["gpu"]),
+                gpu_count=1 if (container.get("resources") or {}).get("gpu_classes") else 0,
+                region=countries[0] if len(countries) == 1 else self._opts.region,
+                price_per_hour=float(meta.get("price") or 0.0),
+                endpoints=(f"https://{dns}",) if isinstance(dns, str) and dns else (),
+                created_at=_time(data.get("create_time")),
+                started_at=(
+                    _time(current.get("start_time"))
+                    if status == "running" or terminal else None
+                ),
+                finished_at=_time(current.get("finish_time")) if terminal else None,
+                exit_code=0 if status == "succeeded" else None,
+                message=self._message(status, current, counts),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise self._malformed(what) from exc
+
+    def _message(
+        self, status: str, current: Mapping[str, Any], counts: Mapping[str, Any]
+    ) -> str | None:
+        description = current.get("description")
+        text = description.strip()[:_MAX_SERVER_MESSAGE] if isinstance(description, str) else ""
+        if status == "stopped":
+            text = "stopped outside vkprovider" + (f": {text}" if text else "")
+        elif status in ("pending", "deploying", "running") and not text:
+            waiting = [
+                f"{word} {int(counts.get(f'{word}_count') or 0)}"
+                for word in ("allocating", "creating", "running", "stopping")
+                if counts.get(f"{word}_count")
+            ]
+            text = f"{status}: " + ", ".join(waiting) if waiting else status
+        return self._scrub(text) if text else None
+
+    # -- logs -------------------------------------------------------------------------------
+
+    async def _ended(self, group_name: str) -> bool:
+        group = await self._get_group(group_name)
+        if group is None:
+            return True
+        state = group.get("current_state")
+        return isinstance(state, Mapping) and state.get("status") in _TERMINAL
+
+    async def _query_logs(
+        self, query: str, start: str, end: str, order: str, what: str
+    ) -> builtins.list[Mapping[str, Any]]:
+        body = {"start_time": start, "end_time": end, "query": query, "page_size": _LOG_PAGE,
+                "sort_order": order}
+        response = await self._request(
+            "POST", f"{self._org_path}/log-entries", what=what, json_body=body
+        )
+        items = self._json(response, what=what).get("items")
+        if not isinstance(items, Sequence) or not all(isinstance(i, Mapping) for i in items):
+            raise self._malformed(what)
+        return list(items)
+
+    async def _forward(
+        self, query: str, start: str, end: datetime, seen: set[str]
+    ) -> tuple[builtins.list[Mapping[str, Any]], str]:
+        """Entries from ``start`` to ``end``, oldest first, skipping ``seen``; and the cursor."""
+        found: builtins.list[Mapping[str, Any]] = []
+        cursor = start
+        while True:
+            page = await self._query_logs(query, cursor, _rfc3339(end), "asc", "read logs")
+            fresh = [e for e in page if _entry_key(e) not in seen]
+            found.extend(fresh)
+            seen.update(_entry_key(e) for e in fresh)
+            if page:
+                cursor = str(page[-1].get("time") or cursor)
+            if len(page) < _LOG_PAGE or not fresh:
+                return found, cursor
+
+    async def _tail(
+        self, query: str, start: datetime, end: datetime, lines: int
+    ) -> builtins.list[Mapping[str, Any]]:
+        """The newest ``lines`` entries, oldest first."""
+        found: builtins.list[Mapping[str, Any]] = []
+        keys: set[str] = set()
+        cursor = _rfc3339(end)
+        while len(found) < lines:
+            page = await self._query_logs(query, _rfc3339(start), cursor, "desc", "read logs")
+            fresh = [e for e in page if _entry_key(e) not in keys]
+            found.extend(fresh)
+            keys.update(_entry_key(e) for e in fresh)
+            if page:
+                cursor = str(page[-1].get("time") or cursor)
+            if len(page) < _LOG_PAGE or not fresh:
+                break
+        return list(reversed(found[:lines]))
+
+    def _render(
+        self, entries: Sequence[Mapping[str, Any]], opts: LogOptions, seen: set[str]
+    ) -> builtins.list[bytes]:
+        chunks = []
+        for entry in entries:
+            seen.add(_entry_key(entry))
+            text = entry.get("text_log")
+            if not isinstance(text, str):
+                payload = entry.get("json_log")
+                text = json.dumps(payload, separators=(",", ":")) if payload is not None else ""
+            line = text if text.endswith("\n") else text + "\n"
+            if opts.timestamps:
+                line = f"{entry.get('time', '')} {line}"
+            chunks.append(line.encode("utf-8"))
+        return chunks
+
+    # -- the HTTP edge ----------------------------------------------------------------------
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        json_body: Any = None,
+    ) -> httpx.Response:
+        async def attempt() -> httpx.Response:
+            request = self._client.build_request(method, path, json=json_body)
+            try:
+                response = await self._client.send(request)
+            except httpx.TransportError as exc:
+                raise self._transport_error(exc, what=what) from exc
+            if response.is_success:
+                return response
+            raise self._status_error(response, what=what)
+
+        return await self._retrying(attempt)
+
+    async def _retrying(self, operation: Callable[[], Awaitable[_T]]) -> _T:
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self._opts.max_attempts),
+            wait=self._wait,
+            retry=retry_if_exception(self._should_retry),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await operation()
+        raise AssertionError("unreachable: tenacity reraises the last error")
+
+    def _should_retry(self, exc: BaseException) -> bool:
+        if isinstance(exc, TransientError):
+            return True
+        if isinstance(exc, RateLimited):
+            return exc.retry_after is None or exc.retry_after <= self._opts.retry_after_cap
+        return False
+
+    def _wait(self, retry_state: RetryCallState) -> float:
+        outcome = retry_state.outcome
+        exc = outcome.exception() if outcome is not None else None
+        if isinstance(exc, RateLimited) and exc.retry_after is not None:
+            return min(exc.retry_after, self._opts.retry_after_cap)
+        backoff = self._opts.backoff_initial * 2.0 ** (retry_state.attempt_number - 1)
+        jitter = random.uniform(0, self._opts.backoff_initial / 2)
+        return min(self._opts.backoff_max, backoff) + jitter
+
+    def _transport_error(self, exc: httpx.TransportError, *, what: str) -> TransientError:
+        if isinstance(exc, httpx.TimeoutException):
+            kind = "timed out"
+        elif isinstance(exc, httpx.ConnectError):
+            kind = "could not connect"
+        else:
+            kind = "lost the connection"
+        return TransientError(
+            f"{self.name}: {what} failed: {kind} ({type(exc).__name__})", provider=self.name
+        )
+
+    def _status_error(self, response: httpx.Response, *, what: str) -> ProviderError:
+        """A ProblemDetails answer (``{type, title, status, detail}``) -> a typed error."""
+        status = response.status_code
+        title, detail = "", ""
+        try:
+            data = response.json()
+            if isinstance(data, Mapping):
+                title = str(data.get("title") or "")
+                detail = str(data.get("detail") or "")
+        except ValueError:
+            pass
+        message = f"{self.name}: {what} failed: HTTP {status}"
+        if title:
+            message += f" {title[:_MAX_SERVER_MESSAGE]}"
+        if detail:
+            message += f": {detail[:_MAX_SERVER_MESSAGE]}"
+        message = self._scrub(message)
+        p = self.name
+        lowered = f"{title} {detail}".lower()
+        if status == 429:
+            retry_after = _parse_retry_after(response.headers.get("Retry-After"))
+            return RateLimited(message, provider=p, retry_after=retry_after)
+        if status == 401:
+            return AuthError(message, provider=p)
+        if status == 402 or (
+            status in (400, 403, 422) and any(w in lowered for w in _QUOTA_WORDS)
+        ):
+            return QuotaError(message, provider=p)
+        if status == 403:
+            return AuthError(message, provider=p)
+        if status == 404:
+            return NotFound(message, provider=p)
+        if status == 409:
+            return _Conflict(message, provider=p)
+        if status in (400, 422) and any(w in lowered for w in _CAPACITY_WORDS):
+            return CapacityError(message, provider=p)
+        if status in (400, 422):
+            return InvalidSpec(message, provider=p)
+        if status >= 500:
+            return TransientError(message, provider=p)
+        return ProviderError(message, provider=p)
+
+    def _scrub(self, text: str) -> str:
+        return text.replace(self._secret, "***") if self._secret else text
+
+    def _malformed(self, what: str) -> ProviderError:
+        return ProviderError(f"{self.name}: {what}: malformed response", provider=self.name)
+
+    def _json(self, response: httpx.Response, *, what: str) -> dict[str, Any]:
+        try:
+            data = response.json()
+        except ValueError as exc:
+            raise self._malformed(what) from exc
+        if not isinstance(data, dict):
+            raise self._malformed(what)
+        return data
+
+
+def _entry_key(entry: Mapping[str, Any]) -> str:
+    return json.dumps(
+        [entry.get("time"), entry.get("receive_time"), entry.get("text_log"),
+         entry.get("json_log"), (entry.get("resource") or {}).get("labels")],
+        sort_keys=True, default=str,
+    )

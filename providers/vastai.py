@@ -1,0 +1,877 @@
+"""The Vast.ai adapter: :class:`VastAIProvider`.
+
+Why it exists: Vast.ai is a GPU marketplace. There is no "run this container" call; a container
+runs on a host after you rent one of its *offers*. This module turns the Provider contract into
+that two-step dance (search ``POST /api/v0/bundles``, rent ``PUT /api/v0/asks/{offer id}``) and
+maps Vast.ai's statuses and ``{success, error, msg}`` errors onto :mod:`providers.base`, so the
+service can treat Vast.ai like any other cloud. It follows the spec in
+``shared/specs/vastai/openapi.yaml`` (vast-ai/docs ``api-reference/openapi.yaml``).
+
+Idempotency: Vast.ai has no idempotency key and no tags, only a free-text ``label``. Every
+instance we rent carries the label ``vkp1?name=<spec.name>&<tag>=<value>...`` (URL-encoded,
+tags sorted, ``vkprovider.io/node`` always set to ``owner``). ``create`` first lists instances
+whose label equals that string (``select_filters``) and adopts a match; ``list`` pages through
+all instances (25 per page, ``next_token``) and keeps those whose label decodes to our owner.
+The rent call is never retried after a timeout or 5xx (it is not idempotent); the service's next
+``create`` finds the instance by label if the rent did happen.
+
+Retries: timeouts, connection errors and 5xx are retried (except the rent, above) and a 429 is
+retried after its ``Retry-After`` when at most ``retry_after_cap`` seconds, as in the mock
+adapter. Vast.ai documents no ``Retry-After``; without one, backoff is exponential.
+
+Options (the ``options`` mapping; every key is optional):
+
+``gpu_types`` (mapping str -> str or list of str, default empty)
+    Cluster GPU name -> Vast.ai ``gpu_name`` value(s), e.g. ``{"H100": ["H100_SXM", "H100_PCIE"]}``.
+    A GPU type without an entry is passed through with spaces replaced by underscores
+    (``"RTX 4090"`` -> ``"RTX_4090"``). With a non-empty map, ``capacity()`` reports only mapped
+    types, under their cluster names.
+``disk_gb`` (float, default 20)
+    Local disk of every instance (create ``disk``; search ``disk_space >= disk_gb``).
+``offer_type`` (``"ondemand"`` | ``"bid"``, default ``"ondemand"``)
+    Search ``type``. With ``"bid"`` (interruptible) offers are ranked and capped by ``min_bid``
+    instead of ``dph_total``, and the rent carries ``price``: the spec's ``max_price_per_hour``
+    when set, else the offer's ``min_bid``.
+``verified`` (bool, default true)
+    Only verified machines (search ``verified``).
+``min_reliability`` (float, default none)
+    Search ``reliability >= min_reliability``.
+``offer_filters`` (mapping, default empty)
+    Raw search filters merged over the defaults above, e.g. ``{"cuda_max_good": {"gte": 12.1}}``;
+    the filters the spec implies (GPU, count, region, ports, CPU, memory, price) still win.
+``offer_limit`` (int, default 20)
+    Offers fetched per create.
+``max_offer_attempts`` (int, default 3)
+    Offers tried (cheapest first) before giving up with CapacityError when they are taken.
+``capacity_limit`` (int, default 200)
+    Offers fetched by ``capacity()``.
+``env_format`` (``"string"`` | ``"dict"``, default ``"string"``)
+    How ``env`` is sent. The spec declares a Docker-flag string (``"-e K=V -p 8000:8000"``);
+    Vast.ai's guide and CLI send a dict (``{"K": "V", "-p 8000:8000": "1"}``). In string mode
+    values holding whitespace, quotes or backslashes cannot be represented and are rejected
+    with InvalidSpec; dict mode has no such limit.
+``command_mode`` (``"reject"`` | ``"onstart"``, default ``"reject"``)
+    Vast.ai cannot replace an image's ENTRYPOINT. ``"reject"`` fails pods that set ``command``
+    (InvalidSpec). ``"onstart"`` runs ``command + args`` as the ``onstart`` script with
+    ``runtype: "ssh"``: the container then runs Vast.ai's SSH init, and the instance does not
+    exit when the command does.
+``image_login`` (str, default none)
+    Registry credentials for private images (``image_login``, Docker login flags). Secret.
+``log_poll_attempts`` (int, default 10), ``log_poll_interval`` (float seconds, default 1.0)
+    How long ``logs()`` waits for the log file Vast.ai uploads to ``result_url``.
+``max_attempts`` (int, default 4), ``backoff_initial`` (default 0.2), ``backoff_max``
+(default 5.0), ``retry_after_cap`` (default 5.0)
+    Retries at the HTTP edge (see above).
+
+Not supported, and said so rather than ignored: ``command`` in ``"reject"`` mode, pods without
+GPUs (Vast.ai rents GPU machines), log ``follow``/``since_seconds``/``timestamps`` (Vast.ai only
+uploads a snapshot of the container log), exit codes (Vast.ai reports none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import json
+import math
+import random
+import re
+import shlex
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from types import TracebackType
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode
+
+import httpx
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+
+from providers.base import (
+    TAG_NODE,
+    AuthError,
+    CapacityError,
+    Instance,
+    InstanceSpec,
+    InstanceState,
+    InvalidSpec,
+    LogOptions,
+    NotFound,
+    Offer,
+    ProviderError,
+    QuotaError,
+    RateLimited,
+    TransientError,
+    Unsupported,
+)
+
+__all__ = ["LABEL_PREFIX", "VastAIProvider", "decode_label", "encode_label", "map_status"]
+
+_T = TypeVar("_T")
+
+#: Every label we write starts with this; anything else is not ours.
+LABEL_PREFIX = "vkp1?"
+_LABEL_MAX = 1024  # the spec's maxLength for ``label`` (manage instance)
+_MAX_SERVER_MESSAGE = 300
+_PAGE_SIZE = 25  # the spec's maximum
+_MAX_PAGES = 400
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_UNSAFE_IN_STRING = re.compile(r"[\s'\"\\]")
+_QUOTA_WORDS = ("credit", "balance", "insufficient_funds")
+_UNKNOWN_REGION = "unknown"  # capacity's region for offers without a location
+
+
+def encode_label(*, name: str, tags: Mapping[str, str]) -> str:
+    """The label that identifies one instance: deterministic in ``name`` and ``tags``."""
+    return LABEL_PREFIX + urlencode([("name", name), *sorted(tags.items())])
+
+
+def decode_label(label: str | None) -> tuple[str, dict[str, str]] | None:
+    """``(name, tags)`` from a label we wrote; None for any other label."""
+    if not label or not label.startswith(LABEL_PREFIX):
+        return None
+    pairs = parse_qsl(label[len(LABEL_PREFIX) :], keep_blank_values=True)
+    if not pairs or pairs[0][0] != "name":
+        return None
+    return pairs[0][1], dict(pairs[1:])
+
+
+def map_status(
+    actual_status: str | None, intended_status: str | None
+) -> tuple[InstanceState, str | None]:
+    """Vast.ai ``actual_status`` (+ ``intended_status``) -> InstanceState and a reason.
+
+    Vast.ai reports no exit code, so an exited container is FAILED. ``unknown`` and ``offline``
+    are FAILED too: the spec warns such an instance never reaches ``running``.
+    """
+    status = (actual_status or "").strip().lower()
+    if status in ("", "created", "loading", "scheduling"):
+        return InstanceState.PENDING, "loading" if status == "loading" else None
+    if status == "running":
+        return InstanceState.RUNNING, None
+    if status == "rebooting":
+        return InstanceState.RUNNING, "rebooting"
+    if status == "exited":
+        return InstanceState.FAILED, "container exited (Vast.ai reports no exit code)"
+    if status == "stopped":
+        if (intended_status or "").lower() == "running":
+            return InstanceState.FAILED, "stopped by the host or outbid (preempted)"
+        return InstanceState.FAILED, "stopped outside vkprovider"
+    if status == "frozen":
+        return InstanceState.FAILED, "frozen outside vkprovider"
+    if status in ("unknown", "offline"):
+        return InstanceState.FAILED, f"host {status}: the instance will not reach running"
+    return InstanceState.PENDING, f"unrecognized Vast.ai status {status!r}"
+
+
+def _parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date)."""
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - datetime.now(UTC)).total_seconds()
+    if seconds != seconds:  # NaN
+        return None
+    return max(0.0, seconds)
+
+
+def _norm_gpu(name: str) -> str:
+    return re.sub(r"[\s_]+", "_", name.strip()).lower()
+
+
+def _country(item: Mapping[str, Any]) -> str | None:
+    code = item.get("country_code")
+    if isinstance(code, str) and code.strip():
+        return code.strip().upper()
+    geo = item.get("geolocation")
+    if isinstance(geo, str) and geo.strip():
+        return geo.rsplit(",", 1)[-1].strip().upper() or None
+    return None
+
+
+def _epoch(value: Any) -> datetime | None:
+    if isinstance(value, int | float) and value > 0:
+        return datetime.fromtimestamp(float(value), UTC)
+    return None
+
+
+class _Options:
+    """The parsed, checked ``options``; a wrong type is a configuration error (ValueError)."""
+
+    def __init__(self, raw: Mapping[str, Any]) -> None:
+        known = {
+            "gpu_types", "disk_gb", "offer_type", "verified", "min_reliability", "offer_filters",
+            "offer_limit", "max_offer_attempts", "capacity_limit", "env_format", "command_mode",
+            "image_login", "log_poll_attempts", "log_poll_interval", "max_attempts",
+            "backoff_initial", "backoff_max", "retry_after_cap",
+        }  # fmt: skip
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"unknown Vast.ai option(s): {', '.join(unknown)}")
+        self.gpu_types: dict[str, tuple[str, ...]] = {}
+        for key, value in dict(raw.get("gpu_types") or {}).items():
+            names = (value,) if isinstance(value, str) else tuple(value)
+            if not names or not all(isinstance(n, str) and n for n in names):
+                raise ValueError(f"options.gpu_types[{key!r}] must be a name or a list of names")
+            self.gpu_types[str(key)] = names
+        self.disk_gb = float(raw.get("disk_gb", 20.0))
+        self.offer_type = str(raw.get("offer_type", "ondemand"))
+        if self.offer_type not in ("ondemand", "bid"):
+            raise ValueError("options.offer_type must be 'ondemand' or 'bid'")
+        self.verified = bool(raw.get("verified", True))
+        reliability = raw.get("min_reliability")
+        self.min_reliability = None if reliability is None else float(reliability)
+        self.offer_filters: dict[str, Any] = dict(raw.get("offer_filters") or {})
+        self.offer_limit = int(raw.get("offer_limit", 20))
+        self.max_offer_attempts = int(raw.get("max_offer_attempts", 3))
+        self.capacity_limit = int(raw.get("capacity_limit", 200))
+        self.env_format = str(raw.get("env_format", "string"))
+        if self.env_format not in ("string", "dict"):
+            raise ValueError("options.env_format must be 'string' or 'dict'")
+        self.command_mode = str(raw.get("command_mode", "reject"))
+        if self.command_mode not in ("reject", "onstart"):
+            raise ValueError("options.command_mode must be 'reject' or 'onstart'")
+        login = raw.get("image_login")
+        self.image_login = None if login is None else str(login)
+        self.log_poll_attempts = int(raw.get("log_poll_attempts", 10))
+        self.log_poll_interval = float(raw.get("log_poll_interval", 1.0))
+        self.max_attempts = int(raw.get("max_attempts", 4))
+        self.backoff_initial = float(raw.get("backoff_initial", 0.2))
+        self.backoff_max = float(raw.get("backoff_max", 5.0))
+        self.retry_after_cap = float(raw.get("retry_after_cap", 5.0))
+        if min(self.offer_limit, self.max_offer_attempts, self.capacity_limit) < 1:
+            raise ValueError("options offer_limit, max_offer_attempts, capacity_limit must be >= 1")
+        if self.max_attempts < 1 or self.log_poll_attempts < 1:
+            raise ValueError("options.max_attempts and log_poll_attempts must be at least 1")
+
+
+class VastAIProvider:
+    """A :class:`~providers.base.Provider` for one Vast.ai account, scoped to ``owner``.
+
+    ``transport`` replaces the network (e.g. ``httpx.ASGITransport(app=fake)`` in tests). The API
+    key goes into the API client's ``Authorization`` header and nowhere else: the log file is
+    fetched from ``result_url`` by a second client that carries no credentials.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        base_url: str,
+        owner: str,
+        api_key: str | None,
+        timeout: float = 15.0,
+        options: Mapping[str, Any] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.name = name
+        self.owner = owner
+        self._base_url = base_url
+        self._opts = _Options(options or {})
+        self._secret = api_key or None
+        headers = {"Accept": "application/json"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._client = httpx.AsyncClient(
+            base_url=base_url, headers=headers, timeout=timeout, transport=transport
+        )
+        self._blob_client = httpx.AsyncClient(timeout=timeout, transport=transport)
+
+    def __repr__(self) -> str:
+        return (
+            f"VastAIProvider(name={self.name!r}, base_url={self._base_url!r}, "
+            f"owner={self.owner!r})"
+        )
+
+    async def __aenter__(self) -> VastAIProvider:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+        await self._blob_client.aclose()
+
+    # -- the Provider protocol --------------------------------------------------------------
+
+    async def create(self, spec: InstanceSpec) -> Instance:
+        """Adopt the instance labelled for ``spec.name``, or rent the cheapest matching offer."""
+        body, label = self._rent_body(spec)  # InvalidSpec before any HTTP call
+        search = self._search_body(spec)
+        existing = await self._list(select_filters={"label": {"eq": label}})
+        if existing:
+            return min(existing, key=lambda i: int(i.id))
+        what = f"search offers for {spec.name!r}"
+        response = await self._request(
+            "POST", "/api/v0/bundles", what=what, json_body=search, op="search"
+        )
+        offers = self._offers(self._json(response, what=what), what=what)
+        offers = [o for o in offers if self._offer_fits(o, spec)]
+        price_field = "min_bid" if self._opts.offer_type == "bid" else "dph_total"
+        offers.sort(key=lambda o: (float(o[price_field]), -float(o.get("reliability") or 0)))
+        if not offers:
+            raise CapacityError(
+                f"{self.name}: no Vast.ai offer for {self._wanted(spec)}", provider=self.name
+            )
+        last: ProviderError | None = None
+        for offer in offers[: self._opts.max_offer_attempts]:
+            what = f"rent offer {offer['id']} for {spec.name!r}"
+            try:
+                rent = dict(body)
+                if self._opts.offer_type == "bid":
+                    rent["price"] = self._bid_price(spec, offer)
+                price = float(rent.get("price", offer["dph_total"]))
+                response = await self._request(
+                    "PUT", f"/api/v0/asks/{int(offer['id'])}", what=what, json_body=rent,
+                    op="rent", retry_transient=False,
+                )
+            except CapacityError as exc:
+                last = exc  # taken since the search: try the next offer
+                continue
+            data = self._json(response, what=what)
+            contract = data.get("new_contract")
+            if not isinstance(contract, int) or data.get("success") is False:
+                raise self._malformed(what)
+            return self._rented(spec, offer, contract, price)
+        raise CapacityError(
+            f"{self.name}: every Vast.ai offer tried for {self._wanted(spec)} was taken"
+            + (f" (last: {last})" if last is not None else ""),
+            provider=self.name,
+        )
+
+    async def list(self) -> list[Instance]:
+        """Every instance whose label says it belongs to ``owner`` (all pages)."""
+        return await self._list(select_filters=None)
+
+    async def delete(self, instance_id: str) -> None:
+        """Destroy the instance; one that is gone (or never was) is not an error."""
+        if not instance_id.isdigit():
+            return  # not a Vast.ai contract id, so nothing of ours can have it
+        try:
+            await self._request(
+                "DELETE", f"/api/v0/instances/{instance_id}",
+                what=f"destroy instance {instance_id}", op="destroy",
+            )
+        except NotFound:
+            return
+
+    async def logs(self, instance_id: str, opts: LogOptions) -> AsyncGenerator[bytes, None]:
+        """A snapshot of the container log: Vast.ai uploads it to ``result_url``, we fetch it."""
+        unsupported = [
+            what
+            for what, wanted in (
+                ("follow", opts.follow),
+                ("since_seconds", opts.since_seconds is not None),
+                ("timestamps", opts.timestamps),
+            )
+            if wanted
+        ]
+        if unsupported:
+            raise Unsupported(
+                f"{self.name}: Vast.ai only uploads a snapshot of the container log; "
+                f"{', '.join(unsupported)} cannot be honoured",
+                provider=self.name,
+            )
+        if not instance_id.isdigit():
+            raise NotFound(f"{self.name}: no instance {instance_id}", provider=self.name)
+        what = f"logs of instance {instance_id}"
+        body: dict[str, Any] = {}
+        if opts.tail_lines is not None:
+            body["tail"] = str(max(0, opts.tail_lines))
+        response = await self._request(
+            "PUT", f"/api/v0/instances/request_logs/{instance_id}", what=what, json_body=body,
+            op="logs",
+        )
+        url = self._json(response, what=what).get("result_url")
+        if not isinstance(url, str) or not url.startswith(("https://", "http://")):
+            raise self._malformed(what)
+        text = await self._fetch_blob(url, what=what)
+        if opts.limit_bytes is not None:
+            text = text[: max(0, opts.limit_bytes)]
+        for start in range(0, len(text), 65536):
+            yield text[start : start + 65536]
+
+    async def capacity(self) -> builtins.list[Offer]:
+        """GPUs for sale now, per (GPU type, country), from one offer search.
+
+        Vast.ai lists one machine as several offers (1, 2, 4... GPUs), so each machine counts
+        once, with its largest offer; the price is the cheapest per-GPU price seen.
+        """
+        body = self._base_filters()
+        body["limit"] = self._opts.capacity_limit
+        if self._opts.gpu_types:
+            names = sorted({n for ns in self._opts.gpu_types.values() for n in ns})
+            body["gpu_name"] = {"in": names}
+        what = "read capacity"
+        response = await self._request(
+            "POST", "/api/v0/bundles", what=what, json_body=body, op="search"
+        )
+        offers = self._offers(self._json(response, what=what), what=what)
+        per_machine: dict[tuple[str, str, str], int] = {}
+        price: dict[tuple[str, str], float] = {}
+        try:
+            for offer in offers:
+                gpu = self._cluster_gpu(str(offer["gpu_name"]))
+                if gpu is None:
+                    continue
+                region = _country(offer) or _UNKNOWN_REGION
+                count = int(offer["num_gpus"])
+                if count < 1:
+                    continue
+                machine = str(offer.get("machine_id", offer["id"]))
+                key = (gpu, region, machine)
+                per_machine[key] = max(per_machine.get(key, 0), count)
+                per_gpu = float(offer["dph_total"]) / count
+                price[(gpu, region)] = min(price.get((gpu, region), math.inf), per_gpu)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise self._malformed(what) from exc
+        available: dict[tuple[str, str], int] = {}
+        for (gpu, region, _), count in per_machine.items():
+            available[(gpu, region)] = available.get((gpu, region), 0) + count
+        return [
+            Offer(
+                provider=self.name,
+                gpu_type=gpu,
+                region=region,
+                available=count,
+                price_per_gpu_hour=round(price[(gpu, region)], 6),
+            )
+            for (gpu, region), count in sorted(available.items())
+        ]
+
+    # -- spec -> request bodies (pure; raise InvalidSpec) --------------------------------------
+
+    def _invalid(self, spec: InstanceSpec, why: str) -> InvalidSpec:
+        return InvalidSpec(f"{self.name}: cannot run {spec.name!r} on Vast.ai: {why}",
+                           provider=self.name)
+
+    def _rent_body(self, spec: InstanceSpec) -> tuple[dict[str, Any], str]:
+        if spec.gpu_count < 1:
+            raise self._invalid(spec, "Vast.ai rents GPU machines; the pod requests no GPU")
+        label = encode_label(name=spec.name, tags=self._tags(spec))
+        if len(label) > _LABEL_MAX:
+            raise self._invalid(
+                spec, f"the identifying label would be {len(label)} characters; Vast.ai "
+                f"labels hold at most {_LABEL_MAX} (shorten the node/pod names)"
+            )
+        for port in spec.ports:
+            if port.protocol.upper() not in ("TCP", "UDP"):
+                raise self._invalid(spec, f"port protocol {port.protocol} (only TCP and UDP)")
+        body: dict[str, Any] = {
+            "image": spec.image,
+            "label": label,
+            "disk": self._opts.disk_gb,
+            "target_state": "running",
+            "cancel_unavail": True,
+        }
+        if spec.command is not None:
+            if self._opts.command_mode == "reject":
+                raise self._invalid(
+                    spec, "Vast.ai cannot override the image ENTRYPOINT (command); use args "
+                    "only, or set the provider option command_mode: onstart"
+                )
+            body["runtype"] = "ssh"
+            body["onstart"] = shlex.join([*spec.command, *(spec.args or ())])
+        else:
+            body["runtype"] = "args"
+            if spec.args is not None:
+                body["args"] = list(spec.args)
+        body["env"] = self._env(spec)
+        if self._opts.image_login:
+            body["image_login"] = self._opts.image_login
+        return body, label
+
+    def _env(self, spec: InstanceSpec) -> str | dict[str, str]:
+        for key in spec.env:
+            if not _ENV_NAME.match(key):
+                raise self._invalid(spec, f"environment variable name {key!r} is not valid")
+        ports = [
+            f"-p {p.container_port}:{p.container_port}"
+            + ("/udp" if p.protocol.upper() == "UDP" else "")
+            for p in spec.ports
+        ]
+        if self._opts.env_format == "dict":
+            env = dict(spec.env)
+            env.update(dict.fromkeys(ports, "1"))
+            return env
+        parts: builtins.list[str] = []
+        for key, value in spec.env.items():
+            if _UNSAFE_IN_STRING.search(value):
+                raise self._invalid(
+                    spec, f"the value of {key} holds whitespace, quotes or backslashes, which "
+                    "the spec's Docker-flag env string cannot carry (set the provider option "
+                    "env_format: dict)"
+                )
+            parts.append(f"-e {key}={value}")
+        parts.extend(ports)
+        return " ".join(parts)
+
+    def _gpu_names(self, gpu_type: str) -> tuple[str, ...]:
+        mapped = self._opts.gpu_types.get(gpu_type)
+        return mapped if mapped is not None else (re.sub(r"\s+", "_", gpu_type.strip()),)
+
+    def _cluster_gpu(self, vast_name: str) -> str | None:
+        """The cluster name for a Vast.ai ``gpu_name`` (None: not one we sell)."""
+        if not self._opts.gpu_types:
+            return re.sub(r"\s+", "_", vast_name.strip())
+        norm = _norm_gpu(vast_name)
+        for cluster, names in self._opts.gpu_types.items():
+            if any(_norm_gpu(n) == norm for n in names):
+                return cluster
+        return None
+
+    def _base_filters(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "type": self._opts.offer_type,
+            "rentable": {"eq": True},
+            "rented": {"eq": False},
+            "disk_space": {"gte": self._opts.disk_gb},
+            # The spec wants exactly two sort directives (minItems/maxItems 2).
+            "order": [["dph_total", "asc"], ["reliability", "desc"]],
+        }
+        if self._opts.verified:
+            body["verified"] = {"eq": True}
+        if self._opts.min_reliability is not None:
+            body["reliability"] = {"gte": self._opts.min_reliability}
+        body.update(self._opts.offer_filters)
+        return body
+
+    def _search_body(self, spec: InstanceSpec) -> dict[str, Any]:
+        body = self._base_filters()
+        body["limit"] = self._opts.offer_limit
+        body["num_gpus"] = {"eq": spec.gpu_count}
+        if spec.gpu_type:
+            body["gpu_name"] = {"in": list(self._gpu_names(spec.gpu_type))}
+        if self._region(spec):
+            body["geolocation"] = {"in": [self._region(spec)]}
+        if spec.ports:
+            body["direct_port_count"] = {"gte": len(spec.ports)}
+        if spec.cpu_millis > 0:
+            body["cpu_cores_effective"] = {"gte": spec.cpu_millis / 1000}
+        if spec.memory_bytes > 0:
+            body["cpu_ram"] = {"gte": math.ceil(spec.memory_bytes / 2**20)}
+        if spec.max_price_per_hour is not None:
+            price_field = "min_bid" if self._opts.offer_type == "bid" else "dph_total"
+            body[price_field] = {"lte": spec.max_price_per_hour}
+        return body
+
+    @staticmethod
+    def _region(spec: InstanceSpec) -> str | None:
+        """The country to search in; ``unknown`` (offers without a location) is no constraint."""
+        region = (spec.region or "").strip().upper()
+        return None if region in ("", _UNKNOWN_REGION.upper()) else region
+
+    def _offer_fits(self, offer: Mapping[str, Any], spec: InstanceSpec) -> bool:
+        """Check again what we searched for: a lax search must not rent the wrong machine."""
+        try:
+            if int(offer["num_gpus"]) != spec.gpu_count:
+                return False
+            if spec.gpu_type and _norm_gpu(str(offer["gpu_name"])) not in {
+                _norm_gpu(n) for n in self._gpu_names(spec.gpu_type)
+            }:
+                return False
+            if self._region(spec) and _country(offer) != self._region(spec):
+                return False
+            price = float(offer["min_bid" if self._opts.offer_type == "bid" else "dph_total"])
+            int(offer["id"])
+        except (KeyError, TypeError, ValueError):
+            return False
+        return spec.max_price_per_hour is None or price <= spec.max_price_per_hour
+
+    def _bid_price(self, spec: InstanceSpec, offer: Mapping[str, Any]) -> float:
+        if spec.max_price_per_hour is not None:
+            return max(0.001, spec.max_price_per_hour)
+        try:
+            return max(0.001, float(offer["min_bid"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CapacityError(
+                f"{self.name}: offer {offer.get('id')} has no min_bid to bid on",
+                provider=self.name,
+            ) from exc
+
+    def _wanted(self, spec: InstanceSpec) -> str:
+        text = f"{spec.gpu_count} x {spec.gpu_type or 'any GPU'}"
+        if self._region(spec):
+            text += f" in {self._region(spec)}"
+        if spec.max_price_per_hour is not None:
+            text += f" at <= ${spec.max_price_per_hour}/h"
+        return text
+
+    def _tags(self, spec: InstanceSpec) -> dict[str, str]:
+        return {**spec.tags, TAG_NODE: self.owner}
+
+    def _rented(
+        self, spec: InstanceSpec, offer: Mapping[str, Any], contract: int, price: float
+    ) -> Instance:
+        return Instance(
+            id=str(contract),
+            name=spec.name,
+            provider=self.name,
+            state=InstanceState.PENDING,
+            tags=self._tags(spec),
+            gpu_type=spec.gpu_type or self._cluster_gpu(str(offer["gpu_name"])),
+            gpu_count=spec.gpu_count,
+            region=_country(offer),
+            price_per_hour=price,
+            message="rented; waiting for the host",
+        )
+
+    # -- listing ----------------------------------------------------------------------------
+
+    async def _list(
+        self, *, select_filters: Mapping[str, Any] | None
+    ) -> builtins.list[Instance]:
+        what = "list instances"
+        found: builtins.list[Instance] = []
+        token: str | None = None
+        for _ in range(_MAX_PAGES):
+            params: dict[str, str] = {"limit": str(_PAGE_SIZE)}
+            if select_filters:
+                params["select_filters"] = json.dumps(select_filters, separators=(",", ":"))
+            if token is not None:
+                params["after_token"] = token
+            response = await self._request("GET", "/api/v1/instances", what=what, params=params)
+            data = self._json(response, what=what)
+            items = data.get("instances")
+            if not isinstance(items, Sequence):
+                raise self._malformed(what)
+            for item in items:
+                instance = self._instance(item, what=what)
+                if instance is not None:
+                    found.append(instance)
+            next_token = data.get("next_token")
+            if not next_token or not items:
+                return found
+            token = str(next_token)
+        raise ProviderError(f"{self.name}: {what}: more than {_MAX_PAGES} pages",
+                            provider=self.name)
+
+    def _instance(self, item: Any, *, what: str) -> Instance | None:
+        """Our Instance for one listed item; None when the label says it is not ours."""
+        if not isinstance(item, Mapping):
+            raise self._malformed(what)
+        decoded = decode_label(item.get("label"))
+        if decoded is None:
+            return None
+        name, tags = decoded
+        if tags.get(TAG_NODE) != self.owner:
+            return None
+        try:
+            state, reason = map_status(item.get("actual_status"), item.get("intended_status"))
+            status_msg = item.get("status_msg")
+            message = reason
+            if isinstance(status_msg, str) and status_msg.strip():
+                detail = status_msg.strip()[:_MAX_SERVER_MESSAGE]
+                message = f"{reason}: {detail}" if reason else detail
+            ip = item.get("public_ipaddr")
+            ip = ip.strip() if isinstance(ip, str) and ip.strip() else None
+            gpu_name = item.get("gpu_name")
+            return Instance(
+                id=str(int(item["id"])),
+                name=name,
+                provider=self.name,
+                state=state,
+                tags=tags,
+                gpu_type=self._cluster_gpu(gpu_name) if isinstance(gpu_name, str) else None,
+                gpu_count=int(item.get("num_gpus") or 0),
+                region=_country(item),
+                price_per_hour=float(item.get("dph_total") or 0.0),
+                ip=ip,
+                endpoints=self._endpoints(ip, item.get("ports")),
+                created_at=_epoch(item.get("start_date")),
+                message=self._scrub(message) if message else None,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise self._malformed(what) from exc
+
+    @staticmethod
+    def _endpoints(ip: str | None, ports: Any) -> tuple[str, ...]:
+        """``ip:host_port`` for each mapped container port, ordered by container port."""
+        if ip is None or not isinstance(ports, Mapping):
+            return ()
+        found: builtins.list[tuple[int, str]] = []
+        for key, bindings in ports.items():
+            try:
+                container_port = int(str(key).split("/", 1)[0])
+            except ValueError:
+                continue
+            if not isinstance(bindings, Sequence):
+                continue
+            for binding in bindings:
+                if isinstance(binding, Mapping) and binding.get("HostPort"):
+                    found.append((container_port, f"{ip}:{binding['HostPort']}"))
+                    break
+        return tuple(endpoint for _, endpoint in sorted(found))
+
+    def _offers(
+        self, data: Mapping[str, Any], *, what: str
+    ) -> builtins.list[Mapping[str, Any]]:
+        offers = data.get("offers")
+        if isinstance(offers, Mapping):  # the spec's example shows a single object
+            offers = [offers]
+        if not isinstance(offers, Sequence) or not all(isinstance(o, Mapping) for o in offers):
+            raise self._malformed(what)
+        return list(offers)
+
+    # -- logs -------------------------------------------------------------------------------
+
+    async def _fetch_blob(self, url: str, *, what: str) -> bytes:
+        """GET ``result_url`` (no credentials), waiting while the upload is not there yet."""
+        for attempt in range(self._opts.log_poll_attempts):
+            if attempt:
+                await asyncio.sleep(self._opts.log_poll_interval)
+            try:
+                response = await self._blob_client.get(url)
+            except httpx.TransportError as exc:
+                raise self._transport_error(exc, what=what) from exc
+            if response.is_success:
+                return response.content
+            if response.status_code not in (403, 404) and response.status_code < 500:
+                raise ProviderError(
+                    f"{self.name}: {what} failed: the log file answered HTTP "
+                    f"{response.status_code}",
+                    provider=self.name,
+                )
+        raise TransientError(
+            f"{self.name}: {what}: the log file was not uploaded after "
+            f"{self._opts.log_poll_attempts} polls",
+            provider=self.name,
+        )
+
+    # -- the HTTP edge ----------------------------------------------------------------------
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        params: Mapping[str, str] | None = None,
+        json_body: Any = None,
+        op: str = "",
+        retry_transient: bool = True,
+    ) -> httpx.Response:
+        async def attempt() -> httpx.Response:
+            request = self._client.build_request(method, path, params=params, json=json_body)
+            try:
+                response = await self._client.send(request)
+            except httpx.TransportError as exc:
+                raise self._transport_error(exc, what=what) from exc
+            if response.is_success:
+                return response
+            raise self._status_error(response, what=what, op=op)
+
+        return await self._retrying(attempt, retry_transient=retry_transient)
+
+    async def _retrying(
+        self, operation: Callable[[], Awaitable[_T]], *, retry_transient: bool
+    ) -> _T:
+        def should_retry(exc: BaseException) -> bool:
+            if isinstance(exc, TransientError):
+                return retry_transient
+            if isinstance(exc, RateLimited):
+                return exc.retry_after is None or exc.retry_after <= self._opts.retry_after_cap
+            return False
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self._opts.max_attempts),
+            wait=self._wait,
+            retry=retry_if_exception(should_retry),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await operation()
+        raise AssertionError("unreachable: tenacity reraises the last error")
+
+    def _wait(self, retry_state: RetryCallState) -> float:
+        outcome = retry_state.outcome
+        exc = outcome.exception() if outcome is not None else None
+        if isinstance(exc, RateLimited) and exc.retry_after is not None:
+            return min(exc.retry_after, self._opts.retry_after_cap)
+        backoff = self._opts.backoff_initial * 2.0 ** (retry_state.attempt_number - 1)
+        jitter = random.uniform(0, self._opts.backoff_initial / 2)
+        return min(self._opts.backoff_max, backoff) + jitter
+
+    def _transport_error(self, exc: httpx.TransportError, *, what: str) -> TransientError:
+        if isinstance(exc, httpx.TimeoutException):
+            kind = "timed out"
+        elif isinstance(exc, httpx.ConnectError):
+            kind = "could not connect"
+        else:
+            kind = "lost the connection"
+        return TransientError(
+            f"{self.name}: {what} failed: {kind} ({type(exc).__name__})", provider=self.name
+        )
+
+    def _status_error(self, response: httpx.Response, *, what: str, op: str) -> ProviderError:
+        """Vast.ai's ``{success, error, msg}`` (or ``{detail}`` on 429) -> a typed error."""
+        status = response.status_code
+        code, detail = "", ""
+        try:
+            data = response.json()
+            if isinstance(data, Mapping):
+                code = str(data.get("error") or "")
+                detail = str(data.get("msg") or data.get("detail") or "")
+        except ValueError:
+            pass
+        message = f"{self.name}: {what} failed: HTTP {status}"
+        if code:
+            message += f" {code}"
+        if detail:
+            message += f": {detail[:_MAX_SERVER_MESSAGE]}"
+        message = self._scrub(message)
+        p = self.name
+        lowered = f"{code} {detail}".lower()
+        if status == 429:
+            retry_after = _parse_retry_after(response.headers.get("Retry-After"))
+            return RateLimited(message, provider=p, retry_after=retry_after)
+        if status == 401:
+            return AuthError(message, provider=p)
+        if op == "search" and status == 404:
+            return AuthError(message, provider=p)  # the spec: 404 = invalid or missing API key
+        if status == 402 or any(word in lowered for word in _QUOTA_WORDS):
+            return QuotaError(message, provider=p)
+        if op == "rent" and (status in (404, 410) or "no_such_ask" in lowered):
+            return CapacityError(message, provider=p)
+        if op == "rent" and status == 403:
+            return CapacityError(message, provider=p)  # the spec: "offer is not your own"
+        if status == 403:
+            return AuthError(message, provider=p)
+        if status == 404:
+            return NotFound(message, provider=p)
+        if status in (400, 422):
+            return InvalidSpec(message, provider=p)
+        if status >= 500:
+            return TransientError(message, provider=p)
+        return ProviderError(message, provider=p)
+
+    def _scrub(self, text: str) -> str:
+        return text.replace(self._secret, "***") if self._secret else text
+
+    def _malformed(self, what: str) -> ProviderError:
+        return ProviderError(f"{self.name}: {what}: malformed response", provider=self.name)
+
+    def _json(self, response: httpx.Response, *, what: str) -> dict[str, Any]:
+        try:
+            data = response.json()
+        except ValueError as exc:
+            raise self._malformed(what) from exc
+        if not isinstance(data, dict):
+            raise self._malformed(what)
+        return data

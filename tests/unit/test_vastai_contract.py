@@ -1,0 +1,688 @@
+"""Contract tests of the Vast.ai adapter against a fake that validates itself with Vast.ai's spec.
+
+Why it exists: without a Vast.ai account in CI, the only proof that :mod:`providers.vastai`
+speaks Vast.ai's API is that every request it sends, and every answer it is tested with, is
+allowed by Vast.ai's published OpenAPI document. The fake (:mod:`tests.fakes.vastai_fake`)
+answers 599 and records a violation for anything the spec does not allow; the ``fake`` fixture
+fails every test that left one. On top of that these tests pin the adapter's semantics: the
+search-then-rent create, label-based idempotency and owner filtering, status and error mapping,
+logs, capacity, and that the API key never leaks. Nothing sleeps: retries run with zero backoff.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from providers.base import (
+    TAG_NODE,
+    TAG_POD,
+    TAG_UID,
+    AuthError,
+    CapacityError,
+    InstanceSpec,
+    InstanceState,
+    InvalidSpec,
+    LogOptions,
+    NotFound,
+    Port,
+    Provider,
+    ProviderError,
+    QuotaError,
+    RateLimited,
+    TransientError,
+    Unsupported,
+)
+from providers.vastai import VastAIProvider, decode_label, encode_label, map_status
+from tests.fakes.vastai_fake import API_KEY, VIOLATION_STATUS, FakeVastAI, specs_dir
+
+BASE_URL = "https://console.vast.ai"
+OWNER = "vk-gpu-burst"
+FAST = {"backoff_initial": 0.0, "backoff_max": 0.0, "retry_after_cap": 1.0,
+        "log_poll_interval": 0.0}
+GPU_TYPES = {"H100": ["H100_SXM", "H100_PCIE"], "RTX4090": "RTX_4090"}
+
+MakeProvider = Callable[..., VastAIProvider]
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeVastAI]:
+    state = FakeVastAI(api_key=API_KEY)
+    yield state
+    assert state.violations == [], "the adapter or the fake broke Vast.ai's spec"
+
+
+@pytest.fixture
+async def make_provider(fake: FakeVastAI) -> AsyncIterator[MakeProvider]:
+    made: list[VastAIProvider] = []
+
+    def make(*, owner: str = OWNER, options: dict[str, Any] | None = None,
+             transport: httpx.AsyncBaseTransport | None = None,
+             api_key: str | None = API_KEY) -> VastAIProvider:
+        provider = VastAIProvider(
+            name="vast", base_url=BASE_URL, owner=owner, api_key=api_key,
+            options={"gpu_types": GPU_TYPES, **FAST, **(options or {})},
+            transport=transport or httpx.ASGITransport(app=fake.app),
+        )
+        made.append(provider)
+        return provider
+
+    yield make
+    for provider in made:
+        await provider.aclose()
+
+
+@pytest.fixture
+def provider(make_provider: MakeProvider) -> VastAIProvider:
+    return make_provider()
+
+
+def spec(name: str = "vk-gpu-burst-uid-1", **changes: Any) -> InstanceSpec:
+    fields: dict[str, Any] = {
+        "name": name,
+        "image": "ghcr.io/acme/train:1.0",
+        "gpu_count": 1,
+        "gpu_type": "H100",
+        "tags": {TAG_NODE: OWNER, TAG_POD: "train-0", TAG_UID: "uid-1"},
+    }
+    fields.update(changes)
+    return InstanceSpec(**fields)
+
+
+def rents(fake: FakeVastAI) -> list[dict[str, Any]]:
+    return [r.body for r in fake.calls("PUT", "/api/v0/asks/")]
+
+
+def searches(fake: FakeVastAI) -> list[dict[str, Any]]:
+    return [r.body for r in fake.calls("POST", "/api/v0/bundles")]
+
+
+# -- the fake itself ---------------------------------------------------------------------------
+
+
+async def test_the_fake_flags_a_request_the_spec_forbids(fake: FakeVastAI) -> None:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=fake.app),
+                                 base_url=BASE_URL) as client:
+        auth = {"Authorization": f"Bearer {API_KEY}"}
+        bad = [
+            await client.put("/api/v0/asks/1", json={"label": "no image"}, headers=auth),
+            await client.post("/api/v0/bundles", json={"order": [["dph_total", "asc"]]},
+                              headers=auth),  # the spec wants exactly two sort directives
+            await client.post("/api/v0/bundles", json={"limti": 3}, headers=auth),
+            await client.get("/api/v1/instances", params={"limit": 26}, headers=auth),
+            await client.get("/api/v1/instances", params={"page": 2}, headers=auth),
+            await client.delete("/api/v0/instances/abc", headers=auth),
+            await client.get("/api/v1/instances"),  # no credentials
+            await client.get("/api/v0/instances/1", headers=auth),  # not implemented
+        ]
+    assert [r.status_code for r in bad] == [VIOLATION_STATUS] * len(bad)
+    assert len(fake.violations) == len(bad)
+    fake.violations.clear()
+
+
+async def test_the_fake_flags_a_response_the_spec_forbids(fake: FakeVastAI,
+                                                          provider: VastAIProvider) -> None:
+    fake.add_instance(label=encode_label(name="x", tags={TAG_NODE: OWNER}), num_gpus="two")
+    with pytest.raises(ProviderError):
+        await provider.list()
+    assert any("response 200" in v for v in fake.violations)
+    fake.violations.clear()
+
+
+def test_the_spec_folder_comes_from_vkp_specs_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VKP_SPECS_DIR", "/somewhere/specs")
+    assert str(specs_dir()) == "/somewhere/specs"
+    monkeypatch.delenv("VKP_SPECS_DIR")
+    assert (specs_dir() / "vastai" / "openapi.yaml").is_file()
+
+
+async def test_provider_satisfies_the_protocol(provider: VastAIProvider) -> None:
+    assert isinstance(provider, Provider)
+
+
+# -- create ------------------------------------------------------------------------------------
+
+
+async def test_create_searches_then_rents_the_cheapest_matching_offer(
+    fake: FakeVastAI, provider: VastAIProvider
+) -> None:
+    fake.add_offer(gpu_name="H100 SXM", dph_total=2.5)
+    cheap = fake.add_offer(gpu_name="H100 PCIE", dph_total=2.0, geolocation="Quebec, CA")
+    fake.add_offer(gpu_name="RTX 4090", dph_total=0.4)  # wrong GPU
+    fake.add_offer(gpu_name="H100 SXM", num_gpus=2, dph_total=1.0)  # wrong count
+
+    instance = await provider.create(spec(
+        args=("serve", "--port", "8000"), env={"MODEL": "llama", "TOKEN": "s3cr3t=="},
+        ports=(Port(container_port=8000), Port(container_port=9000, protocol="UDP")),
+        cpu_millis=4000, memory_bytes=16 * 2**30, max_price_per_hour=3.0,
+    ))
+
+    (search,) = searches(fake)
+    assert search["num_gpus"] == {"eq": 1}
+    assert search["gpu_name"] == {"in": ["H100_SXM", "H100_PCIE"]}
+    assert search["direct_port_count"] == {"gte": 2}
+    assert search["cpu_cores_effective"] == {"gte": 4.0}
+    assert search["cpu_ram"] == {"gte": 16384}
+    assert search["dph_total"] == {"lte": 3.0}
+    assert search["rentable"] == {"eq": True} and search["verified"] == {"eq": True}
+    (rent,) = rents(fake)
+    assert fake.calls("PUT", "/api/v0/asks/")[0].path == f"/api/v0/asks/{cheap['id']}"
+    assert rent["image"] == "ghcr.io/acme/train:1.0"
+    assert rent["runtype"] == "args"
+    assert rent["args"] == ["serve", "--port", "8000"]
+    assert rent["env"] == "-e MODEL=llama -e TOKEN=s3cr3t== -p 8000:8000 -p 9000:9000/udp"
+    assert rent["disk"] == 20.0 and rent["cancel_unavail"] is True
+    assert decode_label(rent["label"]) == (
+        "vk-gpu-burst-uid-1", {TAG_NODE: OWNER, TAG_POD: "train-0", TAG_UID: "uid-1"})
+    assert instance.id == str(next(iter(fake.instances)))
+    assert instance.state is InstanceState.PENDING
+    assert instance.name == "vk-gpu-burst-uid-1"
+    assert (instance.gpu_type, instance.gpu_count, instance.region) == ("H100", 1, "CA")
+    assert instance.price_per_hour == 2.0
+    assert instance.tags[TAG_UID] == "uid-1"
+
+
+async def test_env_can_be_sent_as_the_dict_the_cli_sends(
+    fake: FakeVastAI, make_provider: MakeProvider
+) -> None:
+    fake.add_offer(gpu_name="H100 SXM")
+    provider = make_provider(options={"env_format": "dict"})
+    await provider.create(spec(env={"GREETING": "hello world"},
+                               ports=(Port(container_port=8000),)))
+    assert rents(fake)[0]["env"] == {"GREETING": "hello world", "-p 8000:8000": "1"}
+
+
+async def test_command_runs_as_onstart_only_when_configured(
+    fake: FakeVastAI, make_provider: MakeProvider
+) -> None:
+    fake.add_offer(gpu_name="H100 SXM")
+    provider = make_provider(options={"command_mode": "onstart"})
+    await provider.create(spec(command=("python", "-c"), args=("print('hi there')",)))
+    rent = rents(fake)[0]
+    assert rent["runtype"] == "ssh"
+    assert rent["onstart"] == "python -c 'print('\"'\"'hi there'\"'\"')'"
+    assert "args" not in rent
+
+
+async def test_bid_offers_rent_at_the_spec_price_or_the_minimum_bid(
+    fake: FakeVastAI, make_provider: MakeProvider
+) -> None:
+    fake.add_offer(gpu_name="H100 SXM", dph_total=1.0, min_bid=0.35)
+    fake.add_offer(gpu_name="H100 SXM", dph_total=1.0, min_bid=0.35)
+    provider = make_provider(options={"offer_type": "bid"})
+    await provider.create(spec(name="a"))
+    await provider.create(spec(name="b", max_price_per_hour=0.5))
+    assert [s["type"] for s in searches(fake)] == ["bid", "bid"]
+    assert [r["price"] for r in rents(fake)] == [0.35, 0.5]
+
+
+@pytest.mark.parametrize(
+    ("changes", "options", "match"),
+    [
+        ({"gpu_count": 0}, {}, "rents GPU machines"),
+        ({"command": ("python",)}, {}, "ENTRYPOINT"),
+        ({"env": {"BAD-NAME": "x"}}, {}, "not valid"),
+        ({"env": {"A": "two words"}}, {}, "env_format"),
+        ({"env": {"A": 'quo"te'}}, {}, "env_format"),
+        ({"ports": (Port(container_port=80, protocol="SCTP"),)}, {}, "SCTP"),
+        ({"name": "n" * 1100}, {}, "labels hold at most 1024"),
+    ],
+)
+async def test_specs_vast_cannot_run_are_refused_before_any_request(
+    fake: FakeVastAI, make_provider: MakeProvider, changes: dict[str, Any],
+    options: dict[str, Any], match: str,
+) -> None:
+    with pytest.raises(InvalidSpec, match=match):
+        await make_provider(options=options).create(spec(**changes))
+    assert fake.requests == []
+
+
+async def test_no_matching_offer_is_a_capacity_error_and_nothing_is_rented(
+    fake: FakeVastAI, provider: VastAIProvider
+) -> None:
+    fake.add_offer(gpu_name="RTX 4090")
+    with pytest.raises(CapacityError, match=r"no Vast\.ai offer for 1 x H100 in US"):
+        await provider.create(spec(region="US"))
+    assert rents(fake) == []
+
+
+async def test_a_taken_offer_falls_through_to_the_next(
+    fake: FakeVastAI, provider: VastAIProvider
+) -> None:
+    first = fake.add_offer(gpu_name="H100 SXM", dph_total=1.0)
+    second = fake.add_offer(gpu_name="H100 SXM", dph_total=1.1)
+    third = fake.add_offer(gpu_name="H100 SXM", dph_total=1.2)
+    fake.fail("createInstance", 404, error="invalid_args",
+              msg=f"error 404/3603: no_such_ask Instance type by id {first['id']}")
+    fake.unstartable.add(second["id"])
+    instance = await provider.create(spec())
+    assert [r.path.rsplit("/", 1)[1] for r in fake.calls("PUT", "/api/v0/asks/")] == [
+        str(first["id"]), str(second["id"]), str(third["id"])]
+    assert [r.status for r in fake.calls("PUT", "/api/v0/asks/")] == [404, 410, 200]
+    assert instance.price_per_hour == 1.2
+
+
+async def test_when_every_offer_tried_is_taken_it_is_a_capacity_error(
+    fake: FakeVastAI, make_provider: MakeProvider
+) -> None:
+    for _ in range(3):
+        fake.unstartable.add(fake.add_offer(gpu_name="H100 SXM")["id"])
+    provider = make_provider(options={"max_offer_attempts": 2})
+    with pytest.raises(CapacityError, match=r"every Vast\.ai offer tried .* was taken"):
+        await provider.create(spec())
+    assert len(rents(fake)) == 2
+    assert fake.instances == {}
+
+
+# -- idempotency and ownership -----------------------------------------------------------------
+
+
+async def test_create_twice_rents_once(fake: FakeVastAI, provider: VastAIProvider) -> None:
+    fake.add_offer(gpu_name="H100 SXM")
+    fake.add_offer(gpu_name="H100 SXM")
+    first = await provider.create(spec())
+    second = await provider.create(spec())
+    assert first.id == second.id
+    assert len(fake.instances) == 1
+    assert len(rents(fake)) == 1
+    lookup = fake.calls("GET", "/api/v1/instances")[-1]
+    assert json.loads(lookup.query["select_filters"]) == {
+        "label": {"eq": encode_label(name="vk-gpu-burst-uid-1",
+                                     tags={TAG_NODE: OWNER, TAG_POD: "train-0",
+                                           TAG_UID: "uid-1"})}}
+
+
+async def test_create_adopts_an_instance_a_previous_process_rented(
+    fake: FakeVastAI, make_provider: MakeProvider
+) -> None:
+    fake.add_offer(gpu_name="H100 SXM")
+    before = await make_provider().create(spec())  # then the process "crashed"
+    fake.set_status(int(before.id), "running")
+    after = await make_provider().create(spec())
+    assert after.id == before.id
+    assert after.state is InstanceState.RUNNING
+    assert len(fake.instances) == 1
+
+
+class LoseRentAnswer(httpx.AsyncBaseTransport):
+    """Delivers the first rent to the fake, then reports a timeout instead of its answer."""
+
+    def __init__(self, app: Any) -> None:
+        self.inner = httpx.ASGITransport(app=app)
+        self.lost = False
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        if request.method == "PUT" and "/asks/" in request.url.path and not self.lost:
+            self.lost = True
+            raise httpx.ReadTimeout("lost", request=request)
+        return response
+
+
+async def test_a_rent_whose_answer_was_lost_is_not_repeated_and_is_adopted_next_time(
+    fake: FakeVastAI, make_provider: MakeProvider
+) -> None:
+    fake.add_offer(gpu_name="H100 SXM")
+    fake.add_offer(gpu_name="H100 SXM")
+    provider = make_provider(transport=LoseRentAnswer(fake.app))
+    with pytest.raises(TransientError, match="timed out"):
+        await provider.create(spec())
+    assert len(rents(fake)) == 1  # a rent is never retried blindly
+    again = await provider.create(spec())
+    assert len(fake.instances) == 1
+    assert again.id == str(next(iter(fake.instances)))
+
+
+async def test_list_returns_only_this_owners_instances_across_pages(
+    fake: FakeVastAI, provider: VastAIProvider
+) -> None:
+    ours = [fake.add_instance(label=encode_label(name=f"{OWNER}-u{i}",
+                                                 tags={TAG_NODE: OWNER, TAG_UID: f"u{i}"}))
+            for i in range(30)]
+    fake.add_instance(label=encode_label(name="other-u1", tags={TAG_NODE: "other-node"}))
+    fake.add_instance(label="My ML Training Job")
+    fake.add_instance(label=None)
+    instances = await provider.list()
+    assert sorted(int(i.id) for i in instances) == sorted(o["id"] for o in ours)
+    assert {i.tags[TAG_NODE] for i in instances} == {OWNER}
+    assert len(fake.calls("GET", "/api/v1/instances")) == 2  # 25 per page
+    assert "after_token" in fake.calls("GET", "/api/v1/instances")[1].query
+
+
+async def test_listed_instances_carry_address_ports_price_and_mapped_gpu(
+    fake: FakeVastAI, provider: VastAIProvider
+) -> None:
+    item = fake.add_instance(
+        label=encode_label(name="n", tags={TAG_NODE: OWNER}), gpu_name="H100 SXM", num_gpus=1,
+        public_ipaddr="198.51.100.4", dph_total=2.25, geolocation="Oregon, US",
+        ports={"8000/tcp": [{"HostIp": "0.0.0.0", "HostPort": "41234"}],
+               "22/tcp": [{"HostIp": "0.0.0.0", "HostPort": "41000"}]},
+        status_msg="success, running ghcr.io/acme/train",
+    )
+    (instance,) = await provider.list()
+    assert instance.id == str(item["id"])
+    assert instance.ip == "198.51.100.4"
+    assert instance.endpoints == ("198.51.100.4:41000", "198.51.100.4:41234")
+    assert (instance.gpu_type, instance.region, instance.price_per_hour) == ("H100", "US", 2.25)
+    assert instance.message == "success, running ghcr.io/acme/train"
+    assert instance.created_at is not None
+
+
+@pytest.mark.parametrize(
+    ("actual", "intended", "state"),
+    [
+        (None, "running", InstanceState.PENDING),
+        ("loading", "running", InstanceState.PENDING),
+        ("created", "running", InstanceState.PENDING),
+        ("running", "running", InstanceState.RUNNING),
+        ("rebooting", "running", InstanceState.RUNNING),
+        ("exited", "running", InstanceState.FAILED),
+        ("stopped", "running", InstanceState.FAILED),
+        ("stopped", "stopped", InstanceState.FAILED),
+        ("frozen", "frozen", InstanceState.FAILED),
+        ("unknown", "running", InstanceState.FAILED),
+        ("offline", "running", InstanceState.FAILED),
+        ("something-new", "running", InstanceState.PENDING),
+    ],
+)
+async def test_status_mapping(fake: FakeVastAI, provider: VastAIProvider, actual: str | None,
+                              intended: str, state: InstanceState) -> None:
+    item = fake.add_instance(label=encode_label(name="n", tags={TAG_NODE: OWNER}))
+    fake.set_status(item["id"], actual, intended_status=intended)
+    (instance,) = await provider.list()
+    assert instance.state is state
+    assert map_status(actual, intended)[0] is state
+    if state is InstanceState.FAILED:
+        assert instance.message
+        assert instance.exit_code is None  # Vast.ai reports none
+
+
+async def test_preemption_says_so(fake: FakeVastAI, provider: VastAIProvider) -> None:
+    item = fake.add_instance(label=encode_label(name="n", tags={TAG_NODE: OWNER}))
+    fake.set_status(item["id"], "stopped", intended_status="running")
+    (instance,) = await provider.list()
+    assert instance.message is not None and "preempted" in instance.message
+
+
+# -- delete ------------------------------------------------------------------------------------
+
+
+async def test_delete_is_idempotent(fake: FakeVastAI, provider: VastAIProvider) -> None:
+    item = fake.add_instance(label=encode_label(name="n", tags={TAG_NODE: OWNER}))
+    await provider.delete(str(item["id"]))
+    await provider.delete(str(item["id"]))  # 404: already gone
+    await provider.delete("not-a-contract-id")  # never ours: no request at all
+    assert fake.instances == {}
+    assert [r.status for r in fake.calls("DELETE", "/api/v0/instances/")] == [200, 404]
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("operation", "status", "error", "msg", "expected"),
+    [
+        ("createInstance", 400, "invalid_args", "Invalid args: image", InvalidSpec),
+        ("createInstance", 400, "invalid_price", "price too low", InvalidSpec),
+        ("createInstance", 401, "auth_error", "Invalid user key", AuthError),
+        # the spec has no quota code: a 400 whose message speaks of credit is taken as quota
+        ("createInstance", 400, "invalid_args", "error 400: insufficient credit", QuotaError),
+        ("createInstance", 429, "", "API requests too frequent endpoint threshold=4.5",
+         RateLimited),
+        ("searchOffers", 400, "invalid_request", "Invalid json body", InvalidSpec),
+        ("searchOffers", 404, "auth_error", "Invalid user key", AuthError),
+        ("searchOffers", 503, "server_error", "try later", TransientError),
+        ("showInstances", 401, "auth_error", "Invalid user key", AuthError),
+        ("showInstances", 400, "invalid_request", "dph_total is not a valid search key",
+         InvalidSpec),
+        ("showInstances", 500, "server_error", "boom", TransientError),
+    ],
+)
+async def test_documented_errors_map_to_typed_errors(
+    fake: FakeVastAI, make_provider: MakeProvider, operation: str, status: int, error: str,
+    msg: str, expected: type[ProviderError],
+) -> None:
+    fake.add_offer(gpu_name="H100 SXM")
+    provider = make_provider(options={"max_attempts": 1})
+    fake.fail(operation, status, error=error, msg=msg,
+              headers={"Retry-After": "30"} if status == 429 else None)
+    with pytest.raises(expected) as caught:
+        await provider.create(spec())
+    assert f"HTTP {status}" in str(caught.value)
+    assert msg[:20] in str(caught.value)
+    assert caught.value.provider == "vast"
+
+
+async def test_a_wrong_key_is_an_auth_error_everywhere(
+    fake: FakeVastAI, make_provider: MakeProvider
+) -> None:
+    fake.add_offer(gpu_name="H100 SXM")
+    item = fake.add_instance(label=encode_label(name="n", tags={TAG_NODE: OWNER}))
+    provider = make_provider(api_key="wrong-key-123456")
+    with pytest.raises(AuthError):
+        await provider.list()
+    with pytest.raises(AuthError):
+        await provider.capacity()  # search answers 404 for a bad key, as the spec says
+    with pytest.raises(AuthError):
+        await provider.delete(str(item["id"]))
+    with pytest.raises(AuthError):
+        await provider.logs(str(item["id"]), LogOptions()).__anext__()
+
+
+async def test_rate_limits_carry_retry_after_and_short_ones_are_retried(
+    fake: FakeVastAI, provider: VastAIProvider
+) -> None:
+    fake.fail("showInstances", 429, headers={"Retry-After": "0"})
+    assert await provider.list() == []
+    assert [r.status for r in fake.calls("GET", "/api/v1/instances")] == [429, 200]
+    fake.fail("showInstances", 429, headers={"Retry-After": "120"})
+    with pytest.raises(RateLimited) as caught:
+        await provider.list()
+    assert caught.value.retry_after == 120.0
+
+
+async def test_a_rate_limit_without_retry_after_backs_off_and_retries(
+    fake: FakeVastAI, provider: VastAIProvider
+) -> None:
+    fake.fail("destroyInstance", 429, times=2)
+    await provider.delete("1234")
+    assert [r.status for r in fake.calls("DELETE", "/api/v0/instances/")] == [429, 429, 404]
+
+
+async def test_server_errors_are_retried_then_transient(
+    fake: FakeVastAI, provider: VastAIProvider
+) -> None:
+    fake.fail("showInstances", 502, times=2)
+    assert await provider.list() == []
+    fake.fail("showInstances", 503, times=4)
+    with pytest.raises(TransientError, match="HTTP 503"):
+        await provider.list()
+    assert fake.unvalidated  # 5xx is not in Vast.ai's spec: allowed only because injected
+
+
+class Broken(httpx.AsyncBaseTransport):
+    def __init__(self, exc: type[httpx.TransportError]) -> None:
+        self.exc = exc
+        self.calls = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.calls += 1
+        raise self.exc("down", request=request)
+
+
+@pytest.mark.parametrize(
+    ("exc", "words"),
+    [(httpx.ConnectError, "could not connect"), (httpx.ReadTimeout, "timed out"),
+     (httpx.RemoteProtocolError, "lost the connection")],
+)
+async def test_transport_failures_are_transient(
+    make_provider: MakeProvider, exc: type[httpx.TransportError], words: str
+) -> None:
+    broken = Broken(exc)
+    with pytest.raises(TransientError, match=words):
+        await make_provider(transport=broken).list()
+    assert broken.calls == 4
+
+
+async def test_the_api_key_never_appears_in_errors_or_repr(
+    fake: FakeVastAI, make_provider: MakeProvider
+) -> None:
+    secret = "vast-SECRET-do-not-leak-42"
+    fake.api_key = secret
+    provider = make_provider(api_key=secret, options={"max_attempts": 1})
+    assert secret not in repr(provider) and secret not in str(provider)
+    fake.add_offer(gpu_name="H100 SXM")
+    errors: list[ProviderError] = []
+    for status, msg in [(401, f"bad key {secret}"), (400, "Invalid args"), (429, "slow"),
+                        (500, "boom")]:
+        fake.fail("searchOffers", status, msg=msg)
+        with pytest.raises(ProviderError) as caught:
+            await provider.create(spec())
+        errors.append(caught.value)
+    with pytest.raises(ProviderError) as caught:
+        await make_provider(api_key=secret, transport=Broken(httpx.ConnectError),
+                            options={"max_attempts": 1}).list()
+    errors.append(caught.value)
+    with pytest.raises(ProviderError) as caught:
+        await make_provider(api_key=secret).create(spec(env={"A": "has space"}))
+    errors.append(caught.value)
+    for error in errors:
+        assert secret not in str(error) and secret not in repr(error)
+        assert secret not in repr(error.__cause__) if error.__cause__ else True
+
+
+# -- logs --------------------------------------------------------------------------------------
+
+
+async def _drain(provider: VastAIProvider, instance_id: str, opts: LogOptions) -> bytes:
+    return b"".join([chunk async for chunk in provider.logs(instance_id, opts)])
+
+
+async def test_logs_fetch_the_uploaded_file_without_credentials(
+    fake: FakeVastAI, provider: VastAIProvider
+) -> None:
+    item = fake.add_instance(label=encode_label(name="n", tags={TAG_NODE: OWNER}))
+    fake.logs[item["id"]] = "one\ntwo\nthree\n"
+    fake.blob_polls_before_ready = 2  # the upload takes a moment
+    assert await _drain(provider, str(item["id"]), LogOptions()) == b"one\ntwo\nthree\n"
+    assert await _drain(provider, str(item["id"]), LogOptions(tail_lines=2)) == b"two\nthree\n"
+    assert await _drain(provider, str(item["id"]), LogOptions(limit_bytes=5)) == b"one\nt"
+    bodies = [r.body for r in fake.calls("PUT", "/api/v0/instances/request_logs/")]
+    assert bodies == [{}, {"tail": "2"}, {}]
+    # the fake records a violation if the log store ever sees the Authorization header
+
+
+async def test_logs_of_a_missing_instance_are_not_found(
+    fake: FakeVastAI, provider: VastAIProvider
+) -> None:
+    with pytest.raises(NotFound):
+        await _drain(provider, "4242", LogOptions())
+    with pytest.raises(NotFound):
+        await _drain(provider, "x", LogOptions())
+
+
+async def test_log_options_vast_cannot_honour_are_unsupported(
+    fake: FakeVastAI, provider: VastAIProvider
+) -> None:
+    for opts in (LogOptions(follow=True), LogOptions(since_seconds=60),
+                 LogOptions(timestamps=True)):
+        with pytest.raises(Unsupported, match="snapshot"):
+            await _drain(provider, "1", opts)
+    assert fake.requests == []
+
+
+async def test_a_log_file_that_never_appears_is_transient(
+    fake: FakeVastAI, make_provider: MakeProvider
+) -> None:
+    item = fake.add_instance(label=encode_label(name="n", tags={TAG_NODE: OWNER}))
+    fake.blob_polls_before_ready = 100
+    provider = make_provider(options={"log_poll_attempts": 3})
+    with pytest.raises(TransientError, match="not uploaded after 3 polls"):
+        await _drain(provider, str(item["id"]), LogOptions())
+
+
+# -- capacity ----------------------------------------------------------------------------------
+
+
+async def test_capacity_counts_each_machine_once_at_the_cheapest_gpu_price(
+    fake: FakeVastAI, provider: VastAIProvider
+) -> None:
+    machine = 9001
+    fake.add_offer(gpu_name="H100 SXM", num_gpus=1, dph_total=2.0, machine_id=machine)
+    fake.add_offer(gpu_name="H100 SXM", num_gpus=4, dph_total=7.2, machine_id=machine)
+    fake.add_offer(gpu_name="H100 PCIE", num_gpus=2, dph_total=3.0, geolocation="Texas, US")
+    fake.add_offer(gpu_name="RTX 4090", num_gpus=1, dph_total=0.4, geolocation="Ontario, CA")
+    fake.add_offer(gpu_name="A100 SXM4", num_gpus=8, dph_total=8.0)  # not in the GPU map
+    offers = await provider.capacity()
+    by_key = {(o.gpu_type, o.region): o for o in offers}
+    assert set(by_key) == {("H100", "US"), ("RTX4090", "CA")}
+    assert by_key[("H100", "US")].available == 4 + 2
+    assert by_key[("H100", "US")].price_per_gpu_hour == 1.5
+    assert by_key[("RTX4090", "CA")].available == 1
+    (search,) = searches(fake)
+    assert search["gpu_name"] == {"in": ["H100_PCIE", "H100_SXM", "RTX_4090"]}
+
+
+async def test_capacity_without_a_gpu_map_reports_vast_names(
+    fake: FakeVastAI, make_provider: MakeProvider
+) -> None:
+    fake.add_offer(gpu_name="A100 SXM4", num_gpus=2, dph_total=3.0)
+    provider = VastAIProvider(name="vast", base_url=BASE_URL, owner=OWNER, api_key=API_KEY,
+                              options=FAST, transport=httpx.ASGITransport(app=fake.app))
+    try:
+        (offer,) = await provider.capacity()
+    finally:
+        await provider.aclose()
+    assert (offer.gpu_type, offer.available, offer.price_per_gpu_hour) == ("A100_SXM4", 2, 1.5)
+
+
+async def test_offers_without_a_location_are_region_unknown_which_adds_no_filter(
+    fake: FakeVastAI, provider: VastAIProvider
+) -> None:
+    fake.add_offer(gpu_name="H100 SXM", geolocation="")
+    (offer,) = await provider.capacity()
+    assert offer.region == "unknown"
+    await provider.create(spec(region=offer.region))
+    assert "geolocation" not in searches(fake)[-1]
+    assert len(fake.instances) == 1
+
+
+async def test_offer_filters_add_to_the_search_but_the_spec_wins(
+    fake: FakeVastAI, make_provider: MakeProvider
+) -> None:
+    fake.add_offer(gpu_name="H100 SXM", datacenter=True, cuda_max_good=12.4)
+    fake.add_offer(gpu_name="H100 SXM", datacenter=False, cuda_max_good=12.4, dph_total=0.1)
+    provider = make_provider(options={"offer_filters": {
+        "datacenter": {"eq": True}, "cuda_max_good": {"gte": 12.1}, "num_gpus": {"eq": 8}}})
+    instance = await provider.create(spec())
+    (search,) = searches(fake)
+    assert search["datacenter"] == {"eq": True} and search["num_gpus"] == {"eq": 1}
+    assert instance.price_per_hour == 0.5  # the cheaper offer is not in a datacenter
+
+
+async def test_no_offers_is_empty_capacity(fake: FakeVastAI, provider: VastAIProvider) -> None:
+    assert await provider.capacity() == []
+
+
+# -- options -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"bogus": 1}, "unknown Vast.ai option"),
+        ({"offer_type": "spot"}, "offer_type"),
+        ({"env_format": "yaml"}, "env_format"),
+        ({"command_mode": "maybe"}, "command_mode"),
+        ({"gpu_types": {"H100": []}}, "gpu_types"),
+        ({"max_attempts": 0}, "max_attempts"),
+    ],
+)
+def test_bad_options_are_refused_naming_the_option(options: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        VastAIProvider(name="vast", base_url=BASE_URL, owner=OWNER, api_key=API_KEY,
+                       options=options)
