@@ -69,8 +69,11 @@ def _mock_cloud(args: argparse.Namespace) -> int:
 def _descheduler(args: argparse.Namespace) -> int:
     from vkprovider.descheduler.service import run_companion
 
-    return asyncio.run(run_companion(kubeconfig=args.kubeconfig, node_name=args.node_name,
-                                     interval=args.interval))
+    return asyncio.run(run_companion(
+        kubeconfig=args.kubeconfig, node_name=args.node_name, interval=args.interval,
+        move_back_interval=args.move_back_interval, headroom_gpus=args.headroom_gpus,
+        metrics_port=args.metrics_port, leader_elect=args.leader_elect,
+        leader_namespace=args.leader_namespace))
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -103,7 +106,16 @@ def build_parser() -> argparse.ArgumentParser:
     comp = sub.add_parser("descheduler", help="run the companion: overflow admission by policy")
     comp.add_argument("--kubeconfig", help="default: in-cluster, else ~/.kube/config")
     comp.add_argument("--node-name", default="vk-gpu-burst", help="the virtual node's name")
-    comp.add_argument("--interval", type=float, default=2.0, help="seconds between passes")
+    comp.add_argument("--interval", type=float, default=2.0,
+                      help="seconds between admission passes")
+    comp.add_argument("--move-back-interval", type=float, default=30.0,
+                      help="seconds between move-back passes")
+    comp.add_argument("--headroom-gpus", type=int, default=0,
+                      help="GPUs to keep free inside when judging whether a pod fits")
+    comp.add_argument("--metrics-port", type=int, default=0, help="Prometheus port; 0: off")
+    comp.add_argument("--leader-elect", action="store_true",
+                      help="Lease-based leader election (run two replicas for HA)")
+    comp.add_argument("--leader-namespace", default="vkprovider-system")
     comp.set_defaults(func=_descheduler)
 
     demo = sub.add_parser("demo", help="play the burst story on a local cluster, narrated")

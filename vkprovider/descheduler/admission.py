@@ -114,6 +114,7 @@ class OverflowAdmission:
         self.decisions: dict[str, list[Decision]] = {}  # policy -> recent decisions
         self._status_sent: dict[str, Body] = {}
         self._unpriced: set[str | None] = set()
+        self.hold: set[str] = set()  # ReplicaSet UIDs mid move-back: their pods stay inside
 
     def _poke(self, _event: str, _obj: Body) -> None:
         self._wake.set()
@@ -149,7 +150,9 @@ class OverflowAdmission:
         policies = self.parsed_policies()
         candidates = [p for p in self.pending.store.values()
                       if not tolerates_virtual_node(p) and unschedulable_since(p) is not None
-                      and not p["metadata"].get("deletionTimestamp")]
+                      and not p["metadata"].get("deletionTimestamp")
+                      and not any(o.get("uid") in self.hold
+                                  for o in p["metadata"].get("ownerReferences") or [])]
         in_flight = [p for p in self.pending.store.values() if pod_policy(p)]
         usage = usage_by_policy([*self.external.store.values(), *in_flight])
         per_gpu = self._price_per_gpu()

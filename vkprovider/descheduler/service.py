@@ -1,4 +1,4 @@
-"""``vkprovider descheduler``: run the companion's loops until SIGTERM.
+"""``vkprovider descheduler``: run the companion's loops (admission, move-back) until SIGTERM.
 
 Why it exists: the companion is its own process (and Deployment) so it can be scaled, upgraded and
 permission-scoped apart from the virtual kubelet; this wires its loops from a kubeconfig and the
@@ -10,33 +10,68 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import socket
+
+from prometheus_client import start_http_server
 
 from vkprovider import __version__
 from vkprovider.descheduler.admission import OverflowAdmission
+from vkprovider.descheduler.metrics import CompanionMetrics
+from vkprovider.descheduler.moveback import MoveBack
 from vkprovider.kube import KubeClient
 from vkprovider.kube.events import EventRecorder
+from vkprovider.kube.leader import LeaderElector
 from vkprovider.logs import kv
 
 log = logging.getLogger(__name__)
 
 
-async def run_companion(*, kubeconfig: str | None, node_name: str, interval: float) -> int:
+async def run_companion(
+    *,
+    kubeconfig: str | None,
+    node_name: str,
+    interval: float,
+    move_back_interval: float = 30.0,
+    headroom_gpus: int = 0,
+    metrics_port: int = 0,
+    leader_elect: bool = False,
+    leader_namespace: str = "vkprovider-system",
+) -> int:
     client = KubeClient.from_kubeconfig(kubeconfig=kubeconfig,
                                         user_agent=f"vkprovider-companion/{__version__}")
     events = EventRecorder(client=client, component="vkprovider-companion")
+    metrics = CompanionMetrics()
+    if metrics_port:
+        start_http_server(metrics_port, registry=metrics.registry)
     admission = OverflowAdmission(client=client, events=events, node_name=node_name,
                                   interval=interval)
+    moveback = MoveBack(client=client, events=events, node_name=node_name, admission=admission,
+                        interval=move_back_interval, headroom_gpus=headroom_gpus,
+                        metrics=metrics)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     log.info("companion starting", extra=kv(node=node_name, version=__version__))
+    elector = LeaderElector(client=client, namespace=leader_namespace,
+                            name=f"vkprovider-companion-{node_name}",
+                            identity=f"{socket.gethostname()}-{os.getpid()}")
     try:
-        async with asyncio.TaskGroup() as tg:
-            task = tg.create_task(admission.run())
-            await stop.wait()
-            task.cancel()
+        async with contextlib.AsyncExitStack() as stack:
+            lost = asyncio.Event()
+            if leader_elect:
+                lost = await stack.enter_async_context(elector.leading())
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(admission.run()), tg.create_task(moveback.run())]
+                waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(lost.wait())]
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+                for t in [*tasks, *waiters]:
+                    t.cancel()
+            if lost.is_set():
+                log.error("leadership lost; exiting so a fresh process can rejoin")
+                return 1
     finally:
         with contextlib.suppress(Exception):
             await client.aclose()

@@ -8,8 +8,8 @@ start delay, pods that finish after N seconds so a training Job can end). See do
 It manages every node labelled ``vkprovider.io/fake-kubelet=true``:
 
 * renews each node's Lease in ``kube-node-lease`` every 10 s and its Ready condition every 30 s;
-* marks pods bound to those nodes Running and Ready after ``start_delay`` (or the pod annotation
-  ``vkprovider.io/fake-start-delay`` in seconds);
+* marks pods bound to those nodes Running and Ready after ``start_delay`` (or the annotation
+  ``vkprovider.io/fake-start-delay`` in seconds, on the pod, else on its node);
 * marks a pod Succeeded ``vkprovider.io/fake-run-seconds`` after it started, if annotated;
 * completes deletions after the pod's grace period, capped at ``max_grace`` seconds.
 
@@ -272,7 +272,11 @@ class FakeKubelet:
             grace = float(meta.get("deletionGracePeriodSeconds") or 0)
             self._spawn(uid, "delete", self._finish_deletion(pod, min(grace, self.max_grace)))
         elif phase == "Pending":
-            delay = float(annotations.get(START_DELAY_ANNOTATION, self.start_delay))
+            node_annotations = (self.nodes.store.get(node, {}).get("metadata") or {}).get(
+                "annotations") or {}
+            delay = float(annotations.get(START_DELAY_ANNOTATION,
+                                          node_annotations.get(START_DELAY_ANNOTATION,
+                                                               self.start_delay)))
             self._spawn(uid, "start", self._start(pod, delay))
         elif phase == "Running" and RUN_SECONDS_ANNOTATION in annotations:
             run_for = float(annotations[RUN_SECONDS_ANNOTATION])

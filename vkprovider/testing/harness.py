@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -131,13 +132,22 @@ class MockCloudProcess:
 
 
 class ProviderProcess:
-    """``vkprovider run`` with a generated config, restartable, killable with SIGKILL."""
+    """``vkprovider run`` with a generated config, restartable, killable with SIGKILL.
+
+    ``config_providers=False`` writes no ``providers:`` (GPUProvider objects only); ``replica``
+    tells apart several processes of one node (files, ports); ``extra`` adds top-level settings
+    (``leader_election``, ``gpu_providers``); ``env`` adds environment variables.
+    """
 
     def __init__(self, *, work_dir: Path, kubeconfig: Path, node_name: str,
                  clouds: list[MockCloudProcess], pods: dict[str, Any] | None = None,
                  node: dict[str, Any] | None = None, client_ca_file: Path | None = None,
-                 kubelet_api: dict[str, Any] | None = None) -> None:
+                 kubelet_api: dict[str, Any] | None = None, config_providers: bool = True,
+                 replica: str | None = None, extra: dict[str, Any] | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.node_name = node_name
+        self.replica = replica
+        self.env = env
         self.metrics_port = free_port()
         self.kubelet_port = free_port()
         config = {
@@ -146,23 +156,34 @@ class ProviderProcess:
             "node": {"name": node_name, "kubelet_port": self.kubelet_port,
                      "capacity_refresh_seconds": 2, **(node or {})},
             "pods": {"status_interval_seconds": 1, "orphan_grace_seconds": 3, **(pods or {})},
-            "providers": [{"name": c.name, "type": "mock", "url": c.url} for c in clouds],
             # the kubelet API trusts client certificates of this CA (the API server's
             # kubelet-client certificate in LocalCluster) and reads GPU figures every 2 s
             "kubelet_api": {"client_ca_file": str(client_ca_file) if client_ca_file else None,
                             "gpu_metrics_interval_seconds": 2, **(kubelet_api or {})},
+            **(extra or {}),
         }
-        self.config_path = work_dir / f"{node_name}.yaml"
+        if config_providers:
+            config["providers"] = [{"name": c.name, "type": "mock", "url": c.url}
+                                   for c in clouds]
+        stem = f"{node_name}-{replica}" if replica else node_name
+        self.config_path = work_dir / f"{stem}.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
         self.component = Component(
-            name=f"provider-{node_name}",
+            name=f"provider-{stem}",
             argv=[sys.executable, "-m", "vkprovider", "--log-format=json", "run",
                   "--config", str(self.config_path)],
-            log_path=work_dir / f"provider-{node_name}.log",
+            log_path=work_dir / f"provider-{stem}.log",
         )
 
     def start(self) -> None:
-        self.component.start()
+        self.component.start(env={**os.environ, **self.env} if self.env else None)
+
+    def alive(self) -> bool:
+        return self.component.alive()
+
+    def returncode(self) -> int | None:
+        proc = self.component.process
+        return None if proc is None else proc.poll()
 
     def kill(self) -> None:
         self.component.kill()
@@ -182,12 +203,12 @@ class CompanionProcess:
     """``vkprovider descheduler`` for one virtual node."""
 
     def __init__(self, *, work_dir: Path, kubeconfig: Path, node_name: str,
-                 interval: float = 1.0) -> None:
+                 interval: float = 1.0, move_back_interval: float = 1.0) -> None:
         self.component = Component(
             name=f"companion-{node_name}",
             argv=[sys.executable, "-m", "vkprovider", "--log-format=json", "descheduler",
                   "--kubeconfig", str(kubeconfig), "--node-name", node_name,
-                  "--interval", str(interval)],
+                  "--interval", str(interval), "--move-back-interval", str(move_back_interval)],
             log_path=work_dir / f"companion-{node_name}.log",
         )
 

@@ -1,0 +1,270 @@
+"""Move-back, make-before-break (issue 7), continuing the overflow story on a real cluster.
+
+A watcher samples the Deployment's ready replicas every 200 ms for the whole move: it must never
+fall below the desired count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from vkprovider.kube import KubeClient
+from vkprovider.testing.plugin import GPUNodeFactory
+from vkprovider.testing.waiting import eventually
+
+from .conftest import System
+from .test_overflow import POLICIES, PRIORITY, Cluster, gpu_deployment, pods, policy
+
+pytestmark = pytest.mark.cluster
+INTENT = "vkprovider.io/move-back"
+
+
+class ReadyWatcher:
+    """Samples status.readyReplicas every 200 ms; remembers the minimum while armed."""
+
+    def __init__(self, kube: KubeClient, path: str) -> None:
+        self.kube, self.path = kube, path
+        self.minimum: int | None = None
+        self.samples = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _loop(self) -> None:
+        while True:
+            dep = await self.kube.get(self.path)
+            ready = int(dep.get("status", {}).get("readyReplicas") or 0)
+            self.minimum = ready if self.minimum is None else min(self.minimum, ready)
+            self.samples += 1
+            await asyncio.sleep(0.2)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+@pytest_asyncio.fixture
+async def objects(kube: KubeClient, crds: list[str]) -> AsyncIterator[Cluster]:
+    objs = Cluster(kube)
+    try:
+        yield objs
+    finally:
+        for path in reversed(objs.paths):
+            with contextlib.suppress(Exception):
+                await kube.delete(path)
+
+
+def moveback_policy(name: str, namespace: str, **move_back: Any) -> dict[str, Any]:
+    body = policy(name, namespace=namespace, app="inference", providers=["cloud0", "cloud1"])
+    body["spec"]["moveBack"] = {"enabled": True, "stableFor": "2s", "maxConcurrent": 2,
+                                "cooldown": "5s", "timeout": "60s", **move_back}
+    return body
+
+
+async def overflow_then_free(
+    *, kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory, system: System,
+    companion_kubeconfig: Path, objects: Cluster, replicas: int = 4, training_seconds: float = 12,
+    hpa: bool = False,
+) -> tuple[list[str], ReadyWatcher]:
+    """Inference inside; training preempts it onto the clouds; returns once all serve there."""
+    internal = await gpu_nodes.create(count=1, gpus=replicas)
+    await system.start(clouds=2, node_labels={"vkprovider.io/pool": namespace})
+    assert system.provider is not None
+    from vkprovider.testing.harness import CompanionProcess
+
+    system.companion = CompanionProcess(work_dir=system.work_dir, kubeconfig=companion_kubeconfig,
+                                        node_name=system.node_name, interval=0.5,
+                                        move_back_interval=1.0)
+    system.companion.start()
+    tag = uuid.uuid4().hex[:6]
+    low, high = f"inf-{tag}", f"train-{tag}"
+    for name, value in ((low, 100), (high, 1000)):
+        await objects.create(PRIORITY, {"apiVersion": "scheduling.k8s.io/v1",
+                                        "kind": "PriorityClass", "metadata": {"name": name},
+                                        "value": value})
+    await objects.create(POLICIES, moveback_policy(f"mb-{tag}", namespace))
+    await kube.create(f"/apis/apps/v1/namespaces/{namespace}/deployments",
+                      gpu_deployment("inference", replicas=replicas, pool=namespace,
+                                     priority_class=low))
+    if hpa:
+        await kube.create(f"/apis/autoscaling/v2/namespaces/{namespace}/horizontalpodautoscalers", {
+            "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": "inference"},
+            "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
+                                        "name": "inference"},
+                     "minReplicas": replicas, "maxReplicas": replicas * 3,
+                     "metrics": [{"type": "Resource", "resource": {
+                         "name": "cpu", "target": {"type": "Utilization",
+                                                   "averageUtilization": 80}}}]}})
+    await eventually(lambda: pods(kube, namespace, "inference"),
+                     until=lambda ps: len(ps) == replicas and all(
+                         p["status"].get("phase") == "Running" for p in ps),
+                     timeout=90, what="inference Running inside")
+    await kube.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "training"},
+        "spec": {"parallelism": replicas, "completions": replicas, "backoffLimit": 0,
+                 "template": {"metadata": {"labels": {"app": "training"}, "annotations": {
+                     "vkprovider.io/fake-run-seconds": str(training_seconds)}},
+                              "spec": {"restartPolicy": "Never", "priorityClassName": high,
+                                       "nodeSelector": {"vkprovider.io/pool": namespace},
+                                       "containers": [{"name": "t", "image": "trainer:1",
+                                                       "resources": {"limits": {
+                                                           "nvidia.com/gpu": "1"}}}]}}}})
+    await eventually(lambda: pods(kube, namespace, "inference"),
+                     until=lambda ps: len(ps) == replicas and all(
+                         p["spec"].get("nodeName") == system.node_name
+                         and p["status"].get("phase") == "Running" for p in ps),
+                     timeout=120, what="inference serving from the clouds")
+    watcher = ReadyWatcher(kube, f"/apis/apps/v1/namespaces/{namespace}/deployments/inference")
+    watcher.start()
+    return internal, watcher
+
+
+async def live_instances(system: System) -> int:
+    ledgers = [await c.ledger() for c in system.clouds]
+    return sum(1 for led in ledgers for e in led if e["state"] != "deleted")
+
+
+async def test_training_ends_and_every_replica_comes_home_without_a_dip(
+    kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory, system: System,
+    companion_kubeconfig: Path, objects: Cluster,
+) -> None:
+    internal, watcher = await overflow_then_free(
+        kube=kube, namespace=namespace, gpu_nodes=gpu_nodes, system=system,
+        companion_kubeconfig=companion_kubeconfig, objects=objects)
+    try:
+        home = await eventually(
+            lambda: pods(kube, namespace, "inference"),
+            until=lambda ps: len(ps) == 4 and all(
+                p["spec"].get("nodeName") in internal and p["status"].get("phase") == "Running"
+                for p in ps),
+            timeout=180, interval=0.5, what="every replica back inside")
+    finally:
+        await watcher.stop()
+    assert watcher.samples > 10
+    assert watcher.minimum is not None and watcher.minimum >= 4, \
+        f"ready replicas dipped to {watcher.minimum}"
+    assert all(not (p["metadata"].get("annotations") or {}).get(
+        "controller.kubernetes.io/pod-deletion-cost") for p in home)
+    await eventually(lambda: live_instances(system), until=lambda n: n == 0, timeout=60,
+                     what="every cloud instance deleted")
+    dep = await eventually(
+        lambda: kube.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/inference"),
+        until=lambda d: INTENT not in (d["metadata"].get("annotations") or {}), timeout=60,
+        what="the last move's intent cleared")
+    assert dep["spec"]["replicas"] == 4
+    pol = await eventually(lambda: kube.get(f"{POLICIES}/{objects.paths[-1].rsplit('/', 1)[1]}"),
+                           until=lambda p: (p.get("status") or {}).get("externalPods") == 0,
+                           timeout=30, what="policy status back to 0 external pods")
+    assert pol["status"]["pricePerHour"] == 0
+    events = (await kube.get(f"/api/v1/namespaces/{namespace}/events", params={
+        "fieldSelector": "involvedObject.kind=Deployment"}))["items"]
+    assert sum(1 for e in events if e["reason"] == "MovedBack") >= 1
+
+
+async def test_with_an_hpa_min_replicas_is_raised_for_the_surge_and_restored(
+    kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory, system: System,
+    companion_kubeconfig: Path, objects: Cluster,
+) -> None:
+    internal, watcher = await overflow_then_free(
+        kube=kube, namespace=namespace, gpu_nodes=gpu_nodes, system=system,
+        companion_kubeconfig=companion_kubeconfig, objects=objects, replicas=2, hpa=True)
+    hpa_path = f"/apis/autoscaling/v2/namespaces/{namespace}/horizontalpodautoscalers/inference"
+    raised: list[int] = []
+
+    async def sample_hpa() -> list[dict[str, Any]]:
+        raised.append(int((await kube.get(hpa_path))["spec"]["minReplicas"]))
+        return await pods(kube, namespace, "inference")
+
+    try:
+        await eventually(sample_hpa, until=lambda ps: len(ps) == 2 and all(
+            p["spec"].get("nodeName") in internal and p["status"].get("phase") == "Running"
+            for p in ps), timeout=180, interval=0.3, what="both replicas back inside")
+    finally:
+        await watcher.stop()
+    assert max(raised) == 3, f"the surge goes through the HPA's minReplicas (saw {set(raised)})"
+    await eventually(lambda: kube.get(hpa_path), until=lambda h: h["spec"]["minReplicas"] == 2,
+                     timeout=30, what="minReplicas restored")
+    assert watcher.minimum is not None and watcher.minimum >= 2
+
+
+async def test_capacity_vanishing_mid_move_rolls_back_without_a_dip(
+    kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory, system: System,
+    companion_kubeconfig: Path, objects: Cluster,
+) -> None:
+    internal, watcher = await overflow_then_free(
+        kube=kube, namespace=namespace, gpu_nodes=gpu_nodes, system=system,
+        companion_kubeconfig=companion_kubeconfig, objects=objects, replicas=2)
+    dep_path = f"/apis/apps/v1/namespaces/{namespace}/deployments/inference"
+    # New pods on the internal node start only after 60 s: the surge pod stays not ready.
+    await kube.patch(f"/api/v1/nodes/{internal[0]}", {"metadata": {"annotations": {
+        "vkprovider.io/fake-start-delay": "60"}}})
+    try:
+        await eventually(lambda: kube.get(dep_path),
+                         until=lambda d: INTENT in (d["metadata"].get("annotations") or {}),
+                         timeout=120, interval=0.1, what="a move in flight")
+        await kube.patch(f"/api/v1/nodes/{internal[0]}", {"spec": {"taints": [
+            {"key": "maintenance", "value": "now", "effect": "NoExecute"}]}})
+        await eventually(lambda: kube.get(dep_path),
+                         until=lambda d: INTENT not in (d["metadata"].get("annotations") or {}),
+                         timeout=120, interval=0.2, what="the move finished")
+    finally:
+        await watcher.stop()
+    assert watcher.minimum is not None and watcher.minimum >= 2
+    dep = await kube.get(dep_path)
+    assert dep["spec"]["replicas"] == 2
+    events = (await kube.get(f"/api/v1/namespaces/{namespace}/events", params={
+        "fieldSelector": "involvedObject.kind=Deployment"}))["items"]
+    reasons = {e["reason"] for e in events}
+    assert {"MoveBackStarted", "MoveBackFailed"} <= reasons
+    failed = next(e for e in events if e["reason"] == "MoveBackFailed")
+    assert "capacity vanished" in failed["message"]
+    ps = await eventually(lambda: pods(kube, namespace, "inference"),
+                          until=lambda ps: len(ps) == 2, timeout=30, what="back to 2 pods")
+    assert all(p["status"].get("phase") == "Running" for p in ps)
+    assert all(p["spec"]["nodeName"] == system.node_name for p in ps), "the cloud pods stay"
+    assert not any((p["metadata"].get("annotations") or {}).get(
+        "controller.kubernetes.io/pod-deletion-cost") for p in ps), "unmarked after rollback"
+
+
+async def test_kill_9_of_the_companion_mid_move_then_restart_loses_no_replica(
+    kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory, system: System,
+    companion_kubeconfig: Path, objects: Cluster,
+) -> None:
+    internal, watcher = await overflow_then_free(
+        kube=kube, namespace=namespace, gpu_nodes=gpu_nodes, system=system,
+        companion_kubeconfig=companion_kubeconfig, objects=objects, replicas=2)
+    dep_path = f"/apis/apps/v1/namespaces/{namespace}/deployments/inference"
+    assert system.companion is not None
+    try:
+        await eventually(lambda: kube.get(dep_path),
+                         until=lambda d: INTENT in (d["metadata"].get("annotations") or {}),
+                         timeout=120, interval=0.05, what="a move in flight")
+        system.companion.kill()
+        await asyncio.sleep(2)
+        system.companion.start()
+        await eventually(lambda: pods(kube, namespace, "inference"),
+                         until=lambda ps: len(ps) == 2 and all(
+                             p["spec"].get("nodeName") in internal
+                             and p["status"].get("phase") == "Running" for p in ps),
+                         timeout=180, interval=0.5, what="both replicas back inside")
+    finally:
+        await watcher.stop()
+    assert watcher.minimum is not None and watcher.minimum >= 2
+    dep = await eventually(lambda: kube.get(dep_path),
+                           until=lambda d: INTENT not in (d["metadata"].get("annotations") or {}),
+                           timeout=60, what="no intent left behind")
+    assert dep["spec"]["replicas"] == 2
+    await eventually(lambda: live_instances(system), until=lambda n: n == 0, timeout=60,
+                     what="every cloud instance deleted")

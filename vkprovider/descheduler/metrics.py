@@ -1,0 +1,33 @@
+"""Prometheus metrics of the companion (overflow admission and move-back).
+
+Why it exists: platform teams alert on failed moves and on replicas dipping during a move; the
+companion runs in its own process, so it has its own registry and port.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class CompanionMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.admissions = Counter("vkprovider_overflow_decisions_total",
+                                  "Overflow admission decisions by policy and decision.",
+                                  ["policy", "decision"], registry=r)
+        self.moves = Counter("vkprovider_moveback_moves_total",
+                             "Move-back attempts by result (moved, rolled-back).", ["result"],
+                             registry=r)
+        self.move_seconds = Histogram("vkprovider_moveback_duration_seconds",
+                                      "From recording the intent to the cloud replica gone.",
+                                      buckets=(5, 10, 20, 30, 60, 120, 300, 600, 1200),
+                                      registry=r)
+        self.min_ready_ratio = Gauge(
+            "vkprovider_moveback_min_ready_ratio",
+            "Lowest ready/desired replicas seen during the last move (below 1 means a dip).",
+            registry=r)
+        self.skipped = Counter("vkprovider_moveback_skipped_total",
+                               "Pods on the virtual node not moved back, by reason.", ["reason"],
+                               registry=r)
+        self.in_flight = Gauge("vkprovider_moveback_in_flight", "Moves in progress.", registry=r)

@@ -1,0 +1,425 @@
+"""Move-back: bring overflowed inference home, make-before-break, as soon as it fits inside.
+
+Why it exists: a pod on the virtual node costs cloud money every hour it stays there. Evicting it
+(what descheduler-style tools do) drops serving capacity until a replacement is ready; instead we
+surge first and remove the cloud replica only once an internal one serves:
+
+1. gate: an internal node fits the Deployment's pod template (resources incl. nvidia.com/gpu,
+   nodeSelector, required affinity, taints, cordons) after pending pods' GPU demand and a
+   headroom, continuously for ``stableFor``; the Deployment is not mid-rollout; no move of it is in
+   flight; fewer than ``maxConcurrent`` moves run; the workload is out of its cooldown;
+2. record intent on the Deployment (annotation ``vkprovider.io/move-back``);
+3. mark the virtual pod ``controller.kubernetes.io/pod-deletion-cost: "-2147483648"``;
+4. surge N -> N+1 through the scale subresource, or raise the HPA's minReplicas when an HPA targets
+   the Deployment (never fight the HPA over spec.replicas); the new pod has no toleration for the
+   virtual node, so it can only land inside (the companion never admits it to overflow);
+5. wait until an internal replica that was not there before is Ready and the Deployment has N+1
+   available;
+6. scale back to N: the ReplicaSet removes the lowest-cost pod, the virtual one, and the provider
+   stops its instance;
+7. on timeout, or when the surge pod cannot be scheduled any more: scale back to N (the
+   ReplicaSet removes an unscheduled or not-ready pod before any ready one), unmark the virtual
+   pod, and back the workload off (the cooldown doubles each time it fails).
+
+Restart safety: steps 6 and 7 are the same action, "scale back to the recorded N", so a restarted
+companion finishes every recorded move by doing it: whether that rolls forward or back is decided
+by the ReplicaSet's own ranking (not-ready first, then deletion cost). Ready replicas never drop
+below N because nothing is removed before the surge pod is ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from vkprovider.descheduler.admission import OverflowAdmission
+from vkprovider.descheduler.fit import find_fit, slim_node, slim_pod
+from vkprovider.descheduler.metrics import CompanionMetrics
+from vkprovider.kube import KubeClient
+from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
+from vkprovider.kube.events import EventRecorder
+from vkprovider.kube.watching import Informer
+from vkprovider.logs import kv
+from vkprovider.placement import policy as pol
+from vkprovider.placement.budget import pod_policy
+
+log = logging.getLogger(__name__)
+
+Body = dict[str, Any]
+INTENT = "vkprovider.io/move-back"
+COST = "controller.kubernetes.io/pod-deletion-cost"
+LOWEST_COST = "-2147483648"
+
+
+@dataclass
+class Intent:
+    pod: str  # name of the virtual pod being replaced
+    pod_uid: str
+    replicas: int  # N before the surge
+    started: float  # epoch seconds
+    policy: str
+    hpa: str | None = None
+    hpa_min: int | None = None
+
+
+@dataclass
+class MoveResult:
+    deployment: str
+    result: str  # moved | rolled-back
+    seconds: float
+    min_ready: int
+    desired: int
+    reason: str
+
+
+class MoveBack:
+    def __init__(
+        self,
+        *,
+        client: KubeClient,
+        events: EventRecorder,
+        node_name: str,
+        admission: OverflowAdmission,
+        interval: float = 30.0,
+        headroom_gpus: int = 0,
+        poll: float = 1.0,
+        metrics: CompanionMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.metrics = metrics or CompanionMetrics()
+        self.client = client
+        self.events = events
+        self.node_name = node_name
+        self.admission = admission
+        self.interval = interval
+        self.headroom_gpus = headroom_gpus
+        self.poll = poll
+        self.clock = clock
+        self.nodes = Informer(client=client, path="/api/v1/nodes", name="nodes",
+                              transform=slim_node)
+        self.pods = Informer(client=client, path="/api/v1/pods", name="all-pods",
+                             transform=slim_pod)
+        self.fit_since: dict[str, float] = {}
+        self.cooldown_until: dict[str, float] = {}
+        self.failures: dict[str, int] = {}
+        self.in_flight: dict[str, asyncio.Task[MoveResult]] = {}
+        self.results: list[MoveResult] = []
+        self._skipped: dict[str, str] = {}
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self.nodes.run())
+            tg.create_task(self.pods.run())
+            await self.nodes.synced.wait()
+            await self.pods.synced.wait()
+            await self.admission.policies.synced.wait()
+            await self.recover()
+            while True:
+                try:
+                    await self.pass_once()
+                except APIError as exc:
+                    log.warning("move-back pass failed", extra=kv(error=str(exc)))
+                await asyncio.sleep(self.interval)
+
+    # ---- restart: finish what a previous process recorded ------------------------------------
+
+    async def recover(self) -> None:
+        body = await self.client.get("/apis/apps/v1/deployments")
+        for dep in body.get("items") or []:
+            raw = (dep["metadata"].get("annotations") or {}).get(INTENT)
+            if not raw:
+                continue
+            try:
+                intent = Intent(**json.loads(raw))
+            except (TypeError, ValueError):
+                log.error("unreadable move-back intent; clearing",
+                          extra=kv(deployment=_key(dep)))
+                await self._clear_intent(dep)
+                continue
+            log.info("finishing a move recorded before a restart",
+                     extra=kv(deployment=_key(dep), pod=intent.pod))
+            await self._finish(dep, intent, ok=None, reason="companion restarted mid-move",
+                               min_ready=int((dep.get("status") or {}).get("readyReplicas") or 0))
+
+    # ---- the gate ------------------------------------------------------------------------------
+
+    def _policies(self) -> dict[str, pol.OverflowPolicy]:
+        return {p.name: p for p in self.admission.parsed_policies()}
+
+    async def pass_once(self) -> None:
+        self._reap()
+        policies = self._policies()
+        now = self.clock()
+        seen: set[str] = set()
+        for pod in list(self.pods.store.values()):
+            if pod["spec"]["nodeName"] != self.node_name or pod["metadata"]["deletionTimestamp"]:
+                continue
+            if not pod["status"]["ready"]:
+                continue
+            policy = policies.get(pod_policy(pod) or "")
+            if policy is None or not policy.spec.move_back.enabled:
+                continue
+            dep = await self._deployment_of(pod)
+            if dep is None:
+                continue
+            key = _key(dep)
+            if key in seen or key in self.in_flight:
+                continue
+            seen.add(key)
+            if now < self.cooldown_until.get(key, 0.0):
+                continue
+            running = sum(1 for t in self.in_flight.values() if not t.done())
+            if running >= policy.spec.move_back.max_concurrent:
+                return
+            if _mid_rollout(dep):
+                self.fit_since.pop(key, None)
+                continue
+            fit = find_fit(pod_spec=dep["spec"]["template"]["spec"],
+                           nodes=self.nodes.store.values(), pods=self.pods.store.values(),
+                           exclude_nodes={self.node_name}, headroom_gpus=self.headroom_gpus)
+            if fit.node is None:
+                self.fit_since.pop(key, None)
+                continue
+            since = self.fit_since.setdefault(key, now)
+            if now - since < policy.spec.move_back.stable_for_seconds:
+                continue
+            if policy.spec.dry_run:
+                await self.events.emit(obj=_dep_ref(dep), reason="WouldMoveBack",
+                                       message=f"dry run: would move {pod['metadata']['name']} "
+                                               f"back inside ({fit.node} fits)")
+                self.cooldown_until[key] = now + policy.spec.move_back.cooldown_seconds
+                continue
+            self.fit_since.pop(key, None)
+            self.in_flight[key] = asyncio.get_running_loop().create_task(
+                self._move(dep=dep, pod=pod, policy=policy), name=f"move-back {key}")
+
+    def _reap(self) -> None:
+        self.metrics.in_flight.set(sum(1 for t in self.in_flight.values() if not t.done()))
+        for key, task in list(self.in_flight.items()):
+            if task.done():
+                del self.in_flight[key]
+                if task.cancelled():
+                    continue
+                exc = task.exception()
+                if exc is not None:
+                    log.error("move crashed", extra=kv(deployment=key, error=repr(exc)))
+
+    async def _deployment_of(self, pod: Body) -> Body | None:
+        meta = pod["metadata"]
+        owners = meta["ownerReferences"]
+        name = f"{meta['namespace']}/{meta['name']}"
+        if not owners or owners[0].get("kind") != "ReplicaSet":
+            await self._skip(pod, "not owned by a ReplicaSet of a Deployment")
+            return None
+        try:
+            rs = await self.client.get(
+                f"/apis/apps/v1/namespaces/{meta['namespace']}/replicasets/{owners[0]['name']}")
+        except NotFoundError:
+            return None
+        dep_owner = next((o for o in rs["metadata"].get("ownerReferences") or []
+                          if o.get("controller") and o.get("kind") == "Deployment"), None)
+        if dep_owner is None:
+            await self._skip(pod, "its ReplicaSet is not owned by a Deployment")
+            return None
+        try:
+            return await self.client.get(f"/apis/apps/v1/namespaces/{meta['namespace']}/"
+                                         f"deployments/{dep_owner['name']}")
+        except NotFoundError:
+            log.info("deployment gone", extra=kv(pod=name))
+            return None
+
+    async def _skip(self, pod: Body, why: str) -> None:
+        uid = pod["metadata"]["uid"]
+        if self._skipped.get(uid) == why:
+            return
+        self._skipped[uid] = why
+        self.metrics.skipped.labels(why).inc()
+        await self.events.emit(obj=_pod_ref(pod), reason="MoveBackSkipped", type_="Warning",
+                               message=f"Not moved back: {why} (only Deployments are moved)")
+
+    # ---- the move ------------------------------------------------------------------------------
+
+    async def _move(self, *, dep: Body, pod: Body, policy: pol.OverflowPolicy) -> MoveResult:
+        ns = dep["metadata"]["namespace"]
+        key = _key(dep)
+        n = int(dep["spec"].get("replicas") or 0)
+        hpa = await self._hpa_for(dep)
+        intent = Intent(pod=pod["metadata"]["name"], pod_uid=pod["metadata"]["uid"], replicas=n,
+                        started=self.clock(), policy=policy.name,
+                        hpa=hpa["metadata"]["name"] if hpa else None,
+                        hpa_min=int(hpa["spec"].get("minReplicas") or 1) if hpa else None)
+        try:
+            await self.client.patch(_dep_path(dep), {"metadata": {
+                "resourceVersion": dep["metadata"]["resourceVersion"],
+                "annotations": {INTENT: json.dumps(asdict(intent))}}})
+        except ConflictError:
+            return MoveResult(deployment=key, result="skipped", seconds=0, min_ready=n,
+                              desired=n, reason="the Deployment changed; will look again")
+        rs_uid = pod["metadata"]["ownerReferences"][0]["uid"]
+        self.admission.hold.add(rs_uid)  # the surge pod must never be admitted to overflow
+        before = {p["metadata"]["uid"] for p in self.pods.store.values()
+                  if p["metadata"]["ownerReferences"]
+                  and p["metadata"]["ownerReferences"][0].get("uid") == rs_uid}
+        await self.events.emit(obj=_dep_ref(dep), reason="MoveBackStarted",
+                               message=f"Moving {intent.pod} back inside: surge {n} -> {n + 1}")
+        min_ready = n
+        try:
+            with contextlib.suppress(NotFoundError):
+                await self.client.patch(f"/api/v1/namespaces/{ns}/pods/{intent.pod}",
+                                        {"metadata": {"annotations": {COST: LOWEST_COST}}})
+            if hpa is not None:
+                await self.client.patch(_hpa_path(hpa), {"spec": {"minReplicas": max(
+                    intent.hpa_min or 1, n + 1)}})
+            else:
+                await self.client.patch(f"{_dep_path(dep)}/scale", {"spec": {"replicas": n + 1}})
+            deadline = intent.started + policy.spec.move_back.timeout_seconds
+            ok = False
+            reason = "timed out waiting for the internal replica"
+            unschedulable_since: float | None = None
+            while self.clock() < deadline:
+                await asyncio.sleep(self.poll)
+                cur = await self.client.get(_dep_path(dep))
+                status = cur.get("status") or {}
+                min_ready = min(min_ready, int(status.get("readyReplicas") or 0))
+                fresh = [p for p in self.pods.store.values()
+                         if p["metadata"]["ownerReferences"]
+                         and p["metadata"]["ownerReferences"][0].get("uid") == rs_uid
+                         and p["metadata"]["uid"] not in before
+                         and not p["metadata"]["deletionTimestamp"]]
+                if any(p["status"]["ready"] and p["spec"]["nodeName"]
+                       and p["spec"]["nodeName"] != self.node_name for p in fresh) and int(
+                        status.get("availableReplicas") or 0) >= n + 1:
+                    ok, reason = True, "the internal replica is ready"
+                    break
+                if any(not p["spec"]["nodeName"] for p in fresh):
+                    unschedulable_since = unschedulable_since or self.clock()
+                    fit = find_fit(pod_spec=dep["spec"]["template"]["spec"],
+                                   nodes=self.nodes.store.values(), pods=[],
+                                   exclude_nodes={self.node_name})
+                    if fit.node is None and self.clock() - unschedulable_since > 5 * self.poll:
+                        reason = f"internal capacity vanished: {fit.reason}"
+                        break
+                else:
+                    unschedulable_since = None
+            return await self._finish(cur if "cur" in locals() else dep, intent, ok=ok,
+                                      reason=reason, min_ready=min_ready)
+        finally:
+            self.admission.hold.discard(rs_uid)
+
+    async def _finish(self, dep: Body, intent: Intent, *, ok: bool | None, reason: str,
+                      min_ready: int) -> MoveResult:
+        """Scale back to the recorded N (forward or back, the ReplicaSet decides), clean up."""
+        key = _key(dep)
+        ns = dep["metadata"]["namespace"]
+        n = intent.replicas
+        if intent.hpa:
+            with contextlib.suppress(NotFoundError):
+                await self.client.patch(
+                    f"/apis/autoscaling/v2/namespaces/{ns}/horizontalpodautoscalers/{intent.hpa}",
+                    {"spec": {"minReplicas": intent.hpa_min}})
+        await self.client.patch(f"{_dep_path(dep)}/scale", {"spec": {"replicas": n}})
+        # Wait until the ReplicaSet settled on N, watching readiness the whole time.
+        deadline = self.clock() + 120
+        virtual_gone = False
+        while self.clock() < deadline:
+            cur = await self.client.get(_dep_path(dep))
+            status = cur.get("status") or {}
+            min_ready = min(min_ready, int(status.get("readyReplicas") or 0))
+            pod_exists = any(p["metadata"]["uid"] == intent.pod_uid
+                             and not p["metadata"]["deletionTimestamp"]
+                             for p in self.pods.store.values())
+            if int(status.get("replicas") or 0) <= n:
+                virtual_gone = not pod_exists
+                break
+            await asyncio.sleep(self.poll)
+        moved = virtual_gone if ok is None else ok and virtual_gone
+        if not virtual_gone:
+            with contextlib.suppress(NotFoundError):  # it stays: unmark it
+                await self.client.patch(f"/api/v1/namespaces/{ns}/pods/{intent.pod}",
+                                        {"metadata": {"annotations": {COST: None}}})
+        await self._clear_intent(dep)
+        seconds = max(0.0, self.clock() - intent.started)
+        result = MoveResult(deployment=key, result="moved" if moved else "rolled-back",
+                            seconds=round(seconds, 2), min_ready=min_ready, desired=n,
+                            reason=reason)
+        self.results.append(result)
+        self.metrics.moves.labels(result.result).inc()
+        self.metrics.move_seconds.observe(seconds)
+        self.metrics.min_ready_ratio.set(min_ready / n if n else 1.0)
+        if moved:
+            self.failures.pop(key, None)
+            self.cooldown_until[key] = self.clock() + self._cooldown(intent, base=True)
+            await self.events.emit(obj=_dep_ref(dep), reason="MovedBack",
+                                   message=f"{intent.pod} replaced by an internal replica in "
+                                           f"{seconds:.0f}s; ready replicas never below "
+                                           f"{min_ready} (desired {n})")
+        else:
+            self.failures[key] = self.failures.get(key, 0) + 1
+            self.cooldown_until[key] = self.clock() + self._cooldown(intent, base=False,
+                                                                     key=key)
+            await self.events.emit(obj=_dep_ref(dep), reason="MoveBackFailed", type_="Warning",
+                                   message=f"Rolled back the move of {intent.pod}: {reason}")
+        log.info("move finished", extra=kv(**asdict(result)))
+        return result
+
+    def _cooldown(self, intent: Intent, *, base: bool, key: str = "") -> float:
+        policy = self._policies().get(intent.policy)
+        seconds = policy.spec.move_back.cooldown_seconds if policy else 300.0
+        if base:
+            return 0.0 if policy is None else min(seconds, 5.0)  # next replica soon after success
+        return float(seconds * 2 ** min(self.failures.get(key, 1) - 1, 6))
+
+    async def _clear_intent(self, dep: Body) -> None:
+        with contextlib.suppress(NotFoundError):
+            await self.client.patch(_dep_path(dep), {"metadata": {"annotations": {INTENT: None}}})
+
+    async def _hpa_for(self, dep: Body) -> Body | None:
+        ns = dep["metadata"]["namespace"]
+        try:
+            body = await self.client.get(
+                f"/apis/autoscaling/v2/namespaces/{ns}/horizontalpodautoscalers")
+        except NotFoundError:
+            return None
+        for hpa in body.get("items") or []:
+            ref = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
+            if ref.get("kind") == "Deployment" and ref.get("name") == dep["metadata"]["name"]:
+                return dict(hpa)
+        return None
+
+
+def _mid_rollout(dep: Body) -> bool:
+    spec, status = dep.get("spec") or {}, dep.get("status") or {}
+    want = int(spec.get("replicas") or 0)
+    return (int(status.get("observedGeneration") or 0) < int(dep["metadata"].get("generation")
+                                                               or 0)
+            or int(status.get("updatedReplicas") or 0) != want
+            or int(status.get("replicas") or 0) != want
+            or int(status.get("availableReplicas") or 0) < want)
+
+
+def _key(dep: Body) -> str:
+    return f"{dep['metadata']['namespace']}/{dep['metadata']['name']}"
+
+
+def _dep_path(dep: Body) -> str:
+    return (f"/apis/apps/v1/namespaces/{dep['metadata']['namespace']}/deployments/"
+            f"{dep['metadata']['name']}")
+
+
+def _hpa_path(hpa: Body) -> str:
+    return (f"/apis/autoscaling/v2/namespaces/{hpa['metadata']['namespace']}/"
+            f"horizontalpodautoscalers/{hpa['metadata']['name']}")
+
+
+def _dep_ref(dep: Body) -> Body:
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": dep["metadata"]}
+
+
+def _pod_ref(pod: Body) -> Body:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": pod["metadata"]}
