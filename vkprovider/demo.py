@@ -1,13 +1,17 @@
-"""``vkprovider demo``: the story on a laptop, narrated as it happens.
+"""``vkprovider demo``: the whole story on a laptop, narrated as it happens.
 
-Why it exists: a platform engineer should see the whole system work before reading a line of
-docs: a real control plane, simulated internal GPU nodes, two mock clouds, the virtual kubelet,
-pods bursting to the clouds and coming back down, with a closing table that says what it cost
-and that nothing leaked. Everything runs on loopback and stops on exit or Ctrl-C.
+Why it exists: a platform engineer should see the system work before reading a line of docs. On
+a real local control plane with two simulated internal GPU nodes, two mock clouds, the virtual
+kubelet and the companion (each with the RBAC from manifests/):
 
-Today the burst is opted into by the workload (it tolerates the virtual node's taint); the
-companion controller that admits overflow by policy and moves pods back is on the roadmap
-(see README's status table), and the demo grows with it.
+1. inference serves inside; an OverflowPolicy lets it (and only it) burst to the clouds;
+2. a training gang with a higher PriorityClass preempts it; the companion admits the evicted
+   replicas to the virtual node; cloud-a runs out of H100s and the rest fail over to cloud-b;
+3. training ends; the companion brings every replica home make-before-break; the instances stop;
+4. a closing table: pods out and back, the fewest ready replicas seen, instances created and
+   deleted, money spent, leaks (must be 0).
+
+``bench/moveback.py`` runs the same story unnarrated to measure it.
 """
 
 from __future__ import annotations
@@ -18,35 +22,46 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vkprovider.kube import KubeClient
 from vkprovider.testing.cluster import LocalCluster
 from vkprovider.testing.fakekubelet import create_gpu_nodes
-from vkprovider.testing.harness import MockCloudProcess, ProviderProcess
+from vkprovider.testing.harness import (
+    CompanionProcess,
+    MockCloudProcess,
+    ProviderProcess,
+    install_crds,
+    install_provider_rbac,
+    service_account_kubeconfig,
+)
 
-NS = "demo"
-TOLERATION = {"key": "virtual-kubelet.io/provider", "operator": "Equal", "value": "vkprovider",
-              "effect": "NoSchedule"}
+NS = "serving"
+NODE = "vk-gpu-burst"
+INTENT = "vkprovider.io/move-back"
 
 
 class Narrator:
-    def __init__(self) -> None:
+    def __init__(self, *, quiet: bool = False) -> None:
         self.t0 = time.monotonic()
         self.step = 0
+        self.quiet = quiet
 
     def say(self, text: str) -> None:
-        sys.stdout.write(f"[{time.monotonic() - self.t0:6.1f}s] {text}\n")
-        sys.stdout.flush()
+        if not self.quiet:
+            sys.stdout.write(f"[{time.monotonic() - self.t0:6.1f}s] {text}\n")
+            sys.stdout.flush()
 
     def chapter(self, text: str) -> None:
         self.step += 1
-        sys.stdout.write(f"\n== {self.step}. {text}\n")
-        sys.stdout.flush()
+        if not self.quiet:
+            sys.stdout.write(f"\n== {self.step}. {text}\n")
+            sys.stdout.flush()
 
     async def until(self, what: str, probe: Callable[[], Awaitable[tuple[bool, str]]],
-                    timeout: float = 180.0) -> None:
+                    timeout: float = 240.0) -> None:
         deadline = time.monotonic() + timeout
         last = ""
         while True:
@@ -58,32 +73,7 @@ class Narrator:
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{what}: not done after {timeout:.0f}s ({progress})")
-            await asyncio.sleep(0.5)
-
-
-def deployment(name: str, *, replicas: int, burst: bool, gpu_type: str) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "containers": [{"name": "server", "image": f"example.com/{name}:1",
-                        "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
-        "terminationGracePeriodSeconds": 2,
-    }
-    if burst:
-        spec["tolerations"] = [TOLERATION]
-    return {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
-        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
-                 "template": {"metadata": {"labels": {"app": name},
-                                           "annotations": {"vkprovider.io/gpu-type": gpu_type}},
-                              "spec": spec}},
-    }
-
-
-async def pods_by_node(kube: KubeClient, app: str) -> dict[str, list[dict[str, Any]]]:
-    body = await kube.get(f"/api/v1/namespaces/{NS}/pods", params={"labelSelector": f"app={app}"})
-    out: dict[str, list[dict[str, Any]]] = {}
-    for pod in body["items"]:
-        out.setdefault(pod["spec"].get("nodeName") or "<pending>", []).append(pod)
-    return out
+            await asyncio.sleep(0.25)
 
 
 def table(rows: Sequence[tuple[str, ...]]) -> str:
@@ -93,17 +83,46 @@ def table(rows: Sequence[tuple[str, ...]]) -> str:
     return "\n".join("   " + line for line in lines)
 
 
-async def run_demo(*, keep: bool = False) -> int:
-    n = Narrator()
+@dataclass
+class StoryResult:
+    replicas: int
+    moved_out: int = 0
+    moved_back: int = 0
+    min_ready_during_moves: int | None = None
+    seconds_gpus_freed_to_all_home: float = 0.0
+    per_move_seconds: list[float] = field(default_factory=list)
+    instances_created: int = 0
+    instances_deleted: int = 0
+    leaks: int = 0
+    dollars: float = 0.0
+    per_cloud: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+async def _pods(kube: KubeClient, app: str) -> list[dict[str, Any]]:
+    body = await kube.get(f"/api/v1/namespaces/{NS}/pods", params={"labelSelector": f"app={app}"})
+    return [p for p in body["items"] if not p["metadata"].get("deletionTimestamp")]
+
+
+def _running(ps: list[dict[str, Any]], where: Callable[[str], bool]) -> int:
+    return sum(1 for p in ps if p.get("status", {}).get("phase") == "Running"
+               and where(p["spec"].get("nodeName") or ""))
+
+
+async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = False,
+                    training_seconds: float = 25.0) -> StoryResult:
+    n = Narrator(quiet=not narrate)
+    result = StoryResult(replicas=replicas)
     work = Path(tempfile.mkdtemp(prefix="vkp-demo-"))
     cluster = LocalCluster(log_dir=work / "logs")
+    half = max(1, replicas // 2)
     clouds = [
         MockCloudProcess(work_dir=work, name="cloud-a", boot_delay=1.0,
-                         inventory="H100:us-east:4:2.49"),
+                         inventory=f"H100:us-east:{half}:2.49"),
         MockCloudProcess(work_dir=work, name="cloud-b", boot_delay=1.5,
-                         inventory="H100:eu-west:16:2.19,A100:eu-west:16:1.29"),
+                         inventory=f"H100:eu-west:{replicas * 2}:2.19"),
     ]
     provider: ProviderProcess | None = None
+    companion: CompanionProcess | None = None
     try:
         n.chapter("A real control plane: etcd, kube-apiserver, controller-manager, scheduler")
         await cluster.start()
@@ -112,20 +131,30 @@ async def run_demo(*, keep: bool = False) -> int:
             f"--kubeconfig={cluster.kubeconfig}", "--start-delay=1"])
         n.say(f"API server at {cluster.server}; logs in {cluster.log_dir}")
         async with cluster.client() as kube:
-            await create_gpu_nodes(kube=kube, names=["gpu-node-0", "gpu-node-1"], gpus=4)
-            n.say("2 internal GPU nodes x 4 nvidia.com/gpu (simulated kubelets)")
+            per_node = max(1, replicas // 2)
+            await create_gpu_nodes(kube=kube, names=["gpu-node-0", "gpu-node-1"], gpus=per_node)
+            n.say(f"2 internal GPU nodes x {per_node} nvidia.com/gpu (simulated kubelets)")
+            await install_crds(kube)
+            vk_config = await install_provider_rbac(kube=kube, cluster=cluster,
+                                                    path=work / "provider.kubeconfig")
+            companion_config = await service_account_kubeconfig(
+                kube=kube, cluster=cluster, namespace="vkprovider-system",
+                name="vkprovider-companion", path=work / "companion.kubeconfig")
 
-            n.chapter("Two mock GPU clouds and the virtual kubelet")
+            n.chapter("Two mock GPU clouds, the virtual kubelet and the companion")
             for cloud in clouds:
                 await cloud.start()
                 n.say(f"{cloud.name} at {cloud.url}")
-            provider = ProviderProcess(work_dir=work, kubeconfig=cluster.kubeconfig,
-                                       node_name="vk-gpu-burst", clouds=clouds)
+            provider = ProviderProcess(work_dir=work, kubeconfig=vk_config, node_name=NODE,
+                                       clouds=clouds, client_ca_file=cluster.ca_path)
             provider.start()
+            companion = CompanionProcess(work_dir=work, kubeconfig=companion_config,
+                                         node_name=NODE, interval=0.5, move_back_interval=1.0)
+            companion.start()
 
             async def node_ready() -> tuple[bool, str]:
                 try:
-                    node = await kube.get("/api/v1/nodes/vk-gpu-burst")
+                    node = await kube.get(f"/api/v1/nodes/{NODE}")
                 except Exception:
                     return False, "registering"
                 gpus = node.get("status", {}).get("allocatable", {}).get("nvidia.com/gpu", "?")
@@ -133,83 +162,178 @@ async def run_demo(*, keep: bool = False) -> int:
                             for c in node.get("status", {}).get("conditions") or [])
                 return ready and gpus not in ("?", "0"), f"Ready={ready}, nvidia.com/gpu={gpus}"
 
-            await n.until("virtual node vk-gpu-burst", node_ready)
+            await n.until(f"virtual node {NODE}", node_ready)
             await kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                      "metadata": {"name": NS}})
+            for name, value in (("inference", 100), ("training", 1000)):
+                with contextlib.suppress(Exception):
+                    await kube.create("/apis/scheduling.k8s.io/v1/priorityclasses", {
+                        "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                        "metadata": {"name": name}, "value": value})
+            await kube.create("/apis/vkprovider.io/v1alpha1/overflowpolicies", {
+                "apiVersion": "vkprovider.io/v1alpha1", "kind": "OverflowPolicy",
+                "metadata": {"name": "inference-burst"},
+                "spec": {"selector": {"namespaces": [NS],
+                                      "podSelector": {"matchLabels": {"app": "inference"}}},
+                         "providers": ["cloud-a", "cloud-b"],
+                         "limits": {"maxGPUs": replicas * 2, "maxPricePerHour": 100},
+                         "moveBack": {"enabled": True, "stableFor": "5s",
+                                      "maxConcurrent": 2, "cooldown": "30s"}}})
+            n.say("OverflowPolicy inference-burst: app=inference in namespace serving may burst "
+                  "to cloud-a then cloud-b, up to $100/h; move back after 5 s of fit")
 
-            n.chapter("Inference serves inside: 8 replicas fill the 8 internal GPUs")
-            await kube.create(f"/apis/apps/v1/namespaces/{NS}/deployments",
-                              deployment("inference", replicas=8, burst=False, gpu_type="H100"))
+            n.chapter(f"Inference serves inside: {replicas} replicas on the internal GPUs")
+            await kube.create(f"/apis/apps/v1/namespaces/{NS}/deployments", {
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "inference"},
+                "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "inference"}},
+                         "template": {"metadata": {"labels": {"app": "inference"},
+                                                   "annotations": {
+                                                       "vkprovider.io/gpu-type": "H100"}},
+                                      "spec": {"priorityClassName": "inference",
+                                               "terminationGracePeriodSeconds": 2,
+                                               "containers": [{
+                                                   "name": "server", "image": "vllm:0.6",
+                                                   "resources": {"limits": {
+                                                       "nvidia.com/gpu": "1"}}}]}}}})
 
             async def inside() -> tuple[bool, str]:
-                nodes = await pods_by_node(kube, "inference")
-                running = sum(1 for ps in nodes.values() for p in ps
-                              if p.get("status", {}).get("phase") == "Running")
-                return running == 8, f"{running}/8 Running on internal nodes"
+                ps = await _pods(kube, "inference")
+                k = _running(ps, lambda node: node.startswith("gpu-node"))
+                return k == replicas, f"{k}/{replicas} Running inside"
 
             await n.until("inference", inside)
 
-            n.chapter("A burst workload (6 replicas) finds no free internal GPU: it bursts")
-            await kube.create(f"/apis/apps/v1/namespaces/{NS}/deployments",
-                              deployment("burst", replicas=6, burst=True, gpu_type="H100"))
+            n.chapter(f"A training gang ({replicas} x 1 GPU, higher priority) preempts inference")
+            await kube.create(f"/apis/batch/v1/namespaces/{NS}/jobs", {
+                "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "training"},
+                "spec": {"parallelism": replicas, "completions": replicas, "backoffLimit": 0,
+                         "template": {"metadata": {"labels": {"app": "training"}, "annotations": {
+                             "vkprovider.io/fake-run-seconds": str(training_seconds)}},
+                                      "spec": {"restartPolicy": "Never",
+                                               "priorityClassName": "training",
+                                               "containers": [{
+                                                   "name": "train", "image": "trainer:1",
+                                                   "resources": {"limits": {
+                                                       "nvidia.com/gpu": "1"}}}]}}}})
 
-            async def burst_running() -> tuple[bool, str]:
-                nodes = await pods_by_node(kube, "burst")
-                pods = [p for ps in nodes.values() for p in ps]
-                running = [p for p in pods if p.get("status", {}).get("phase") == "Running"]
+            async def overflowed() -> tuple[bool, str]:
+                ps = await _pods(kube, "inference")
+                out = _running(ps, lambda node: node == NODE)
+                tr = _running(await _pods(kube, "training"), lambda node: True)
                 clouds_used: dict[str, int] = {}
-                for p in running:
-                    name = (p["metadata"].get("annotations") or {}).get("vkprovider.io/provider")
-                    clouds_used[name or "?"] = clouds_used.get(name or "?", 0) + 1
-                where = ", ".join(f"{k}: {v}" for k, v in sorted(clouds_used.items())) or "-"
-                return len(running) == 6, f"{len(running)}/6 Running ({where})"
+                for p in ps:
+                    if p["spec"].get("nodeName") == NODE:
+                        name = (p["metadata"].get("annotations") or {}).get(
+                            "vkprovider.io/provider", "?")
+                        clouds_used[name] = clouds_used.get(name, 0) + 1
+                where = ", ".join(f"{k} {v}" for k, v in sorted(clouds_used.items())) or "-"
+                return out == replicas and tr == replicas, (
+                    f"training {tr}/{replicas} inside; inference {out}/{replicas} Running on "
+                    f"the clouds ({where})")
 
-            await n.until("burst", burst_running)
-            rows = [("POD", "NODE", "CLOUD", "REGION", "$/H")]
-            for node, pods in sorted((await pods_by_node(kube, "burst")).items()):
-                for p in sorted(pods, key=lambda p: p["metadata"]["name"]):
-                    a = p["metadata"].get("annotations") or {}
-                    rows.append((p["metadata"]["name"], node, a.get("vkprovider.io/provider", ""),
-                                 a.get("vkprovider.io/region", ""),
-                                 a.get("vkprovider.io/price-per-hour", "")))
+            await n.until("overflow", overflowed)
+            result.moved_out = replicas
+            rows: list[tuple[str, ...]] = [("POD", "NODE", "CLOUD", "REGION", "$/H")]
+            for p in sorted(await _pods(kube, "inference"), key=lambda p: p["metadata"]["name"]):
+                a = p["metadata"].get("annotations") or {}
+                rows.append((p["metadata"]["name"], p["spec"].get("nodeName") or "",
+                             a.get("vkprovider.io/provider", ""),
+                             a.get("vkprovider.io/region", ""),
+                             a.get("vkprovider.io/price-per-hour", "")))
             n.say("kubectl get pods -o wide, in short:\n" + table(rows))
-            n.say("cloud-a sells only 4 H100: the rest failed over to cloud-b")
 
-            n.chapter("The burst ends: scale to 0; instances are deleted, the spend stops")
-            await kube.patch(f"/apis/apps/v1/namespaces/{NS}/deployments/burst/scale",
-                             {"spec": {"replicas": 0}})
+            n.chapter("Training ends; inference comes home make-before-break")
+            dep_path = f"/apis/apps/v1/namespaces/{NS}/deployments/inference"
+            moves: dict[str, float] = {}
+            min_ready: list[int] = []
 
-            async def drained() -> tuple[bool, str]:
-                nodes = await pods_by_node(kube, "burst")
+            async def training_done() -> tuple[bool, str]:
+                ps = await _pods(kube, "training")
+                done = sum(1 for p in ps if p.get("status", {}).get("phase") == "Succeeded")
+                return done == replicas, f"{done}/{replicas} training pods Succeeded"
+
+            await n.until("training", training_done, timeout=training_seconds + 120)
+            freed = time.monotonic()
+
+            async def sampler() -> None:
+                while True:
+                    dep = await kube.get(dep_path)
+                    min_ready.append(int(dep.get("status", {}).get("readyReplicas") or 0))
+                    raw = (dep["metadata"].get("annotations") or {}).get(INTENT)
+                    if raw and raw not in moves:
+                        moves[raw] = time.monotonic()
+                    for key in [k for k in moves if k != raw and k not in done_moves]:
+                        done_moves[key] = time.monotonic() - moves[key]
+                    await asyncio.sleep(0.2)
+
+            done_moves: dict[str, float] = {}
+            sampling = asyncio.get_running_loop().create_task(sampler())
+
+            async def home() -> tuple[bool, str]:
+                ps = await _pods(kube, "inference")
+                k = _running(ps, lambda node: node.startswith("gpu-node"))
+                out = sum(1 for p in ps if p["spec"].get("nodeName") == NODE)
                 live = 0
                 for cloud in clouds:
                     live += sum(1 for e in await cloud.ledger() if e["state"] != "deleted")
-                left = sum(len(v) for v in nodes.values())
-                return left == 0 and live == 0, f"{left} pods left, {live} live cloud instances"
+                ok = k == replicas and out == 0 and live == 0
+                return ok, (f"{k}/{replicas} inside, {out} on the clouds, {live} live cloud "
+                            f"instances, fewest ready so far {min(min_ready, default=replicas)}")
 
-            await n.until("scale-down", drained)
+            try:
+                await n.until("move-back", home)
+            finally:
+                sampling.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sampling
+            result.seconds_gpus_freed_to_all_home = round(time.monotonic() - freed, 1)
+            result.moved_back = replicas
+            result.min_ready_during_moves = min(min_ready, default=replicas)
+            result.per_move_seconds = sorted(round(v, 1) for v in done_moves.values())
 
             n.chapter("Summary")
-            rows = [("CLOUD", "CREATED", "DELETED", "LIVE (LEAKS)", "SPENT $")]
-            total_live = 0
             for cloud in clouds:
                 ledger = await cloud.ledger()
                 live = sum(1 for e in ledger if e["state"] != "deleted")
-                total_live += live
-                rows.append((cloud.name, str(len(ledger)),
-                             str(sum(1 for e in ledger if e["state"] == "deleted")), str(live),
-                             f"{sum(e['cost'] for e in ledger):.4f}"))
-            n.say("\n" + table(rows))
-            n.say("leaks: 0" if total_live == 0 else f"LEAKS: {total_live}")
+                spent = sum(e["cost"] for e in ledger)
+                result.per_cloud[cloud.name] = {"created": len(ledger), "live": live,
+                                                "dollars": round(spent, 4)}
+                result.instances_created += len(ledger)
+                result.instances_deleted += len(ledger) - live
+                result.leaks += live
+                result.dollars += spent
+            result.dollars = round(result.dollars, 4)
+            summary: list[tuple[str, ...]] = [("", "VALUE")]
+            summary += [("inference replicas moved out / back",
+                      f"{result.moved_out} / {result.moved_back}"),
+                     ("fewest ready replicas during the moves",
+                      f"{result.min_ready_during_moves} of {replicas}"),
+                     ("training done -> all home (s)", str(result.seconds_gpus_freed_to_all_home)),
+                     ("cloud instances created / deleted",
+                      f"{result.instances_created} / {result.instances_deleted}"),
+                     *[(f"  {k}", f"{v['created']} created, ${v['dollars']:.4f}")
+                       for k, v in result.per_cloud.items()],
+                     ("money spent ($)", f"{result.dollars:.4f}"),
+                     ("leaks (live instances)", str(result.leaks))]
+            n.say("\n" + table(summary))
             if keep:
                 n.say(f"still running; export KUBECONFIG={cluster.kubeconfig}; Ctrl-C stops")
                 await asyncio.Event().wait()
-            return 0 if total_live == 0 else 1
+            return result
     finally:
-        if provider is not None:
-            provider.stop()
+        for proc in (companion, provider):
+            if proc is not None:
+                proc.stop()
         for cloud in clouds:
             cloud.stop()
         cluster.stop()
-        with contextlib.suppress(OSError):
-            sys.stdout.write(f"\nstopped everything; logs kept in {work}\n")
+        if narrate:
+            with contextlib.suppress(OSError):
+                sys.stdout.write(f"\nstopped everything; logs kept in {work}\n")
+
+
+async def run_demo(*, keep: bool = False) -> int:
+    result = await run_story(narrate=True, keep=keep)
+    ok = result.leaks == 0 and (result.min_ready_during_moves or 0) >= result.replicas
+    return 0 if ok else 1

@@ -7,7 +7,9 @@ surge first and remove the cloud replica only once an internal one serves:
 1. gate: an internal node fits the Deployment's pod template (resources incl. nvidia.com/gpu,
    nodeSelector, required affinity, taints, cordons) after pending pods' GPU demand and a
    headroom, continuously for ``stableFor``; the Deployment is not mid-rollout; no move of it is in
-   flight; fewer than ``maxConcurrent`` moves run; the workload is out of its cooldown;
+   flight; fewer than ``maxConcurrent`` moves run; the workload is out of its cooldown (which only
+   failed moves start, doubling each time; after a success the fit has held through a whole move,
+   so the workload's next replica may go at once);
 2. record intent on the Deployment (annotation ``vkprovider.io/move-back``);
 3. mark the virtual pod ``controller.kubernetes.io/pod-deletion-cost: "-2147483648"``;
 4. surge N -> N+1 through the scale subresource, or raise the HPA's minReplicas when an HPA targets
@@ -195,7 +197,6 @@ class MoveBack:
                                                f"back inside ({fit.node} fits)")
                 self.cooldown_until[key] = now + policy.spec.move_back.cooldown_seconds
                 continue
-            self.fit_since.pop(key, None)
             self.in_flight[key] = asyncio.get_running_loop().create_task(
                 self._move(dep=dep, pod=pod, policy=policy), name=f"move-back {key}")
 
@@ -372,7 +373,9 @@ class MoveBack:
         policy = self._policies().get(intent.policy)
         seconds = policy.spec.move_back.cooldown_seconds if policy else 300.0
         if base:
-            return 0.0 if policy is None else min(seconds, 5.0)  # next replica soon after success
+            # After a success the fit has held through a whole move: the next replica of the
+            # workload may go at the next pass. The cooldown is for workloads whose moves fail.
+            return 0.0
         return float(seconds * 2 ** min(self.failures.get(key, 1) - 1, 6))
 
     async def _clear_intent(self, dep: Body) -> None:
