@@ -10,11 +10,12 @@ Secrets never live here: a provider names the environment variable or file holdi
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from vkprovider.errors import ConfigError
 
@@ -100,6 +101,57 @@ class ProviderSettings(_Frozen):
         return None
 
 
+class GPUProviderSourceSettings(_Frozen):
+    """Providers read from ``GPUProvider`` objects (in addition to ``providers:`` in this file).
+
+    The credentials Secret of each object is read with a GET at most every
+    ``secret_refresh_seconds`` (and when the object changes); a new resourceVersion rebuilds the
+    adapter. ``status`` is patched only on change and at most every ``status_interval_seconds``
+    per object.
+    """
+
+    enabled: bool = True
+    secret_refresh_seconds: float = Field(default=30.0, gt=0, le=30.0)
+    status_interval_seconds: float = Field(default=5.0, ge=1.0)
+    resync_seconds: float = Field(default=2.0, gt=0)  # how often objects are re-examined
+    timeout_seconds: float = Field(default=15.0, gt=0)  # HTTP timeout of the adapters built
+
+
+class LeaderElectionSettings(_Frozen):
+    """Lease-based leader election so that two replicas of ``vkprovider run`` have one actor.
+
+    Only the leader registers the node, runs the pod controller and calls clouds; a standby runs
+    nothing but the elector. Losing the Lease exits the process at once (non-zero).
+    """
+
+    enabled: bool = False  # off for local development; on in manifests/base/config.yaml
+    namespace: str = "vkprovider-system"
+    lease_name: str | None = None  # None: vkprovider-<node name>
+    identity: str | None = None  # None: $POD_NAME, else <hostname>-<pid>
+    lease_duration_seconds: float = Field(default=15.0, gt=0)
+    renew_deadline_seconds: float = Field(default=10.0, gt=0)
+    retry_period_seconds: float = Field(default=2.0, gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LeaderElectionSettings:
+        if not (self.retry_period_seconds < self.renew_deadline_seconds
+                < self.lease_duration_seconds):
+            raise ValueError("need retry_period_seconds < renew_deadline_seconds < "
+                             "lease_duration_seconds")
+        return self
+
+    def lease(self, *, node_name: str) -> str:
+        return self.lease_name or f"vkprovider-{node_name}"
+
+    def holder(self) -> str:
+        if self.identity:
+            return self.identity
+        pod = os.environ.get("POD_NAME")
+        if pod:
+            return pod
+        return f"{socket.gethostname()}-{os.getpid()}"
+
+
 class Settings(_Frozen):
     kubeconfig: str | None = None  # None: in-cluster, else the default kubeconfig
     node: NodeSettings = Field(default_factory=NodeSettings)
@@ -109,6 +161,8 @@ class Settings(_Frozen):
     tls_cert_file: str | None = None  # kubelet API serving cert; generated when absent
     tls_key_file: str | None = None
     kubelet_api: KubeletAPISettings = Field(default_factory=KubeletAPISettings)
+    gpu_providers: GPUProviderSourceSettings = Field(default_factory=GPUProviderSourceSettings)
+    leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
 
     @field_validator("providers")
     @classmethod

@@ -2,6 +2,13 @@
 
 Why it exists: each part is testable alone; this module is the one place that builds them from
 settings, runs them in one TaskGroup and shuts them down cleanly on SIGTERM.
+
+With ``leader_election.enabled`` (two replicas for HA), a replica first waits for the Lease;
+only the leader builds anything that acts (node registration, pod controller, cloud calls,
+kubelet API): a standby runs nothing but the elector. A leader that cannot renew in time exits
+at once with status 1, before another replica can take over (renew deadline < lease duration),
+so two replicas never act together; the Deployment restarts it as a standby. A clean SIGTERM
+releases the Lease, so the standby takes over within one retry period.
 """
 
 from __future__ import annotations
@@ -10,58 +17,152 @@ import asyncio
 import contextlib
 import logging
 import signal
+from typing import Any
 
+from providers.base import Provider
 from vkprovider import __version__
 from vkprovider.api import APIServers
 from vkprovider.config import Settings
 from vkprovider.kube import KubeClient
 from vkprovider.kube.events import EventRecorder
+from vkprovider.kube.leader import LeaderElector
 from vkprovider.kube.refs import KubeRefSource
 from vkprovider.logs import kv
 from vkprovider.metrics import Metrics
 from vkprovider.node.pods import PodController
-from vkprovider.node.virtualnode import run_node
+from vkprovider.node.providerset import ProviderSource
+from vkprovider.node.virtualnode import NodeAgent
 from vkprovider.registry import build_providers
 
 log = logging.getLogger(__name__)
 
+_RELEASE_TIMEOUT = 5.0  # seconds a shutdown may spend handing the Lease over
+
 
 async def run_virtual_kubelet(*, settings: Settings) -> int:
-    metrics = Metrics()
     client = KubeClient.from_kubeconfig(kubeconfig=settings.kubeconfig,
                                         user_agent=f"vkprovider/{__version__}")
-    providers = build_providers(settings=settings)
+    providers = build_providers(settings=settings)  # a bad settings file fails now, even on
+    # a standby; adapters make no call until the pod controller uses them
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        if not settings.leader_election.enabled:
+            return await _serve(settings=settings, client=client, providers=providers,
+                                stop=stop, lost=None)
+        return await _elect_and_serve(settings=settings, client=client, providers=providers,
+                                      stop=stop)
+    finally:
+        for provider in providers.values():  # closed by the controller if it ran; idempotent
+            with contextlib.suppress(Exception):
+                await provider.aclose()
+        with contextlib.suppress(Exception):
+            await client.aclose()
+
+
+async def _elect_and_serve(*, settings: Settings, client: KubeClient,
+                           providers: dict[str, Provider], stop: asyncio.Event) -> int:
+    election = settings.leader_election
+    elector = LeaderElector(
+        client=client, namespace=election.namespace,
+        name=election.lease(node_name=settings.node.name), identity=election.holder(),
+        lease_duration=election.lease_duration_seconds,
+        renew_deadline=election.renew_deadline_seconds,
+        retry_period=election.retry_period_seconds)
+    log.info("waiting for leadership", extra=kv(node=settings.node.name, lease=elector.name,
+                                                namespace=election.namespace,
+                                                identity=elector.identity))
+    served: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    async def lead() -> None:
+        async with elector.leading() as lost:
+            served.set_result(await _serve(settings=settings, client=client,
+                                           providers=providers, stop=stop, lost=lost))
+        # leaving leading() hands the Lease over (bounded below)
+
+    leader = asyncio.create_task(lead(), name="leader")
+    stopping = asyncio.create_task(stop.wait(), name="stop")
+    try:
+        await asyncio.wait({leader, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not leader.done() and not elector.is_leader:
+            leader.cancel()  # SIGTERM while standing by: nothing to hand over
+            with contextlib.suppress(asyncio.CancelledError):
+                await leader
+            log.info("stopped while standing by")
+            return 0
+        either: list[asyncio.Future[Any]] = [leader, served]
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        if not served.done():
+            await leader  # it failed before serving ended: raise its error
+            return 1
+        code = served.result()
+        if code != 0:
+            leader.cancel()  # leadership lost: exit at once, no hand-over
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(leader, timeout=_RELEASE_TIMEOUT)
+        return code
+    finally:
+        stopping.cancel()
+        if not leader.done():
+            leader.cancel()
+
+
+async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str, Provider],
+                 stop: asyncio.Event, lost: asyncio.Event | None) -> int:
+    """Run the virtual node until ``stop`` (returns 0) or ``lost`` (returns 1) is set."""
+    metrics = Metrics()
     events = EventRecorder(client=client, component="vkprovider", host=settings.node.name)
     controller = PodController(client=client, settings=settings, providers=providers,
                                events=events, refs=KubeRefSource(client=client), metrics=metrics)
+    agent = NodeAgent(client=client, settings=settings.node, capacity=controller.node_capacity,
+                      version=f"v1.37.2-vkprovider-{__version__}")
+    source = (ProviderSource(client=client, controller=controller, settings=settings,
+                             on_change=agent.node.notify_changed)
+              if settings.gpu_providers.enabled else None)
     try:  # binds the kubelet API and /metrics ports now: a bad port or cert fails at once
         servers = APIServers.build(settings=settings, controller=controller, client=client,
                                    metrics=metrics)
     except BaseException:
         await controller.aclose()
-        await client.aclose()
         raise
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     log.info("starting", extra=kv(node=settings.node.name, providers=",".join(providers),
-                                  version=__version__))
+                                  gpu_providers=source is not None, version=__version__))
+    never = asyncio.Event()
     try:
         async with asyncio.TaskGroup() as tg:
-            node_task = tg.create_task(run_node(client=client, settings=settings.node,
-                                                capacity=controller.node_capacity,
-                                                version=f"v1.37.2-vkprovider-{__version__}"))
-            pods_task = tg.create_task(controller.run())
-            api_task = tg.create_task(servers.run())
-            await stop.wait()
-            log.info("stopping")
-            node_task.cancel()
-            pods_task.cancel()
-            api_task.cancel()
+
+            async def pods() -> None:
+                if source is not None:
+                    # GPUProvider-sourced providers must be served before the first sweep:
+                    # it adopts existing instances before any worker may create.
+                    await source.start()
+                async with asyncio.TaskGroup() as inner:
+                    if source is not None:
+                        inner.create_task(source.run(), name="gpuproviders")
+                    inner.create_task(controller.run(), name="pods")
+
+            tasks = [
+                tg.create_task(agent.run(), name="node"),
+                tg.create_task(pods()),
+                tg.create_task(servers.run()),
+            ]
+            ended = [asyncio.create_task(stop.wait()),
+                     asyncio.create_task((lost or never).wait())]
+            await asyncio.wait(ended, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in ended:
+                waiter.cancel()
+            if lost is not None and lost.is_set():
+                log.error("leadership lost; stopping at once",
+                          extra=kv(node=settings.node.name))
+            else:
+                log.info("stopping")
+            for task in tasks:
+                task.cancel()
     finally:
         servers.close()
+        if source is not None:
+            await source.aclose()
         await controller.aclose()
-        with contextlib.suppress(Exception):
-            await client.aclose()
-    return 0
+    return 1 if lost is not None and lost.is_set() else 0

@@ -17,6 +17,13 @@ create is idempotent by name; a create whose outcome is unknown (timeout, 5xx) i
 SAME provider only, until a later list proves it did not happen; on start the first sweep runs
 before any worker, so existing instances are adopted rather than created again; a provider whose
 list failed is "unknown" for that sweep, and nothing is created or collected on its behalf.
+
+Providers can change at runtime (GPUProvider objects, see ``node/providerset.py``): one can be
+added, replaced (new credentials, same account) or drained. A drained provider creates nothing
+but is still listed, so its instances keep their status and are deleted as their pods go; it is
+removed only once a list shows it holds nothing of ours (money is never orphaned). Structural
+changes take ``providers_lock``, which a sweep holds, so a sweep never mixes two views. A new
+provider is "unknown" until its first list, which holds every create back, as at start-up.
 """
 
 from __future__ import annotations
@@ -55,6 +62,13 @@ from vkprovider.kube.watching import Informer, object_key
 from vkprovider.logs import kv
 from vkprovider.metrics import Metrics
 from vkprovider.node import podstatus
+from vkprovider.node.providercaps import (
+    Held,
+    ProviderCaps,
+    caps_refusal,
+    expected_price,
+    fold_capacity,
+)
 from vkprovider.node.translate import RefSource, translate
 from vkprovider.node.virtualnode import NodeCapacity
 from vkprovider.node.workqueue import ShutDown, WorkQueue
@@ -142,6 +156,14 @@ class PodController:
         self.offers: list[Offer] = []
         self.offers_read = False
         self.largest_offer: dict[str, int] = {}  # GPU type -> most GPUs ever offered at once
+        # Runtime provider changes (node/providerset.py); see the module docstring.
+        self.providers_lock = asyncio.Lock()
+        self.draining: set[str] = set()  # listed and deleted from, never created on
+        self.caps: dict[str, ProviderCaps] = {}  # per-account spend caps
+        self.reserved: dict[str, Held] = {}  # creates in flight, counted against the caps
+        self.inflight: dict[str, int] = {}  # provider -> creates in flight
+        # called with (provider, operation, error or None) after each cloud call
+        self.observer: Callable[[str, str, Exception | None], None] | None = None
 
     # ---- capacity (the node reports it; create checks against it) ---------------------------
 
@@ -149,7 +171,9 @@ class PodController:
         """What the clouds sell now plus what our pods already hold (the node's allocatable)."""
         offers: list[Offer] = []
         answered = 0
-        for name, provider in self.providers.items():
+        for name, provider in list(self.providers.items()):
+            if name in self.draining:
+                continue  # creates nothing: its offers are not the node's to sell
             try:
                 got = await provider.capacity()
             except ProviderError as exc:
@@ -170,13 +194,129 @@ class PodController:
             size = offer.available + held
             if size > self.largest_offer.get(offer.gpu_type, 0):
                 self.largest_offer[offer.gpu_type] = size
-        free = sum(max(0, o.available) for o in offers)
+        free = fold_capacity(offers, caps=self.caps, held=self.held_by_provider())
         held = sum(p.instance.gpu_count for p in self.placed.values())
         budget = self._budget_gpus(offers)
         if budget is not None:
             free = min(free, budget)
         return NodeCapacity(gpus=free + held,
                             gpu_products=tuple(sorted({o.gpu_type for o in offers})))
+
+    def held_by_provider(self) -> dict[str, Held]:
+        """GPUs and $/h each provider holds for this node (not being deleted), plus in flight."""
+        out: dict[str, Held] = dict(self.reserved)
+        for placed in self.placed.values():
+            inst = placed.instance
+            if inst.id in self.deleting or inst.state == InstanceState.TERMINATING:
+                continue
+            out[placed.provider] = out.get(placed.provider, Held()).plus(
+                gpus=inst.gpu_count, price_per_hour=inst.price_per_hour)
+        return out
+
+    def _caps_refusal(self, name: str, spec: InstanceSpec) -> tuple[str | None, Held]:
+        """Why ``spec`` would break the provider's caps, and what to reserve if it does not."""
+        caps = self.caps.get(name)
+        want = Held(gpus=spec.gpu_count, price_per_hour=expected_price(
+            self.offers, provider=name, gpu_type=spec.gpu_type, region=spec.region,
+            gpus=spec.gpu_count))
+        if caps is None or caps.unlimited:
+            return None, want
+        held = self.held_by_provider().get(name, Held())
+        return caps_refusal(caps=caps, held=held, gpus=want.gpus,
+                            price_per_hour=want.price_per_hour), want
+
+    # ---- runtime provider changes (node/providerset.py) --------------------------------------
+
+    async def add_provider(self, name: str, provider: Provider) -> None:
+        """Serve a new provider; it is unknown (no creates anywhere) until its first list."""
+        async with self.providers_lock:
+            if name in self.providers:
+                raise ValueError(f"provider {name} exists")
+            self.providers[name] = provider
+            self.listed[name] = False
+            self.draining.discard(name)
+
+    async def replace_provider(self, name: str, provider: Provider) -> Provider:
+        """Swap the adapter of the same account (new key or options); returns the old one.
+
+        The instances are the same (same cloud, same tags), so what we know about them stays;
+        blocks of the provider are lifted (new credentials deserve a new try).
+        """
+        async with self.providers_lock:
+            old = self.providers[name]
+            self.providers[name] = provider
+            self.blocks.unblock_provider(name)
+            return old
+
+    async def retire_provider(self, name: str, *, alias: str) -> None:
+        """Keep an account's adapter under ``alias``, draining, so ``name`` can be reused.
+
+        Used when a GPUProvider points at another account or cloud (type or endpoint changed):
+        the instances on the old one keep being listed and deleted under the alias.
+        """
+        async with self.providers_lock:
+            if name not in self.providers:
+                return
+            self.providers[alias] = self.providers.pop(name)
+            self.listed[alias] = self.listed.pop(name, False)
+            if name in self.last_list:
+                self.last_list[alias] = self.last_list.pop(name)
+            if name in self.inflight:
+                self.inflight[alias] = self.inflight.pop(name)
+            if name in self.reserved:
+                self.reserved[alias] = self.reserved.pop(name)
+            for placed in self.placed.values():
+                if placed.provider == name:
+                    placed.provider = alias
+            self.unsure = {uid: ((alias if where == name else where), since)
+                           for uid, (where, since) in self.unsure.items()}
+            self.draining.discard(name)
+            self.draining.add(alias)
+            self.caps.pop(name, None)
+
+    def set_draining(self, name: str, draining: bool) -> None:
+        if draining and name in self.providers:
+            self.draining.add(name)
+        else:
+            self.draining.discard(name)
+
+    async def remove_drained(self) -> list[tuple[str, Provider]]:
+        """Drop drained providers that hold nothing of ours; the caller closes them."""
+        out: list[tuple[str, Provider]] = []
+        async with self.providers_lock:
+            for name in sorted(self.draining):
+                if (
+                    not self.listed.get(name)
+                    or self.inflight.get(name)
+                    or any(p.provider == name for p in self.placed.values())
+                    or any(where == name for where, _ in self.unsure.values())
+                ):
+                    continue
+                provider = self.providers.pop(name, None)
+                self.draining.discard(name)
+                self.listed.pop(name, None)
+                self.last_list.pop(name, None)
+                self.caps.pop(name, None)
+                if provider is not None:
+                    out.append((name, provider))
+        return out
+
+    def hold_back(self, name: str, unknown: bool) -> None:
+        """Mark a provider that is declared but not built yet as unknown (creates wait)."""
+        if unknown:
+            if name not in self.providers:
+                self.listed[name] = False
+        elif name not in self.providers:
+            self.listed.pop(name, None)
+
+    def _key_of(self, provider: Provider, default: str) -> str:
+        """The name a provider object is served under now (it may have been retired)."""
+        if self.providers.get(default) is provider:
+            return default
+        for key, value in self.providers.items():
+            if value is provider:
+                return key
+        return default
 
     # ---- policies: money is only spent on purpose -------------------------------------------
 
@@ -329,17 +469,21 @@ class PodController:
     # ---- the sweep: one list per provider ----------------------------------------------------
 
     async def sweep(self) -> None:
+        async with self.providers_lock:  # one view of the providers for the whole sweep
+            await self._sweep()
+
+    async def _sweep(self) -> None:
         now = self.clock()
         seen: dict[str, Placed] = {}
-        for name, provider in self.providers.items():
+        for name, provider in list(self.providers.items()):
             try:
                 instances = await provider.list()
             except ProviderError as exc:
                 self.listed[name] = False
-                self.metrics.provider_requests.labels(name, "list", type(exc).__name__).inc()
+                self._count(name, "list", exc)
                 log.warning("provider list failed", extra=kv(provider=name, error=str(exc)))
                 continue
-            self.metrics.provider_requests.labels(name, "list", "ok").inc()
+            self._count(name, "list", None)
             self.listed[name] = True
             self.last_list[name] = now
             cost = 0.0
@@ -402,17 +546,20 @@ class PodController:
 
     async def _delete_instance(self, provider: str, instance_id: str, *, why: str) -> bool:
         """Ask the cloud to delete; True once the cloud accepted (or it is already gone)."""
+        adapter = self.providers.get(provider)
+        if adapter is None:  # removed meanwhile; the next sweep shows where it is now
+            return False
         try:
-            await self.providers[provider].delete(instance_id)
+            await adapter.delete(instance_id)
         except NotFound:
             pass
         except ProviderError as exc:
-            self.metrics.provider_requests.labels(provider, "delete", type(exc).__name__).inc()
+            self._count(provider, "delete", exc)
             log.warning("instance delete failed", extra=kv(provider=provider,
                                                            instance=instance_id, why=why,
                                                            error=str(exc)))
             return False
-        self.metrics.provider_requests.labels(provider, "delete", "ok").inc()
+        self._count(provider, "delete", None)
         self.deleting[instance_id] = self.clock()
         log.info("instance deleted", extra=kv(provider=provider, instance=instance_id, why=why))
         return True
@@ -519,9 +666,10 @@ class PodController:
             await self._reject(pod, reason="NotAdmitted",
                                message=f"not sent to any cloud: {refusal}")
             return
-        allowed = list(self.providers)
+        allowed = [n for n in self.providers if n not in self.draining]
         if policy is not None:
-            allowed = [n for n in policy.spec.providers if n in self.providers]
+            allowed = [n for n in policy.spec.providers
+                       if n in self.providers and n not in self.draining]
             if not allowed:
                 await self._reject(pod, reason="NotAdmitted",
                                    message=f"OverflowPolicy {policy.name} names providers "
@@ -541,7 +689,16 @@ class PodController:
             ):
                 reasons.append(f"{name}: does not sell {spec.gpu_type}")
                 continue
-            provider = self.providers[name]
+            provider = self.providers.get(name)
+            if provider is None:
+                raise Retry(f"{name}: no longer served", after=1.0)
+            over, want = self._caps_refusal(name, spec)
+            if over is not None and not sticky:
+                reasons.append(f"{name}: blocked (provider budget: {over})")
+                continue
+            self.reserved[name] = self.reserved.get(name, Held()).plus(
+                gpus=want.gpus, price_per_hour=want.price_per_hour)
+            self.inflight[name] = self.inflight.get(name, 0) + 1
             try:
                 started = self.clock()
                 inst = await provider.create(spec)
@@ -571,9 +728,12 @@ class PodController:
                 return
             except ProviderError as exc:  # transient or rate limited: outcome unknown
                 self._count(name, "create", exc)
-                self.unsure.setdefault(uid, (name, self.clock()))
+                self.unsure.setdefault(uid, (self._key_of(provider, name), self.clock()))
                 after = exc.retry_after if isinstance(exc, RateLimited) else None
                 raise Retry(f"{name}: {exc}", after=after) from exc
+            finally:
+                self._release(name, provider, want)
+            name = self._key_of(provider, name)  # retired while the call ran: its alias
             self._count(name, "create", None)
             self.unsure.pop(uid, None)
             self.placed[uid] = Placed(provider=name, instance=inst, seen_at=self.clock())
@@ -588,6 +748,19 @@ class PodController:
             return
 
         await self._no_provider(pod, meta, spec, reasons)
+
+    def _release(self, name: str, provider: Provider, want: Held) -> None:
+        """Undo the reservation of one create (under the name it is served by now)."""
+        key = self._key_of(provider, name)  # retire_provider moved its bookkeeping there
+        if key in self.reserved:
+            left = self.reserved[key].minus(gpus=want.gpus, price_per_hour=want.price_per_hour)
+            self.reserved[key] = left
+            if left.gpus == 0 and left.price_per_hour < 1e-9:
+                del self.reserved[key]
+        if self.inflight.get(key):
+            self.inflight[key] -= 1
+            if not self.inflight[key]:
+                del self.inflight[key]
 
     async def _no_provider(self, pod: Body, meta: Body, spec: InstanceSpec,
                            reasons: list[str]) -> None:
@@ -657,10 +830,15 @@ class PodController:
     def _count(self, provider: str, op: str, exc: Exception | None) -> None:
         result = "ok" if exc is None else type(exc).__name__
         self.metrics.provider_requests.labels(provider, op, result).inc()
+        if self.observer is not None:
+            try:
+                self.observer(provider, op, exc)
+            except Exception:  # status bookkeeping must never break a reconcile
+                log.exception("provider observer failed", extra=kv(provider=provider))
 
     async def aclose(self) -> None:
         await self.queue.shutdown()
-        for provider in self.providers.values():
+        for provider in list(self.providers.values()):
             with contextlib.suppress(Exception):
                 await provider.aclose()
 
