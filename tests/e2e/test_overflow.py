@@ -295,3 +295,37 @@ async def test_internal_first_new_replicas_stay_inside_while_gpus_are_free(
     assert {p["spec"]["nodeName"] for p in ps} == set(internal)
     assert not any(tolerates(p) for p in ps)
     assert [(await c.stats())["create_calls"] for c in system.clouds] == [0, 0]
+
+
+async def test_policy_naming_an_unknown_provider_is_flagged_with_the_field(
+    kube: KubeClient, namespace: str, system: System, companion_kubeconfig: Path,
+    cluster_objects: Cluster,
+) -> None:
+    await start(system, namespace, companion_kubeconfig)
+    tag = uuid.uuid4().hex[:6]
+    await cluster_objects.create("/apis/vkprovider.io/v1alpha1/gpuproviders", {
+        "apiVersion": "vkprovider.io/v1alpha1", "kind": "GPUProvider",
+        "metadata": {"name": f"known-{tag}"},
+        "spec": {"type": "mock", "endpoint": "http://127.0.0.1:9", "gpuTypes": {"H100": "H100"}}})
+    good, bad = f"good-{tag}", f"bad-{tag}"
+    await cluster_objects.create(POLICIES, policy(good, namespace=namespace, app="inference",
+                                                  providers=[f"known-{tag}"]))
+    body = policy(bad, namespace=namespace, app="inference", providers=[f"known-{tag}", "nope"])
+    body["spec"]["gpuTypes"] = ["H100", "B300"]
+    await cluster_objects.create(POLICIES, body)
+
+    def valid(obj: dict[str, Any]) -> dict[str, Any]:
+        return next((c for c in (obj.get("status") or {}).get("conditions") or []
+                     if c["type"] == "Valid"), {})
+
+    flagged = await eventually(lambda: kube.get(f"{POLICIES}/{bad}"),
+                               until=lambda o: valid(o).get("status") == "False", timeout=30,
+                               what="Valid=False on the broken policy")
+    cond = valid(flagged)
+    assert cond["reason"] == "UnknownProvider"
+    assert "spec.providers[1]" in cond["message"] and "nope" in cond["message"]
+    assert "spec.gpuTypes[1]" in cond["message"] and "B300" in cond["message"]
+    ok = await eventually(lambda: kube.get(f"{POLICIES}/{good}"),
+                          until=lambda o: valid(o).get("status") == "True", timeout=30,
+                          what="Valid=True on the good policy")
+    assert valid(ok)["lastTransitionTime"]

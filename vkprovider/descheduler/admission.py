@@ -109,6 +109,9 @@ class OverflowAdmission:
         self.policies = Informer(client=client, path=POLICIES_PATH, name="policies",
                                  handler=self._poke)
         self.namespaces = Informer(client=client, path="/api/v1/namespaces", name="namespaces")
+        self.gpu_providers = Informer(client=client, path=pol.PROVIDERS_PATH,
+                                      name="gpuproviders", missing_ok=True)
+        self._valid_since: dict[str, tuple[str, str]] = {}  # policy -> (status, since)
         self._wake = asyncio.Event()
         self._refused: dict[str, str] = {}  # pod uid -> last refusal reason told
         self.decisions: dict[str, list[Decision]] = {}  # policy -> recent decisions
@@ -121,7 +124,8 @@ class OverflowAdmission:
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:
-            informers = (self.pending, self.external, self.policies, self.namespaces)
+            informers = (self.pending, self.external, self.policies, self.namespaces,
+                         self.gpu_providers)
             for informer in informers:
                 tg.create_task(informer.run())
             for informer in informers:
@@ -295,11 +299,36 @@ class OverflowAdmission:
                                            f"{decision.reason}")
         return decision
 
+    def _problems(self, policies: list[pol.OverflowPolicy]) -> dict[str, list[pol.Problem]]:
+        """Semantic problems per policy. Providers may also come from a node's config file,
+        which we cannot see: with no GPUProvider object at all, unknown names are not flagged."""
+        providers = []
+        for obj in self.gpu_providers.store.values():
+            with contextlib.suppress(pol.PolicyError):
+                providers.append(pol.parse_gpu_provider(obj))
+        if not providers:
+            return {p.name: [] for p in policies}
+        found = pol.semantic_problems(policies=policies, providers=providers,
+                                      secrets_present=lambda _ns, _name, _key: True)
+        return {p.name: found.get((pol.KIND_POLICY, p.name), []) for p in policies}
+
+    def _valid_condition(self, policy: pol.OverflowPolicy,
+                         problems: list[pol.Problem]) -> Body:
+        cond = pol.valid_condition(problems, observed_generation=policy.generation)
+        prev = self._valid_since.get(policy.name)
+        since = prev[1] if prev and prev[0] == cond["status"] else datetime.now(UTC).strftime(
+            "%Y-%m-%dT%H:%M:%SZ")
+        self._valid_since[policy.name] = (cond["status"], since)
+        return {**cond, "lastTransitionTime": since}
+
     async def _publish_status(self, policies: list[pol.OverflowPolicy],
                               usage: dict[str, Usage]) -> None:
+        problems = self._problems(policies)
         for policy in policies:
             u = usage.get(policy.name, Usage())
             status: Body = {
+                "conditions": [self._valid_condition(policy, problems.get(policy.name, []))],
+                "observedGeneration": policy.generation,
                 "externalPods": u.pods,
                 "externalGPUs": u.gpus,
                 "pricePerHour": round(u.price_per_hour, 4),
