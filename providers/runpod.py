@@ -4,8 +4,8 @@ Why it exists: RunPod runs one container per pod on rented GPUs, which is exactl
 kubelet needs, and REST v2 (``https://api.runpod.io/v2``) is the API RunPod keeps (v1 is retired
 on 2026-11-15). This module maps :class:`~providers.base.InstanceSpec` onto ``POST /v2/pods`` and
 RunPod's answers back onto :class:`~providers.base.Instance`, and turns every failure into one of
-the typed errors of :mod:`providers.base`. It follows :mod:`providers.mock.client`: httpx at the
-edge, tenacity retries only there, secrets never in messages or ``repr``.
+the typed errors of :mod:`providers.base`. Its HTTP edge is :mod:`providers.http` (shared with
+the other adapters): httpx, tenacity retries only there, secrets never in messages or ``repr``.
 
 Endpoints used: ``GET /v2/pods`` (list; the API does not paginate it), ``POST /v2/pods``
 (create), ``GET /v2/pods/{id}`` (:meth:`RunPodProvider.get`), ``DELETE /v2/pods/{id}``,
@@ -81,7 +81,7 @@ Options (``options=`` mapping; unknown keys are a ``ValueError``):
     without a new line (after the backfill).
 ``max_attempts`` (int >= 1, default 4), ``backoff_initial`` (default 0.1), ``backoff_max``
 (default 2.0), ``retry_after_cap`` (default 5.0)
-    Retries, as in :mod:`providers.mock.client`: timeouts, connection errors and 5xx are
+    Retries, as in :mod:`providers.http`: timeouts, connection errors and 5xx are
     retried with exponential backoff and jitter; a 429 is retried after its ``Retry-After``
     when that is at most ``retry_after_cap`` seconds, else raised at once.
 
@@ -102,23 +102,18 @@ import builtins
 import collections
 import json
 import math
-import random
 import re
 import shlex
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from email.utils import parsedate_to_datetime
-from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import quote
 
 import httpx
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from providers.base import (
     TAG_NODE,
-    AuthError,
     CapacityError,
     Instance,
     InstanceSpec,
@@ -129,9 +124,9 @@ from providers.base import (
     Offer,
     ProviderError,
     QuotaError,
-    RateLimited,
     TransientError,
 )
+from providers.http import MAX_SERVER_MESSAGE, HTTPAdapter, RetryPolicy, parse_retry_after
 
 __all__ = [
     "ANY_REGION",
@@ -141,8 +136,6 @@ __all__ = [
     "TAGS_ENV",
     "RunPodProvider",
 ]
-
-_T = TypeVar("_T")
 
 DEFAULT_BASE_URL = "https://api.runpod.io"
 #: The environment variable that carries an instance's tags (RunPod pods have no labels).
@@ -168,7 +161,6 @@ _STATUS_MESSAGES = {
     "TERMINATED": "RunPod terminated the pod",
 }
 _HTTP_PROXY = "https://{pod_id}-{port}.proxy.runpod.net"  # RunPod's documented proxy convention
-_MAX_SERVER_MESSAGE = 300
 _MAX_LOG_TAIL = 5000  # the API's maximum backfill
 _QUOTA_WORDS = ("balance", "quota", "spend limit", "spending limit")
 _CUDA_VERSION = re.compile(r"^\d+\.\d+$")
@@ -330,26 +322,6 @@ def _parse_options(raw: Mapping[str, Any] | None) -> _Options:
 # -- small parsers ---------------------------------------------------------------------------
 
 
-def _parse_retry_after(value: str | None) -> float | None:
-    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date)."""
-    if value is None:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        seconds = (when - datetime.now(UTC)).total_seconds()
-    if seconds != seconds:  # NaN
-        return None
-    return max(0.0, seconds)
-
-
 def _parse_ratelimit_reset(value: str | None) -> float | None:
     """The longest reset ``t`` among exhausted windows (``r=0``) of a ``RateLimit`` header.
 
@@ -410,7 +382,7 @@ class _LogLine:
     line: str
 
 
-class RunPodProvider:
+class RunPodProvider(HTTPAdapter):
     """A :class:`~providers.base.Provider` for one RunPod account, scoped to ``owner``.
 
     ``transport`` replaces the network (e.g. ``httpx.ASGITransport(app=...)`` in tests). The API
@@ -429,39 +401,19 @@ class RunPodProvider:
         options: Mapping[str, Any] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self.name = name
-        self.owner = owner
-        # The API's paths start with /v2; accept a base URL given with or without it.
-        self._base_url = (base_url or DEFAULT_BASE_URL).rstrip("/").removesuffix("/v2")
-        self._timeout = timeout
         self._opts = _parse_options(options)
         self._by_runpod_id = {v: k for k, v in self._opts.gpu_types.items()}
-        self._secret = api_key or None
-        headers = {"Accept": "application/json"}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        self._client = httpx.AsyncClient(
-            base_url=self._base_url, headers=headers, timeout=timeout, transport=transport
+        super().__init__(
+            name=name,
+            # The API's paths start with /v2; accept a base URL given with or without it.
+            base_url=(base_url or DEFAULT_BASE_URL).rstrip("/").removesuffix("/v2"),
+            owner=owner,
+            timeout=timeout,
+            transport=transport,
+            retry=RetryPolicy.of(self._opts),
+            auth_headers={"Authorization": f"Bearer {api_key}"} if api_key else None,
+            secret=api_key,
         )
-
-    def __repr__(self) -> str:
-        return (
-            f"RunPodProvider(name={self.name!r}, base_url={self._base_url!r}, owner={self.owner!r})"
-        )
-
-    async def __aenter__(self) -> RunPodProvider:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
 
     # -- the Provider protocol --------------------------------------------------------------
 
@@ -830,71 +782,7 @@ class RunPodProvider:
             return None
         return _LogLine(ts=str(data.get("ts") or ""), line=str(data["line"]).rstrip("\n"))
 
-    # -- the HTTP edge ----------------------------------------------------------------------
-
-    async def _retrying(self, operation: Callable[[], Awaitable[_T]]) -> _T:
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self._opts.max_attempts),
-            wait=self._wait,
-            retry=retry_if_exception(self._should_retry),
-            reraise=True,
-        )
-        async for attempt in retrying:
-            with attempt:
-                return await operation()
-        raise AssertionError("unreachable: tenacity reraises the last error")
-
-    def _should_retry(self, exc: BaseException) -> bool:
-        if isinstance(exc, TransientError):
-            return True
-        if isinstance(exc, RateLimited):
-            return exc.retry_after is None or exc.retry_after <= self._opts.retry_after_cap
-        return False
-
-    def _wait(self, retry_state: RetryCallState) -> float:
-        outcome = retry_state.outcome
-        exc = outcome.exception() if outcome is not None else None
-        if isinstance(exc, RateLimited) and exc.retry_after is not None:
-            return min(exc.retry_after, self._opts.retry_after_cap)
-        initial = self._opts.backoff_initial
-        backoff = initial * 2.0 ** (retry_state.attempt_number - 1)
-        return min(self._opts.backoff_max, backoff) + random.uniform(0, initial / 2)
-
-    async def _send(
-        self, request: httpx.Request, *, what: str, stream: bool, op: str
-    ) -> httpx.Response:
-        try:
-            response = await self._client.send(request, stream=stream)
-        except httpx.TransportError as exc:
-            raise self._transport_error(exc, what=what) from exc
-        if response.is_success:
-            return response
-        try:
-            if stream:
-                await response.aread()
-        except httpx.TransportError as exc:
-            raise self._transport_error(exc, what=what) from exc
-        finally:
-            if stream:
-                await response.aclose()
-        raise self._status_error(response, what=what, op=op)
-
-    def _transport_error(self, exc: httpx.TransportError, *, what: str) -> TransientError:
-        if isinstance(exc, httpx.TimeoutException):
-            kind = "timed out"
-        elif isinstance(exc, httpx.ConnectError):
-            kind = "could not connect"
-        else:
-            kind = "lost the connection"
-        return TransientError(
-            f"{self.name}: {what} failed: {kind} ({type(exc).__name__})", provider=self.name
-        )
-
-    def _scrub(self, text: str) -> str:
-        text = text[:_MAX_SERVER_MESSAGE]
-        if self._secret:
-            text = text.replace(self._secret, "***")
-        return text
+    # -- the HTTP edge (the rest is providers.http.HTTPAdapter) ----------------------------
 
     def _problem(self, response: httpx.Response) -> tuple[str, str, builtins.list[str]]:
         """``(title, detail, errors)`` of an RFC 9457 problem document (empty when absent)."""
@@ -904,59 +792,38 @@ class RunPodProvider:
             return "", "", []
         if not isinstance(data, dict):
             return "", "", []
-        title = self._scrub(str(data.get("title") or ""))
-        detail = self._scrub(str(data.get("detail") or ""))
+
+        def clean(value: Any) -> str:
+            return self._scrub(str(value)[:MAX_SERVER_MESSAGE])
+
+        title = clean(data.get("title") or "")
+        detail = clean(data.get("detail") or "")
         raw_errors = data.get("errors")
         errors = (
-            [self._scrub(str(e)) for e in raw_errors[:5]]
-            if isinstance(raw_errors, builtins.list)
-            else []
+            [clean(e) for e in raw_errors[:5]] if isinstance(raw_errors, builtins.list) else []
         )
         return title, detail, errors
+
+    def _retry_after(self, response: httpx.Response) -> float | None:
+        """``Retry-After``, else the ``RateLimit`` header's reset of an exhausted window."""
+        retry_after = parse_retry_after(response.headers.get("Retry-After"))
+        if retry_after is None:
+            retry_after = _parse_ratelimit_reset(response.headers.get("RateLimit"))
+        return retry_after
 
     def _status_error(self, response: httpx.Response, *, what: str, op: str) -> ProviderError:
         status = response.status_code
         title, detail, errors = self._problem(response)
-        message = f"{self.name}: {what} failed: HTTP {status}"
-        if title:
-            message += f" {title}"
-        if detail:
-            message += f": {detail}"
+        message = self._status_message(what, status, label=title, detail=detail)
         if errors:
             message += f" ({'; '.join(errors)})"
         p = self.name
-        lowered = detail.lower()
-        if status == 401 or status == 403:
-            return AuthError(message, provider=p)
-        if status == 402:
-            return QuotaError(message, provider=p)
-        if status == 429:
-            retry_after = _parse_retry_after(response.headers.get("Retry-After"))
-            if retry_after is None:
-                retry_after = _parse_ratelimit_reset(response.headers.get("RateLimit"))
-            return RateLimited(message, provider=p, retry_after=retry_after)
         if op == "create" and status == 400:
-            if any(word in lowered for word in _QUOTA_WORDS):
+            if any(word in detail.lower() for word in _QUOTA_WORDS):
                 return QuotaError(message, provider=p)
             return CapacityError(message, provider=p)
-        if status in (400, 422):
+        if op == "create" and status == 404:
             return InvalidSpec(message, provider=p)
-        if status == 404:
-            if op == "create":
-                return InvalidSpec(message, provider=p)
-            return NotFound(message, provider=p)
-        if status >= 500 or status == 408:
+        if status == 408:
             return TransientError(message, provider=p)
-        return ProviderError(message, provider=p)
-
-    def _malformed(self, what: str) -> ProviderError:
-        return ProviderError(f"{self.name}: {what}: malformed response", provider=self.name)
-
-    def _json(self, response: httpx.Response, *, what: str) -> dict[str, Any]:
-        try:
-            data = response.json()
-        except ValueError as exc:
-            raise self._malformed(what) from exc
-        if not isinstance(data, dict):
-            raise self._malformed(what)
-        return data
+        return self._classify(response, message)

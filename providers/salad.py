@@ -85,22 +85,17 @@ import dataclasses
 import hashlib
 import json
 import math
-import random
 import re
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from email.utils import parsedate_to_datetime
-from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from providers.base import (
     TAG_NODE,
-    AuthError,
     CapacityError,
     Instance,
     InstanceSpec,
@@ -111,13 +106,10 @@ from providers.base import (
     Offer,
     ProviderError,
     QuotaError,
-    RateLimited,
-    TransientError,
 )
+from providers.http import MAX_SERVER_MESSAGE, HTTPAdapter, RetryPolicy
 
 __all__ = ["META_ENV", "SaladProvider", "map_status", "salad_name"]
-
-_T = TypeVar("_T")
 
 #: The environment variable that carries an instance's identity and tags.
 META_ENV = "VKPROVIDER_INSTANCE"
@@ -125,7 +117,6 @@ _NAME = re.compile(r"^[a-z][a-z0-9-]{0,61}[a-z0-9]$")
 _COUNTRY = re.compile(r"^[a-z]{2}$")
 _ENV_MAX = 1000
 _ARG_MAX = 1000
-_MAX_SERVER_MESSAGE = 300
 _LOG_PAGE = 100
 _PRICE_ROOM = 16  # the price in VKPROVIDER_INSTANCE is filled in after the spec is checked
 _PRIORITIES = ("high", "medium", "low", "batch")
@@ -161,26 +152,6 @@ def map_status(status: str, running_count: int) -> InstanceState:
     if status in ("failed", "stopped"):
         return InstanceState.FAILED
     return InstanceState.PENDING
-
-
-def _parse_retry_after(value: str | None) -> float | None:
-    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date)."""
-    if value is None:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        seconds = (when - datetime.now(UTC)).total_seconds()
-    if seconds != seconds:  # NaN
-        return None
-    return max(0.0, seconds)
 
 
 def _time(value: Any) -> datetime | None:
@@ -276,7 +247,7 @@ class _Options:
             raise ValueError("options.max_attempts must be at least 1")
 
 
-class SaladProvider:
+class SaladProvider(HTTPAdapter):
     """A :class:`~providers.base.Provider` for one SaladCloud project, scoped to ``owner``.
 
     ``transport`` replaces the network (e.g. ``httpx.ASGITransport(app=fake)`` in tests). The API
@@ -294,16 +265,11 @@ class SaladProvider:
         options: Mapping[str, Any] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self.name = name
-        self.owner = owner
-        self._base_url = base_url
         self._opts = _Options(options or {})
-        self._secret = api_key or None
-        headers = {"Accept": "application/json"}
-        if api_key:
-            headers["Salad-Api-Key"] = api_key
-        self._client = httpx.AsyncClient(
-            base_url=base_url, headers=headers, timeout=timeout, transport=transport
+        super().__init__(
+            name=name, base_url=base_url, owner=owner, timeout=timeout, transport=transport,
+            retry=RetryPolicy.of(self._opts), secret=api_key,
+            auth_headers={"Salad-Api-Key": api_key} if api_key else None,
         )
         org, project = self._opts.organization, self._opts.project
         self._org_path = f"/organizations/{org}"
@@ -316,20 +282,6 @@ class SaladProvider:
             f"owner={self.owner!r}, organization={self._opts.organization!r}, "
             f"project={self._opts.project!r})"
         )
-
-    async def __aenter__(self) -> SaladProvider:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
 
     # -- the Provider protocol --------------------------------------------------------------
 
@@ -761,7 +713,7 @@ class SaladProvider:
         self, status: str, current: Mapping[str, Any], counts: Mapping[str, Any]
     ) -> str | None:
         description = current.get("description")
-        text = description.strip()[:_MAX_SERVER_MESSAGE] if isinstance(description, str) else ""
+        text = description.strip()[:MAX_SERVER_MESSAGE] if isinstance(description, str) else ""
         if status == "stopped":
             text = "stopped outside vkprovider" + (f": {text}" if text else "")
         elif status in ("pending", "deploying", "running") and not text:
@@ -845,68 +797,9 @@ class SaladProvider:
             chunks.append(line.encode("utf-8"))
         return chunks
 
-    # -- the HTTP edge ----------------------------------------------------------------------
+    # -- the HTTP edge (the rest is providers.http.HTTPAdapter) ----------------------------
 
-    async def _request(
-        self,
-        method: str,
-        path: str,
-        *,
-        what: str,
-        json_body: Any = None,
-    ) -> httpx.Response:
-        async def attempt() -> httpx.Response:
-            request = self._client.build_request(method, path, json=json_body)
-            try:
-                response = await self._client.send(request)
-            except httpx.TransportError as exc:
-                raise self._transport_error(exc, what=what) from exc
-            if response.is_success:
-                return response
-            raise self._status_error(response, what=what)
-
-        return await self._retrying(attempt)
-
-    async def _retrying(self, operation: Callable[[], Awaitable[_T]]) -> _T:
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self._opts.max_attempts),
-            wait=self._wait,
-            retry=retry_if_exception(self._should_retry),
-            reraise=True,
-        )
-        async for attempt in retrying:
-            with attempt:
-                return await operation()
-        raise AssertionError("unreachable: tenacity reraises the last error")
-
-    def _should_retry(self, exc: BaseException) -> bool:
-        if isinstance(exc, TransientError):
-            return True
-        if isinstance(exc, RateLimited):
-            return exc.retry_after is None or exc.retry_after <= self._opts.retry_after_cap
-        return False
-
-    def _wait(self, retry_state: RetryCallState) -> float:
-        outcome = retry_state.outcome
-        exc = outcome.exception() if outcome is not None else None
-        if isinstance(exc, RateLimited) and exc.retry_after is not None:
-            return min(exc.retry_after, self._opts.retry_after_cap)
-        backoff = self._opts.backoff_initial * 2.0 ** (retry_state.attempt_number - 1)
-        jitter = random.uniform(0, self._opts.backoff_initial / 2)
-        return min(self._opts.backoff_max, backoff) + jitter
-
-    def _transport_error(self, exc: httpx.TransportError, *, what: str) -> TransientError:
-        if isinstance(exc, httpx.TimeoutException):
-            kind = "timed out"
-        elif isinstance(exc, httpx.ConnectError):
-            kind = "could not connect"
-        else:
-            kind = "lost the connection"
-        return TransientError(
-            f"{self.name}: {what} failed: {kind} ({type(exc).__name__})", provider=self.name
-        )
-
-    def _status_error(self, response: httpx.Response, *, what: str) -> ProviderError:
+    def _status_error(self, response: httpx.Response, *, what: str, op: str) -> ProviderError:
         """A ProblemDetails answer (``{type, title, status, detail}``) -> a typed error."""
         status = response.status_code
         title, detail = "", ""
@@ -917,51 +810,18 @@ class SaladProvider:
                 detail = str(data.get("detail") or "")
         except ValueError:
             pass
-        message = f"{self.name}: {what} failed: HTTP {status}"
-        if title:
-            message += f" {title[:_MAX_SERVER_MESSAGE]}"
-        if detail:
-            message += f": {detail[:_MAX_SERVER_MESSAGE]}"
-        message = self._scrub(message)
+        message = self._status_message(
+            what, status, label=title[:MAX_SERVER_MESSAGE], detail=detail[:MAX_SERVER_MESSAGE]
+        )
         p = self.name
         lowered = f"{title} {detail}".lower()
-        if status == 429:
-            retry_after = _parse_retry_after(response.headers.get("Retry-After"))
-            return RateLimited(message, provider=p, retry_after=retry_after)
-        if status == 401:
-            return AuthError(message, provider=p)
-        if status == 402 or (
-            status in (400, 403, 422) and any(w in lowered for w in _QUOTA_WORDS)
-        ):
+        if status in (400, 403, 422) and any(w in lowered for w in _QUOTA_WORDS):
             return QuotaError(message, provider=p)
-        if status == 403:
-            return AuthError(message, provider=p)
-        if status == 404:
-            return NotFound(message, provider=p)
         if status == 409:
             return _Conflict(message, provider=p)
         if status in (400, 422) and any(w in lowered for w in _CAPACITY_WORDS):
             return CapacityError(message, provider=p)
-        if status in (400, 422):
-            return InvalidSpec(message, provider=p)
-        if status >= 500:
-            return TransientError(message, provider=p)
-        return ProviderError(message, provider=p)
-
-    def _scrub(self, text: str) -> str:
-        return text.replace(self._secret, "***") if self._secret else text
-
-    def _malformed(self, what: str) -> ProviderError:
-        return ProviderError(f"{self.name}: {what}: malformed response", provider=self.name)
-
-    def _json(self, response: httpx.Response, *, what: str) -> dict[str, Any]:
-        try:
-            data = response.json()
-        except ValueError as exc:
-            raise self._malformed(what) from exc
-        if not isinstance(data, dict):
-            raise self._malformed(what)
-        return data
+        return self._classify(response, message)
 
 
 def _entry_key(entry: Mapping[str, Any]) -> str:

@@ -74,18 +74,14 @@ import asyncio
 import builtins
 import json
 import math
-import random
 import re
 import shlex
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
-from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 import httpx
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from providers.base import (
     TAG_NODE,
@@ -100,19 +96,16 @@ from providers.base import (
     Offer,
     ProviderError,
     QuotaError,
-    RateLimited,
     TransientError,
     Unsupported,
 )
+from providers.http import MAX_SERVER_MESSAGE, HTTPAdapter, RetryPolicy
 
 __all__ = ["LABEL_PREFIX", "VastAIProvider", "decode_label", "encode_label", "map_status"]
-
-_T = TypeVar("_T")
 
 #: Every label we write starts with this; anything else is not ours.
 LABEL_PREFIX = "vkp1?"
 _LABEL_MAX = 1024  # the spec's maxLength for ``label`` (manage instance)
-_MAX_SERVER_MESSAGE = 300
 _PAGE_SIZE = 25  # the spec's maximum
 _MAX_PAGES = 400
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -162,26 +155,6 @@ def map_status(
     if status in ("unknown", "offline"):
         return InstanceState.FAILED, f"host {status}: the instance will not reach running"
     return InstanceState.PENDING, f"unrecognized Vast.ai status {status!r}"
-
-
-def _parse_retry_after(value: str | None) -> float | None:
-    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date)."""
-    if value is None:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        seconds = (when - datetime.now(UTC)).total_seconds()
-    if seconds != seconds:  # NaN
-        return None
-    return max(0.0, seconds)
 
 
 def _norm_gpu(name: str) -> str:
@@ -254,7 +227,7 @@ class _Options:
             raise ValueError("options.max_attempts and log_poll_attempts must be at least 1")
 
 
-class VastAIProvider:
+class VastAIProvider(HTTPAdapter):
     """A :class:`~providers.base.Provider` for one Vast.ai account, scoped to ``owner``.
 
     ``transport`` replaces the network (e.g. ``httpx.ASGITransport(app=fake)`` in tests). The API
@@ -273,38 +246,16 @@ class VastAIProvider:
         options: Mapping[str, Any] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self.name = name
-        self.owner = owner
-        self._base_url = base_url
         self._opts = _Options(options or {})
-        self._secret = api_key or None
-        headers = {"Accept": "application/json"}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        self._client = httpx.AsyncClient(
-            base_url=base_url, headers=headers, timeout=timeout, transport=transport
+        super().__init__(
+            name=name, base_url=base_url, owner=owner, timeout=timeout, transport=transport,
+            retry=RetryPolicy.of(self._opts), secret=api_key,
+            auth_headers={"Authorization": f"Bearer {api_key}"} if api_key else None,
         )
         self._blob_client = httpx.AsyncClient(timeout=timeout, transport=transport)
 
-    def __repr__(self) -> str:
-        return (
-            f"VastAIProvider(name={self.name!r}, base_url={self._base_url!r}, "
-            f"owner={self.owner!r})"
-        )
-
-    async def __aenter__(self) -> VastAIProvider:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await super().aclose()
         await self._blob_client.aclose()
 
     # -- the Provider protocol --------------------------------------------------------------
@@ -676,7 +627,7 @@ class VastAIProvider:
             status_msg = item.get("status_msg")
             message = reason
             if isinstance(status_msg, str) and status_msg.strip():
-                detail = status_msg.strip()[:_MAX_SERVER_MESSAGE]
+                detail = status_msg.strip()[:MAX_SERVER_MESSAGE]
                 message = f"{reason}: {detail}" if reason else detail
             ip = item.get("public_ipaddr")
             ip = ip.strip() if isinstance(ip, str) and ip.strip() else None
@@ -753,71 +704,7 @@ class VastAIProvider:
             provider=self.name,
         )
 
-    # -- the HTTP edge ----------------------------------------------------------------------
-
-    async def _request(
-        self,
-        method: str,
-        path: str,
-        *,
-        what: str,
-        params: Mapping[str, str] | None = None,
-        json_body: Any = None,
-        op: str = "",
-        retry_transient: bool = True,
-    ) -> httpx.Response:
-        async def attempt() -> httpx.Response:
-            request = self._client.build_request(method, path, params=params, json=json_body)
-            try:
-                response = await self._client.send(request)
-            except httpx.TransportError as exc:
-                raise self._transport_error(exc, what=what) from exc
-            if response.is_success:
-                return response
-            raise self._status_error(response, what=what, op=op)
-
-        return await self._retrying(attempt, retry_transient=retry_transient)
-
-    async def _retrying(
-        self, operation: Callable[[], Awaitable[_T]], *, retry_transient: bool
-    ) -> _T:
-        def should_retry(exc: BaseException) -> bool:
-            if isinstance(exc, TransientError):
-                return retry_transient
-            if isinstance(exc, RateLimited):
-                return exc.retry_after is None or exc.retry_after <= self._opts.retry_after_cap
-            return False
-
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self._opts.max_attempts),
-            wait=self._wait,
-            retry=retry_if_exception(should_retry),
-            reraise=True,
-        )
-        async for attempt in retrying:
-            with attempt:
-                return await operation()
-        raise AssertionError("unreachable: tenacity reraises the last error")
-
-    def _wait(self, retry_state: RetryCallState) -> float:
-        outcome = retry_state.outcome
-        exc = outcome.exception() if outcome is not None else None
-        if isinstance(exc, RateLimited) and exc.retry_after is not None:
-            return min(exc.retry_after, self._opts.retry_after_cap)
-        backoff = self._opts.backoff_initial * 2.0 ** (retry_state.attempt_number - 1)
-        jitter = random.uniform(0, self._opts.backoff_initial / 2)
-        return min(self._opts.backoff_max, backoff) + jitter
-
-    def _transport_error(self, exc: httpx.TransportError, *, what: str) -> TransientError:
-        if isinstance(exc, httpx.TimeoutException):
-            kind = "timed out"
-        elif isinstance(exc, httpx.ConnectError):
-            kind = "could not connect"
-        else:
-            kind = "lost the connection"
-        return TransientError(
-            f"{self.name}: {what} failed: {kind} ({type(exc).__name__})", provider=self.name
-        )
+    # -- the HTTP edge (the rest is providers.http.HTTPAdapter) ----------------------------
 
     def _status_error(self, response: httpx.Response, *, what: str, op: str) -> ProviderError:
         """Vast.ai's ``{success, error, msg}`` (or ``{detail}`` on 429) -> a typed error."""
@@ -830,48 +717,17 @@ class VastAIProvider:
                 detail = str(data.get("msg") or data.get("detail") or "")
         except ValueError:
             pass
-        message = f"{self.name}: {what} failed: HTTP {status}"
-        if code:
-            message += f" {code}"
-        if detail:
-            message += f": {detail[:_MAX_SERVER_MESSAGE]}"
-        message = self._scrub(message)
+        message = self._status_message(
+            what, status, label=code, detail=detail[:MAX_SERVER_MESSAGE]
+        )
         p = self.name
         lowered = f"{code} {detail}".lower()
-        if status == 429:
-            retry_after = _parse_retry_after(response.headers.get("Retry-After"))
-            return RateLimited(message, provider=p, retry_after=retry_after)
-        if status == 401:
-            return AuthError(message, provider=p)
-        if op == "search" and status == 404:
-            return AuthError(message, provider=p)  # the spec: 404 = invalid or missing API key
-        if status == 402 or any(word in lowered for word in _QUOTA_WORDS):
-            return QuotaError(message, provider=p)
-        if op == "rent" and (status in (404, 410) or "no_such_ask" in lowered):
-            return CapacityError(message, provider=p)
-        if op == "rent" and status == 403:
-            return CapacityError(message, provider=p)  # the spec: "offer is not your own"
-        if status == 403:
-            return AuthError(message, provider=p)
-        if status == 404:
-            return NotFound(message, provider=p)
-        if status in (400, 422):
-            return InvalidSpec(message, provider=p)
-        if status >= 500:
-            return TransientError(message, provider=p)
-        return ProviderError(message, provider=p)
-
-    def _scrub(self, text: str) -> str:
-        return text.replace(self._secret, "***") if self._secret else text
-
-    def _malformed(self, what: str) -> ProviderError:
-        return ProviderError(f"{self.name}: {what}: malformed response", provider=self.name)
-
-    def _json(self, response: httpx.Response, *, what: str) -> dict[str, Any]:
-        try:
-            data = response.json()
-        except ValueError as exc:
-            raise self._malformed(what) from exc
-        if not isinstance(data, dict):
-            raise self._malformed(what)
-        return data
+        if status not in (401, 429):
+            if op == "search" and status == 404:
+                return AuthError(message, provider=p)  # the spec: 404 = invalid or missing key
+            if status == 402 or any(word in lowered for word in _QUOTA_WORDS):
+                return QuotaError(message, provider=p)
+            if op == "rent" and (status in (403, 404, 410) or "no_such_ask" in lowered):
+                # the spec: 404/410 = the offer is gone, 403 = "offer is not your own"
+                return CapacityError(message, provider=p)
+        return self._classify(response, message)

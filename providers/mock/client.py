@@ -2,9 +2,9 @@
 
 Why it exists: it is the reference adapter. It speaks the mock cloud's HTTP API
 (:mod:`providers.mock.server`) the way a real adapter speaks a real cloud's: over httpx, with
-retries only at the HTTP edge, and with every failure turned into one of the typed errors of
-:mod:`providers.base`. Tests of the service run against it, so its behaviour is the contract made
-concrete.
+retries only at the HTTP edge (:mod:`providers.http`, shared by every adapter), and with every
+failure turned into one of the typed errors of :mod:`providers.base`. Tests of the service run
+against it, so its behaviour is the contract made concrete.
 
 Retries: timeouts, connection errors and 5xx (:class:`~providers.base.TransientError`) are
 retried ``max_attempts`` times in all with short exponential backoff and jitter. A 429
@@ -17,19 +17,14 @@ errors are never retried. Create may be retried because the cloud is idempotent 
 from __future__ import annotations
 
 import builtins
-import random
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
-from types import TracebackType
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator, Mapping
+from datetime import datetime
+from typing import Any
 
 import httpx
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from providers.base import (
     TAG_NODE,
-    AuthError,
     CapacityError,
     Instance,
     InstanceSpec,
@@ -40,13 +35,10 @@ from providers.base import (
     Offer,
     ProviderError,
     QuotaError,
-    RateLimited,
-    TransientError,
 )
+from providers.http import MAX_SERVER_MESSAGE, HTTPAdapter, RetryPolicy, parse_retry_after
 
 __all__ = ["MockProvider"]
-
-_T = TypeVar("_T")
 
 _STATES = {
     "pending": InstanceState.PENDING,
@@ -54,27 +46,8 @@ _STATES = {
     "terminating": InstanceState.TERMINATING,
     "failed": InstanceState.FAILED,
 }
-_MAX_SERVER_MESSAGE = 300
-
-
-def _parse_retry_after(value: str | None) -> float | None:
-    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date)."""
-    if value is None:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        seconds = (when - datetime.now(UTC)).total_seconds()
-    if seconds != seconds:  # NaN
-        return None
-    return max(0.0, seconds)
+#: Kept under its old name: callers (and tests) import it from here.
+_parse_retry_after = parse_retry_after
 
 
 def _opt_str(data: Mapping[str, Any], key: str) -> str | None:
@@ -92,7 +65,7 @@ def _opt_time(data: Mapping[str, Any], key: str) -> datetime | None:
     return None if value is None else datetime.fromisoformat(str(value))
 
 
-class MockProvider:
+class MockProvider(HTTPAdapter):
     """A :class:`~providers.base.Provider` for one mock cloud account, scoped to ``owner``.
 
     ``transport`` replaces the network (e.g. ``httpx.ASGITransport(app=create_app(...))`` in
@@ -115,39 +88,20 @@ class MockProvider:
     ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
-        self.name = name
-        self.owner = owner
-        self._base_url = base_url
-        self._timeout = timeout
-        self._max_attempts = max_attempts
-        self._backoff_initial = backoff_initial
-        self._backoff_max = backoff_max
-        self._retry_after_cap = retry_after_cap
-        headers = {"Accept": "application/json"}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        self._client = httpx.AsyncClient(
-            base_url=base_url, headers=headers, timeout=timeout, transport=transport
+        super().__init__(
+            name=name,
+            base_url=base_url,
+            owner=owner,
+            timeout=timeout,
+            transport=transport,
+            retry=RetryPolicy(
+                max_attempts=max_attempts,
+                backoff_initial=backoff_initial,
+                backoff_max=backoff_max,
+                retry_after_cap=retry_after_cap,
+            ),
+            auth_headers={"Authorization": f"Bearer {api_key}"} if api_key else None,
         )
-
-    def __repr__(self) -> str:
-        return (
-            f"MockProvider(name={self.name!r}, base_url={self._base_url!r}, owner={self.owner!r})"
-        )
-
-    async def __aenter__(self) -> MockProvider:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
 
     # -- the Provider protocol --------------------------------------------------------------
 
@@ -272,121 +226,28 @@ class MockProvider:
         response = await self._request("GET", f"/instances/{instance_id}/metrics", what=what)
         return self._json(response, what=what)
 
-    # -- the HTTP edge ----------------------------------------------------------------------
+    # -- the HTTP edge (the rest is providers.http.HTTPAdapter) ----------------------------
 
-    async def _request(
-        self,
-        method: str,
-        path: str,
-        *,
-        what: str,
-        params: Mapping[str, str] | None = None,
-        json_body: Any = None,
-    ) -> httpx.Response:
-        async def attempt() -> httpx.Response:
-            request = self._client.build_request(method, path, params=params, json=json_body)
-            return await self._send(request, what=what, stream=False)
-
-        return await self._retrying(attempt)
-
-    async def _retrying(self, operation: Callable[[], Awaitable[_T]]) -> _T:
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self._max_attempts),
-            wait=self._wait,
-            retry=retry_if_exception(self._should_retry),
-            reraise=True,
-        )
-        async for attempt in retrying:
-            with attempt:
-                return await operation()
-        raise AssertionError("unreachable: tenacity reraises the last error")
-
-    def _should_retry(self, exc: BaseException) -> bool:
-        if isinstance(exc, TransientError):
-            return True
-        if isinstance(exc, RateLimited):
-            return exc.retry_after is None or exc.retry_after <= self._retry_after_cap
-        return False
-
-    def _wait(self, retry_state: RetryCallState) -> float:
-        outcome = retry_state.outcome
-        exc = outcome.exception() if outcome is not None else None
-        if isinstance(exc, RateLimited) and exc.retry_after is not None:
-            return min(exc.retry_after, self._retry_after_cap)
-        backoff = self._backoff_initial * 2.0 ** (retry_state.attempt_number - 1)
-        return min(self._backoff_max, backoff) + random.uniform(0, self._backoff_initial / 2)
-
-    async def _send(self, request: httpx.Request, *, what: str, stream: bool) -> httpx.Response:
-        try:
-            response = await self._client.send(request, stream=stream)
-        except httpx.TransportError as exc:
-            raise self._transport_error(exc, what=what) from exc
-        if response.is_success:
-            return response
-        try:
-            if stream:
-                await response.aread()
-        except httpx.TransportError as exc:
-            raise self._transport_error(exc, what=what) from exc
-        finally:
-            if stream:
-                await response.aclose()
-        raise self._status_error(response, what=what)
-
-    def _transport_error(self, exc: httpx.TransportError, *, what: str) -> TransientError:
-        if isinstance(exc, httpx.TimeoutException):
-            kind = "timed out"
-        elif isinstance(exc, httpx.ConnectError):
-            kind = "could not connect"
-        else:
-            kind = "lost the connection"
-        return TransientError(
-            f"{self.name}: {what} failed: {kind} ({type(exc).__name__})", provider=self.name
-        )
-
-    def _status_error(self, response: httpx.Response, *, what: str) -> ProviderError:
+    def _status_error(self, response: httpx.Response, *, what: str, op: str) -> ProviderError:
+        """The mock cloud's ``{"error": {code, message}}`` -> a typed error; codes win."""
         status = response.status_code
         code, detail = "", ""
         try:
             error = response.json()["error"]
             code = str(error.get("code", ""))
-            detail = str(error.get("message", ""))[:_MAX_SERVER_MESSAGE]
+            detail = str(error.get("message", ""))[:MAX_SERVER_MESSAGE]
         except (ValueError, KeyError, TypeError, AttributeError):
             pass
-        message = f"{self.name}: {what} failed: HTTP {status}"
-        if code:
-            message += f" {code}"
-        if detail:
-            message += f": {detail}"
+        message = self._status_message(what, status, label=code, detail=detail)
         p = self.name
-        if status in (401, 403):
-            return AuthError(message, provider=p)
-        if status == 402 or code == "quota_exceeded":
-            return QuotaError(message, provider=p)
-        if code == "capacity_unavailable":
-            return CapacityError(message, provider=p)
-        if status == 429:
-            retry_after = _parse_retry_after(response.headers.get("Retry-After"))
-            return RateLimited(message, provider=p, retry_after=retry_after)
-        if status in (400, 422) or code == "invalid_spec":
-            return InvalidSpec(message, provider=p)
-        if status == 404:
-            return NotFound(message, provider=p)
-        if status >= 500:
-            return TransientError(message, provider=p)
-        return ProviderError(message, provider=p)
-
-    def _malformed(self, what: str) -> ProviderError:
-        return ProviderError(f"{self.name}: {what}: malformed response", provider=self.name)
-
-    def _json(self, response: httpx.Response, *, what: str) -> dict[str, Any]:
-        try:
-            data = response.json()
-        except ValueError as exc:
-            raise self._malformed(what) from exc
-        if not isinstance(data, dict):
-            raise self._malformed(what)
-        return data
+        if status not in (401, 402, 403):
+            if code == "quota_exceeded":
+                return QuotaError(message, provider=p)
+            if code == "capacity_unavailable":
+                return CapacityError(message, provider=p)
+            if code == "invalid_spec" and status != 429:
+                return InvalidSpec(message, provider=p)
+        return self._classify(response, message)
 
     def _instance(self, data: Any, *, what: str) -> Instance:
         try:

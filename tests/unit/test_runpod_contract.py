@@ -38,6 +38,7 @@ from providers.base import (
     TransientError,
 )
 from providers.runpod import COMMAND_UNSUPPORTED, STATUS_MAP, TAGS_ENV, RunPodProvider
+from tests.fakes.common import TRANSPORT_FAILURES, FailingTransport, Providers, assert_never_shown
 from tests.fakes.runpod_fake import (
     NO_CAPACITY_DETAIL,
     FakeRunPod,
@@ -66,7 +67,7 @@ def fake() -> Iterator[FakeRunPod]:
 @pytest.fixture
 async def make_provider(fake: FakeRunPod) -> AsyncIterator[MakeProvider]:
     app = create_app(fake)
-    made: list[RunPodProvider] = []
+    providers: Providers[RunPodProvider] = Providers()
 
     def make(
         *,
@@ -75,20 +76,17 @@ async def make_provider(fake: FakeRunPod) -> AsyncIterator[MakeProvider]:
         transport: httpx.AsyncBaseTransport | None = None,
         api_key: str | None = API_KEY,
     ) -> RunPodProvider:
-        provider = RunPodProvider(
+        return providers.keep(RunPodProvider(
             name="runpod",
             base_url=BASE_URL,
             owner=owner,
             api_key=api_key,
             options={"gpu_types": GPU_TYPES, **FAST, **(options or {})},
             transport=transport or httpx.ASGITransport(app=app),
-        )
-        made.append(provider)
-        return provider
+        ))
 
     yield make
-    for provider in made:
-        await provider.aclose()
+    await providers.aclose()
 
 
 @pytest.fixture
@@ -505,25 +503,11 @@ async def test_server_errors_are_retried_then_transient(
     assert len(fake.calls("listGpuTypes")) == 4  # max_attempts
 
 
-class Broken(httpx.AsyncBaseTransport):
-    def __init__(self, exc: type[httpx.TransportError]) -> None:
-        self.exc = exc
-        self.calls = 0
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        self.calls += 1
-        raise self.exc(f"boom talking to {request.url}", request=request)
-
-
-@pytest.mark.parametrize(
-    ("exc", "kind"),
-    [(httpx.ConnectError, "could not connect"), (httpx.ReadTimeout, "timed out"),
-     (httpx.RemoteProtocolError, "lost the connection")],
-)
+@pytest.mark.parametrize(("exc", "kind"), TRANSPORT_FAILURES)
 async def test_transport_failures_are_transient(
     make_provider: MakeProvider, exc: type[httpx.TransportError], kind: str
 ) -> None:
-    transport = Broken(exc)
+    transport = FailingTransport(exc, message="boom talking to {url}")
     with pytest.raises(TransientError, match=kind):
         await make_provider(transport=transport).list()
     assert transport.calls == 4
@@ -533,7 +517,6 @@ async def test_the_api_key_never_appears_in_errors_or_repr(
     fake: FakeRunPod, make_provider: MakeProvider
 ) -> None:
     provider = make_provider()
-    texts = [repr(provider), str(provider)]
     fake.fail_next("listPods", status=401, detail=f"invalid api key {API_KEY}",
                    title=f"Unauthorized {API_KEY}")
     with pytest.raises(AuthError) as auth:
@@ -542,17 +525,17 @@ async def test_the_api_key_never_appears_in_errors_or_repr(
     with pytest.raises(RateLimited) as limited:
         await provider.list()
     with pytest.raises(TransientError) as transient:
-        await make_provider(transport=Broken(httpx.ConnectError)).list()
+        await make_provider(transport=FailingTransport(httpx.ConnectError,
+                                                       message="boom talking to {url}")).list()
     with pytest.raises(InvalidSpec) as invalid:
         await provider.create(spec(command=("x",)))
     wrong = make_provider(api_key="some-other-key")
     with pytest.raises(AuthError) as rejected:
         await wrong.list()
-    for info in (auth, limited, transient, invalid, rejected):
-        texts += [str(info.value), repr(info.value)]
+    errors = [info.value for info in (auth, limited, transient, invalid, rejected)]
     assert "***" in str(auth.value)
-    assert all(API_KEY not in text for text in texts), texts
-    assert all("some-other-key" not in text for text in texts)
+    for secret in (API_KEY, "some-other-key"):
+        assert_never_shown(secret, provider, wrong, *errors)
 
 
 # -- logs ------------------------------------------------------------------------------------

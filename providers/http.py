@@ -1,0 +1,322 @@
+"""The HTTP edge every cloud adapter shares: :class:`HTTPAdapter` and :class:`RetryPolicy`.
+
+Why it exists: retries, ``Retry-After``, the HTTP status -> typed error classification and secret
+scrubbing decide whether a pod runs twice, whether a cloud gets hammered and whether an API key
+ends up in a log. They were written once per adapter; now they live in one audited place. Each
+adapter keeps what is really its cloud's: parsing its error body (RFC 9457 problem details,
+``{success, error, msg}``, ...) and the few rules its API documents on top of the common ones
+(e.g. "a create 400 means no capacity"), applied before it falls back to :func:`error_for_status`.
+
+Retries: :class:`~providers.base.TransientError` (timeouts, connection errors, 5xx) is retried
+``max_attempts`` times in all with exponential backoff and jitter; a
+:class:`~providers.base.RateLimited` is retried after its ``Retry-After`` when that is at most
+``retry_after_cap`` seconds (with backoff when the cloud gave none) and raised at once when it
+asks for longer, so that the caller can back off as a whole. Nothing else is retried.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from types import TracebackType
+from typing import Any, Protocol, Self, TypeVar
+
+import httpx
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+
+from providers.base import (
+    AuthError,
+    InvalidSpec,
+    NotFound,
+    ProviderError,
+    QuotaError,
+    RateLimited,
+    TransientError,
+)
+
+__all__ = [
+    "MAX_SERVER_MESSAGE",
+    "HTTPAdapter",
+    "RetryOptions",
+    "RetryPolicy",
+    "error_for_status",
+    "parse_retry_after",
+]
+
+_T = TypeVar("_T")
+
+#: How much of a cloud's own error text an error message quotes.
+MAX_SERVER_MESSAGE = 300
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date)."""
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - datetime.now(UTC)).total_seconds()
+    if seconds != seconds:  # NaN
+        return None
+    return max(0.0, seconds)
+
+
+def error_for_status(
+    status: int, message: str, *, provider: str, retry_after: float | None = None
+) -> ProviderError:
+    """The typed error for an HTTP status, once the cloud's own rules had their say.
+
+    401/403 -> AuthError, 402 -> QuotaError, 429 -> RateLimited (``retry_after``), 400/422 ->
+    InvalidSpec, 404 -> NotFound, 5xx -> TransientError, anything else -> ProviderError.
+    """
+    if status in (401, 403):
+        return AuthError(message, provider=provider)
+    if status == 402:
+        return QuotaError(message, provider=provider)
+    if status == 429:
+        return RateLimited(message, provider=provider, retry_after=retry_after)
+    if status in (400, 422):
+        return InvalidSpec(message, provider=provider)
+    if status == 404:
+        return NotFound(message, provider=provider)
+    if status >= 500:
+        return TransientError(message, provider=provider)
+    return ProviderError(message, provider=provider)
+
+
+class RetryOptions(Protocol):
+    """The retry knobs an adapter's parsed options carry (same names as the option keys)."""
+
+    @property
+    def max_attempts(self) -> int: ...
+
+    @property
+    def backoff_initial(self) -> float: ...
+
+    @property
+    def backoff_max(self) -> float: ...
+
+    @property
+    def retry_after_cap(self) -> float: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryPolicy:
+    """When and how long to retry a call at the HTTP edge (see the module docstring)."""
+
+    max_attempts: int = 4
+    backoff_initial: float = 0.1
+    backoff_max: float = 2.0
+    retry_after_cap: float = 5.0
+
+    @classmethod
+    def of(cls, options: RetryOptions) -> RetryPolicy:
+        """The policy an adapter's parsed options ask for."""
+        return cls(
+            max_attempts=options.max_attempts,
+            backoff_initial=options.backoff_initial,
+            backoff_max=options.backoff_max,
+            retry_after_cap=options.retry_after_cap,
+        )
+
+    def should_retry(self, exc: BaseException, *, retry_transient: bool = True) -> bool:
+        if isinstance(exc, TransientError):
+            return retry_transient
+        if isinstance(exc, RateLimited):
+            return exc.retry_after is None or exc.retry_after <= self.retry_after_cap
+        return False
+
+    def wait(self, retry_state: RetryCallState) -> float:
+        """``Retry-After`` (capped) after a 429 that gave one, else backoff with jitter."""
+        outcome = retry_state.outcome
+        exc = outcome.exception() if outcome is not None else None
+        if isinstance(exc, RateLimited) and exc.retry_after is not None:
+            return min(exc.retry_after, self.retry_after_cap)
+        backoff = self.backoff_initial * 2.0 ** (retry_state.attempt_number - 1)
+        jitter = random.uniform(0, self.backoff_initial / 2)
+        return min(self.backoff_max, backoff) + jitter
+
+    async def call(
+        self, operation: Callable[[], Awaitable[_T]], *, retry_transient: bool = True
+    ) -> _T:
+        """``operation()``, retried as the policy says; the last error is raised as is.
+
+        ``retry_transient=False`` is for calls that are not idempotent (a timeout may hide a
+        success): only a 429, which the cloud did not act on, is retried then.
+        """
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.max_attempts),
+            wait=self.wait,
+            retry=retry_if_exception(
+                functools.partial(self.should_retry, retry_transient=retry_transient)
+            ),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await operation()
+        raise AssertionError("unreachable: tenacity reraises the last error")
+
+
+class HTTPAdapter:
+    """The base of the cloud adapters: one httpx client, retries, errors and scrubbing.
+
+    A subclass parses its options first (so a bad option leaks no client), then calls
+    ``super().__init__``, and implements :meth:`_status_error` for its cloud's error body,
+    building the text with :meth:`_status_message` and ending in :meth:`_classify`. The API key
+    goes into ``auth_headers`` and nowhere else; ``secret`` (when given) is replaced by ``***``
+    in every message built here.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        base_url: str,
+        owner: str,
+        timeout: float,
+        transport: httpx.AsyncBaseTransport | None,
+        retry: RetryPolicy,
+        auth_headers: Mapping[str, str] | None = None,
+        secret: str | None = None,
+    ) -> None:
+        self.name = name
+        self.owner = owner
+        self._base_url = base_url
+        self._timeout = timeout
+        self._retry = retry
+        self._secret = secret or None
+        headers = {"Accept": "application/json", **(auth_headers or {})}
+        self._client = httpx.AsyncClient(
+            base_url=base_url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(name={self.name!r}, base_url={self._base_url!r}, "
+            f"owner={self.owner!r})"
+        )
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    async def _retrying(
+        self, operation: Callable[[], Awaitable[_T]], *, retry_transient: bool = True
+    ) -> _T:
+        return await self._retry.call(operation, retry_transient=retry_transient)
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        params: Mapping[str, str] | None = None,
+        json_body: Any = None,
+        op: str = "",
+        retry_transient: bool = True,
+    ) -> httpx.Response:
+        """One API call, retried; a typed error for anything but a 2xx."""
+
+        async def attempt() -> httpx.Response:
+            request = self._client.build_request(method, path, params=params, json=json_body)
+            return await self._send(request, what=what, op=op)
+
+        return await self._retrying(attempt, retry_transient=retry_transient)
+
+    async def _send(
+        self, request: httpx.Request, *, what: str, stream: bool = False, op: str = ""
+    ) -> httpx.Response:
+        """Send once; a 2xx response (still open when ``stream``) or a typed error."""
+        try:
+            response = await self._client.send(request, stream=stream)
+        except httpx.TransportError as exc:
+            raise self._transport_error(exc, what=what) from exc
+        if response.is_success:
+            return response
+        try:
+            if stream:
+                await response.aread()
+        except httpx.TransportError as exc:
+            raise self._transport_error(exc, what=what) from exc
+        finally:
+            if stream:
+                await response.aclose()
+        raise self._status_error(response, what=what, op=op)
+
+    # -- errors -----------------------------------------------------------------------------
+
+    def _transport_error(self, exc: httpx.TransportError, *, what: str) -> TransientError:
+        if isinstance(exc, httpx.TimeoutException):
+            kind = "timed out"
+        elif isinstance(exc, httpx.ConnectError):
+            kind = "could not connect"
+        else:
+            kind = "lost the connection"
+        return TransientError(
+            f"{self.name}: {what} failed: {kind} ({type(exc).__name__})", provider=self.name
+        )
+
+    def _status_error(self, response: httpx.Response, *, what: str, op: str) -> ProviderError:
+        """The typed error for a non-2xx answer to operation ``op`` (the cloud's own format)."""
+        raise NotImplementedError
+
+    def _status_message(self, what: str, status: int, *, label: str = "", detail: str = "") -> str:
+        """``<name>: <what> failed: HTTP <status> <label>: <detail>``, scrubbed."""
+        message = f"{self.name}: {what} failed: HTTP {status}"
+        if label:
+            message += f" {label}"
+        if detail:
+            message += f": {detail}"
+        return self._scrub(message)
+
+    def _retry_after(self, response: httpx.Response) -> float | None:
+        """How long a 429 asks us to wait (``Retry-After``); None when it does not say."""
+        return parse_retry_after(response.headers.get("Retry-After"))
+
+    def _classify(self, response: httpx.Response, message: str) -> ProviderError:
+        """:func:`error_for_status` for the response, with its ``Retry-After`` on a 429."""
+        status = response.status_code
+        retry_after = self._retry_after(response) if status == 429 else None
+        return error_for_status(status, message, provider=self.name, retry_after=retry_after)
+
+    def _scrub(self, text: str) -> str:
+        """``text`` with the API key replaced by ``***``."""
+        return text.replace(self._secret, "***") if self._secret else text
+
+    def _malformed(self, what: str) -> ProviderError:
+        return ProviderError(f"{self.name}: {what}: malformed response", provider=self.name)
+
+    def _json(self, response: httpx.Response, *, what: str) -> dict[str, Any]:
+        try:
+            data = response.json()
+        except ValueError as exc:
+            raise self._malformed(what) from exc
+        if not isinstance(data, dict):
+            raise self._malformed(what)
+        return data
