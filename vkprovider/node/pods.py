@@ -637,6 +637,12 @@ class PodController:
 
     async def _create(self, pod: Body, uid: str) -> None:
         meta = pod["metadata"]
+        # Policy first: a pod no policy admits never has its Secrets read.
+        policy, refusal = self._admitting_policy(pod)
+        if refusal:
+            await self._reject(pod, reason="NotAdmitted",
+                               message=f"not sent to any cloud: {refusal}")
+            return
         unknown = [n for n, ok in self.listed.items() if not ok]
         if unknown:
             raise Retry(f"cannot list {', '.join(unknown)}; not creating blind", after=2.0)
@@ -661,11 +667,6 @@ class PodController:
             await self._reject(pod, reason=reason, message=why)
             return
 
-        policy, refusal = self._admitting_policy(pod)
-        if refusal:
-            await self._reject(pod, reason="NotAdmitted",
-                               message=f"not sent to any cloud: {refusal}")
-            return
         allowed = [n for n in self.providers if n not in self.draining]
         if policy is not None:
             allowed = [n for n in policy.spec.providers
