@@ -49,6 +49,7 @@ class PodSettings(_Frozen):
     orphan_grace_seconds: float = Field(default=30.0, ge=0)  # between the two sightings
     create_deadline_seconds: float = Field(default=900.0, gt=0)  # then fail the pod
     capacity_block_seconds: float = Field(default=180.0, ge=0)
+    delete_retry_seconds: float = Field(default=30.0, gt=0)  # re-send an unheeded delete
     max_backoff_seconds: float = Field(default=60.0, gt=0)
     require_policy: bool = False  # issue 6: only pods an OverflowPolicy selects
 

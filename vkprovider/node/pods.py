@@ -544,6 +544,20 @@ class PodController:
         for inst_id in [i for i in self.orphans if i not in live_ids]:
             del self.orphans[inst_id]
 
+    def _delete_in_progress(self, inst: Instance) -> bool:
+        """Whether our delete of ``inst`` may still be under way.
+
+        A cloud that accepted a delete but did nothing would bill forever if we trusted it: an
+        instance still listed, and not terminating, ``delete_retry_seconds`` after our call is
+        deleted again.
+        """
+        at = self.deleting.get(inst.id)
+        if at is None:
+            return False
+        if inst.state == InstanceState.TERMINATING:
+            return True
+        return self.clock() - at < self.settings.pods.delete_retry_seconds
+
     async def _delete_instance(self, provider: str, instance_id: str, *, why: str) -> bool:
         """Ask the cloud to delete; True once the cloud accepted (or it is already gone)."""
         adapter = self.providers.get(provider)
@@ -591,7 +605,7 @@ class PodController:
     async def _pod_gone(self, uid: str, placed: Placed | None) -> None:
         if (
             placed is not None
-            and placed.instance.id not in self.deleting
+            and not self._delete_in_progress(placed.instance)
             and not await self._delete_instance(placed.provider, placed.instance.id,
                                                 why="pod deleted")
         ):
@@ -600,11 +614,11 @@ class PodController:
         self.first_seen.pop(uid, None)
         self.unsure.pop(uid, None)
         self.running_seen.pop(uid, None)
-        if placed is None or placed.instance.id in self.deleting:
+        if placed is None or self._delete_in_progress(placed.instance):
             self.placed.pop(uid, None)
 
     async def _stop_spend(self, placed: Placed) -> None:
-        if placed.instance.id in self.deleting:
+        if self._delete_in_progress(placed.instance):
             return
         if placed.instance.state == InstanceState.TERMINATING:
             return
@@ -614,7 +628,7 @@ class PodController:
 
     async def _terminate(self, pod: Body, uid: str, placed: Placed | None) -> None:
         meta = pod["metadata"]
-        if placed is not None and placed.instance.id not in self.deleting:
+        if placed is not None and not self._delete_in_progress(placed.instance):
             if await self._delete_instance(placed.provider, placed.instance.id,
                                            why="pod terminating"):
                 await self.events.emit(obj=_pod_ref(pod), reason="Killing",
