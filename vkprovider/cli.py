@@ -51,17 +51,33 @@ def parse_inventory(text: str) -> list[tuple[str, str, int, float]]:
 
 
 def _mock_cloud(args: argparse.Namespace) -> int:
+    from providers.mock.scenario import ScenarioError, load_scenario
     from providers.mock.server import DEFAULT_INVENTORY, InventoryOffer, MockCloudState, serve
 
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    scenario = None
+    if args.scenario:
+        try:
+            scenario = load_scenario(args.scenario)
+        except ScenarioError as exc:
+            raise ConfigError(f"--scenario: {exc}") from None
+        # flags given on the command line win over the scenario file
+        update = {k: v for k, v in (("boot_delay", args.boot_delay), ("seed", args.seed),
+                                    ("delete_delay", args.delete_delay)) if v is not None}
+        if args.inventory:
+            update["inventory"] = None
+        scenario = scenario.model_copy(update=update)
     inventory = DEFAULT_INVENTORY
     if args.inventory:
         inventory = tuple(
             InventoryOffer(gpu_type=t, region=r, count=c, price_per_gpu_hour=p)
             for t, r, c, p in parse_inventory(args.inventory)
         )
-    state = MockCloudState(api_key=api_key, boot_delay=args.boot_delay, inventory=inventory,
-                           delete_delay=args.delete_delay, seed=args.seed)
+    state = MockCloudState(
+        api_key=api_key, inventory=inventory, scenario=scenario,
+        boot_delay=1.0 if args.boot_delay is None else args.boot_delay,
+        delete_delay=0.0 if args.delete_delay is None else args.delete_delay,
+        seed=0 if args.seed is None else args.seed)
     asyncio.run(serve(host=args.host, port=args.port, state=state, log_level="warning"))
     return 0
 
@@ -96,11 +112,16 @@ def build_parser() -> argparse.ArgumentParser:
     mock = sub.add_parser("mock-cloud", help="run the mock GPU cloud (tests, demos, your CI)")
     mock.add_argument("--host", default="127.0.0.1")
     mock.add_argument("--port", type=int, default=8080)
-    mock.add_argument("--boot-delay", type=float, default=1.0, help="seconds pending -> running")
-    mock.add_argument("--delete-delay", type=float, default=0.0)
+    mock.add_argument("--boot-delay", type=float,
+                      help="seconds pending -> running (default: the scenario's, else 1.0)")
+    mock.add_argument("--delete-delay", type=float,
+                      help="seconds terminating -> gone (default: the scenario's, else 0)")
     mock.add_argument("--api-key-env", help="require this env var's value as the API key")
-    mock.add_argument("--seed", type=int, default=0)
-    mock.add_argument("--inventory", help="TYPE:REGION:COUNT:PRICE[,...]; default: a small mix")
+    mock.add_argument("--seed", type=int, help="default: the scenario's, else 0")
+    mock.add_argument("--inventory", help="TYPE:REGION:COUNT:PRICE[,...]; default: the "
+                      "scenario's, else a small mix")
+    mock.add_argument("--scenario", help="scenario YAML: inventory, delays, seed, faults "
+                      "(docs/testing-with-the-mock-cloud.md); flags given here win")
     mock.set_defaults(func=_mock_cloud)
 
     comp = sub.add_parser("descheduler", help="run the companion: overflow admission by policy")

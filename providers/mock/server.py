@@ -18,8 +18,14 @@ HTTP API (all JSON; an error is ``{"error": {"code": str, "message": str}}``)
 
 Every non-admin endpoint needs ``Authorization: Bearer <key>`` when the state has an ``api_key``
 (otherwise 401 ``unauthorized``). Admin endpoints need the same key. The key is never echoed.
-A request is counted first, then authenticated, then given its armed fault (if any), and only
+A request is counted first, then authenticated, then given its armed fault (if any: a scripted
+one from ``/admin/faults``, else the scenario's 429 bursts, random errors and hangs), and only
 then are its query and body validated, so a stranger gets 401 whatever they send.
+
+Scenario faults (:mod:`providers.mock.scenario`) also act inside the endpoints: capacity
+outages shrink offers, a crash rate fails running instances, deletes can be slow or come to
+nothing, a create can lose its answer after making the instance (the duplicate trap), and
+``GET /instances`` can lag behind creates (``GET /instances/{id}`` and create-by-name do not).
 
 ``GET /healthz``
     ``{"ok": true}``; no auth, not counted.
@@ -75,9 +81,16 @@ Admin endpoints (for tests and for people trying policies):
     POST ``{endpoint, status, count, retry_after}``: the next ``count`` requests to ``endpoint``
     (``create, list, get, delete, logs, metrics, capacity`` or ``*``) answer ``status`` (with a
     ``Retry-After`` header when ``retry_after`` is set) without doing anything.
+``GET|PUT|DELETE /admin/scenario``
+    PUT takes a scenario (:mod:`providers.mock.scenario`, as JSON) and applies it now: what it
+    sets (inventory, delays, seed) and its fault profile, replacing the previous profile; 422
+    ``invalid_spec`` names the bad field. GET returns the scenario in force; DELETE turns the
+    random faults off (the scripted ``/admin/faults`` stay).
 ``GET /admin/stats``
     ``{create_calls, list_calls, get_calls, delete_calls, logs_calls, metrics_calls,
-    capacity_calls, unauthorized_calls, faults_injected, instances_created, live_instances}``.
+    capacity_calls, injected_<kind> (errors, hangs, rate_limited, lost_creates,
+    capacity_refusals, crashes, slow_deletes, failed_deletes), unauthorized_calls,
+    faults_injected (scripted and scenario), instances_created, live_instances}``.
     Calls are counted when received, including idempotent repeats, rejected and faulted ones.
 ``GET /admin/ledger``
     ``{create_calls, total_cost, instances: [{id, name, uid, gpu_type, gpu_count, region,
@@ -117,6 +130,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from providers.base import TAG_UID
+from providers.mock.scenario import Faults, Scenario, ScenarioError, parse_scenario
 
 __all__ = [
     "DEFAULT_INVENTORY",
@@ -127,6 +141,7 @@ __all__ = [
     "Fault",
     "FaultPlan",
     "InventoryOffer",
+    "LostResponse",
     "ManualClock",
     "MockCloudError",
     "MockCloudState",
@@ -227,6 +242,16 @@ class MockCloudError(Exception):
         self.retry_after = retry_after
 
 
+class LostResponse(MockCloudError):
+    """The duplicate trap fired: the instance was created but its answer is lost (``mode``)."""
+
+    def __init__(self, *, mode: str) -> None:
+        super().__init__(
+            status=504, code="timeout", message="gateway timeout while creating the instance"
+        )
+        self.mode = mode
+
+
 def _not_found(instance_id: str) -> MockCloudError:
     return MockCloudError(status=404, code="not_found", message=f"instance {instance_id} not found")
 
@@ -308,6 +333,19 @@ class FaultPlan:
         return None
 
 
+#: The scenario faults counted in ``stats()`` as ``injected_<kind>``.
+_INJECTED_KINDS = (
+    "errors",
+    "hangs",
+    "rate_limited",
+    "lost_creates",
+    "capacity_refusals",
+    "crashes",
+    "slow_deletes",
+    "failed_deletes",
+)
+
+
 class _Phase(enum.StrEnum):
     """What the container does; ``terminating`` is reported on top of it while deleting."""
 
@@ -345,6 +383,11 @@ class _Record:
     deleting: float | None = None
     delete_done: float | None = None
     released: float | None = None
+    crash_at: float | None = None  # scenario fault: fails then, if still running
+    crash_message: str = ""
+    crash_exit_code: int | None = None
+    crashed: bool = False
+    delete_fails: bool = False  # scenario fault: the pending delete comes to nothing
 
     @property
     def price_per_hour(self) -> float:
@@ -362,17 +405,29 @@ class _Record:
             if self.phase is _Phase.PENDING and now >= self.boot_at:
                 self.phase = _Phase.RUNNING
                 self.started = self.boot_at
-            if (
-                self.phase is _Phase.RUNNING
-                and self.started is not None
-                and self.run_seconds is not None
-                and now >= self.started + self.run_seconds
-            ):
-                self.phase = _Phase.EXITED
-                self.finished = self.started + self.run_seconds
-                self.exit_code = self.run_exit_code
+            if self.phase is _Phase.RUNNING and self.started is not None:
+                exit_at = (
+                    self.started + self.run_seconds if self.run_seconds is not None else math.inf
+                )
+                crash_at = self.crash_at if self.crash_at is not None else math.inf
+                if now >= min(exit_at, crash_at):
+                    if crash_at < exit_at:
+                        self.crashed = True
+                        self.phase = _Phase.FAILED
+                        self.finished = max(crash_at, self.started)
+                        self.exit_code = self.crash_exit_code
+                        self.message = self.crash_message
+                    else:
+                        self.phase = _Phase.EXITED
+                        self.finished = exit_at
+                        self.exit_code = self.run_exit_code
         elif self.delete_done is not None and now >= self.delete_done:
-            self.released = self.delete_done
+            if self.delete_fails:  # the cloud dropped the delete: back to what it was
+                self.deleting = self.delete_done = None
+                self.delete_fails = False
+                self.advance(now=now)
+            else:
+                self.released = self.delete_done
 
     def cost(self, *, now: float) -> float:
         if self.started is None:
@@ -464,6 +519,11 @@ class MockCloudState:
     (seconds; 0 means at once), ``quota_gpus`` (max GPUs held at once, None for no quota),
     ``max_gpus_per_instance``, ``follow_poll_interval`` and ``follow_max_seconds`` (for followed
     logs; both on the injected clock). ``faults`` arms scripted failures.
+
+    ``scenario`` (:mod:`providers.mock.scenario`) sets inventory, delays and seed and arms a
+    random fault profile (:meth:`apply_scenario`, :meth:`set_faults`). Random faults are drawn
+    from ``rng`` (``random.Random(seed)``) only when configured, in request order, so one seed
+    and one sequence of requests give one run.
     """
 
     def __init__(
@@ -481,9 +541,12 @@ class MockCloudState:
         start_time: datetime | None = None,
         follow_poll_interval: float = 0.5,
         follow_max_seconds: float = 3600.0,
+        scenario: Scenario | None = None,
     ) -> None:
         self._api_key = api_key
         self.seed = seed
+        self._initial_seed = seed
+        self._initial_scenario = scenario
         self.clock = clock
         self.sleep = sleep
         self._t0 = clock()
@@ -497,6 +560,11 @@ class MockCloudState:
         self.follow_poll_interval = follow_poll_interval
         self.follow_max_seconds = follow_max_seconds
         self.faults = FaultPlan()
+        self.rng = random.Random(seed)
+        self.scenario_faults = Faults()
+        self._scenario: Scenario | None = None
+        self._scenario_t0 = self._t0
+        self.injected: dict[str, int] = {}
         self._seq = 0
         self._inventory: dict[tuple[str, str], InventoryOffer] = {}
         self._live: dict[str, _Record] = {}
@@ -533,8 +601,12 @@ class MockCloudState:
 
     # -- admission --------------------------------------------------------------------------
 
-    def admit(self, *, endpoint: str, authorization: str | None) -> None:
-        """Count a request, then reject it if unauthorized or if a fault is armed for it."""
+    def admit(self, *, endpoint: str, authorization: str | None) -> float:
+        """Count a request, then reject it if unauthorized or if a fault is armed for it.
+
+        Scripted faults come first, then the scenario's 429 bursts and random errors. Returns
+        the seconds the request must hang before it is handled (a scenario fault; usually 0).
+        """
         self.calls[endpoint] = self.calls.get(endpoint, 0) + 1
         if not self.authorized(authorization):
             self.unauthorized_calls += 1
@@ -544,6 +616,104 @@ class MockCloudState:
         fault = self.faults.take(endpoint=endpoint)
         if fault is not None:
             raise fault
+        profile = self.scenario_faults
+        elapsed = self.clock() - self._scenario_t0
+        for burst in profile.rate_limits:
+            if ("*" in burst.endpoints or endpoint in burst.endpoints) and burst.active(
+                elapsed=elapsed
+            ):
+                self._count("rate_limited")
+                raise MockCloudError(
+                    status=429,
+                    code="rate_limited",
+                    message=f"rate limited on {endpoint}",
+                    retry_after=burst.retry_after,
+                )
+        own = profile.for_endpoint(endpoint)
+        if own is None:
+            return 0.0
+        if own.error_rate and self.rng.random() < own.error_rate:
+            self._count("errors")
+            raise MockCloudError(
+                status=own.error_status,
+                code=_FAULT_CODES.get(own.error_status, "injected"),
+                message=f"injected fault on {endpoint}",
+            )
+        if own.hang_rate and own.hang_seconds and self.rng.random() < own.hang_rate:
+            self._count("hangs")
+            return own.hang_seconds
+        return 0.0
+
+    def _count(self, kind: str) -> None:
+        self.injected[kind] = self.injected.get(kind, 0) + 1
+
+    # -- scenarios --------------------------------------------------------------------------
+
+    def apply_scenario(self, scenario: Scenario) -> None:
+        """Apply a whole scenario: what it sets (inventory, delays, seed) and its fault profile.
+
+        The scenario's clock (``start`` of bursts and outages) restarts now. A ``seed`` re-seeds
+        the fault generator (and instance ids) so the run from here on is repeatable.
+        """
+        if scenario.inventory is not None:
+            self.set_inventory(
+                InventoryOffer(
+                    gpu_type=o.gpu_type,
+                    region=o.region,
+                    count=o.count,
+                    price_per_gpu_hour=o.price_per_gpu_hour,
+                )
+                for o in scenario.inventory
+            )
+        if scenario.boot_delay is not None:
+            self.boot_delay = scenario.boot_delay
+        if scenario.delete_delay is not None:
+            self.delete_delay = scenario.delete_delay
+        if scenario.seed is not None:
+            self.seed = scenario.seed
+            self.rng = random.Random(scenario.seed)
+        self._scenario = scenario
+        self.set_faults(scenario.faults)
+
+    def set_faults(self, faults: Faults | Mapping[str, Any]) -> None:
+        """Replace the fault profile (a :class:`Faults` or its dict form) and restart its clock.
+
+        Live instances get new crash times under the new crash rate.
+        """
+        if not isinstance(faults, Faults):
+            try:
+                faults = Faults.model_validate(faults)
+            except ValidationError as exc:
+                raise ScenarioError(
+                    f"faults: {_describe_errors(exc.errors())}"
+                ) from None
+        self.scenario_faults = faults
+        if self._scenario is not None:
+            self._scenario = self._scenario.model_copy(update={"faults": faults})
+        now = self.clock()
+        self._scenario_t0 = now
+        for record in self._live.values():
+            self._draw_crash(record, after=max(now, record.boot_at))
+
+    def clear_faults(self) -> None:
+        """No random faults any more (the scripted :attr:`faults` are left as they are)."""
+        self.set_faults(Faults())
+
+    def scenario(self) -> dict[str, Any]:
+        """The scenario in force, as JSON (what ``PUT /admin/scenario`` takes)."""
+        base = self._scenario or Scenario()
+        return base.model_copy(update={"faults": self.scenario_faults}).model_dump(mode="json")
+
+    def _draw_crash(self, record: _Record, *, after: float) -> None:
+        crash = self.scenario_faults.crash
+        if record.phase not in (_Phase.PENDING, _Phase.RUNNING) or record.deleting is not None:
+            return
+        if crash.rate_per_second <= 0:
+            record.crash_at = None
+            return
+        record.crash_at = after + self.rng.expovariate(crash.rate_per_second)
+        record.crash_message = crash.message
+        record.crash_exit_code = crash.exit_code
 
     def authorized(self, authorization: str | None) -> bool:
         if self._api_key is None:
@@ -570,6 +740,18 @@ class MockCloudState:
     def inventory(self) -> list[InventoryOffer]:
         return list(self._inventory.values())
 
+    def _free(self, offer: InventoryOffer, used: Mapping[tuple[str, str], int]) -> int:
+        """Free GPUs of an offer now: its count (shrunk by any capacity outage of the
+        scenario) minus what live instances hold."""
+        count = offer.count
+        elapsed = self.clock() - self._scenario_t0
+        for outage in self.scenario_faults.capacity_outages:
+            if outage.covers(gpu_type=offer.gpu_type, region=offer.region) and outage.active(
+                elapsed=elapsed
+            ):
+                count = min(count, outage.count)
+        return max(0, count - used.get((offer.gpu_type, offer.region), 0))
+
     def _used(self) -> dict[tuple[str, str], int]:
         used: dict[tuple[str, str], int] = {}
         for r in self._live.values():
@@ -585,7 +767,7 @@ class MockCloudState:
                 "gpu_type": o.gpu_type,
                 "region": o.region,
                 "total": o.count,
-                "available": max(0, o.count - used.get((o.gpu_type, o.region), 0)),
+                "available": self._free(o, used),
                 "price_per_gpu_hour": o.price_per_gpu_hour,
             }
             for o in self._inventory.values()
@@ -645,9 +827,14 @@ class MockCloudState:
             run_exit_code=int(exit_code or 0),
             load=load,
         )
+        self._draw_crash(record, after=record.boot_at)
         record.advance(now=now)
         self._live[record.id] = record
         self._all.append(record)
+        lost = self.scenario_faults.lost_create_responses
+        if lost.rate and self.rng.random() < lost.rate:
+            self._count("lost_creates")
+            raise LostResponse(mode=lost.mode)
         return self._instance_json(record), True
 
     def _choose_offer(self, body: CreateBody) -> InventoryOffer:
@@ -664,10 +851,13 @@ class MockCloudState:
                 message=f"no {what} offer in region {body.region}",
             )
         used = self._used()
-        free = [
-            o for o in candidates if o.count - used.get((o.gpu_type, o.region), 0) >= body.gpu_count
-        ]
+        free = [o for o in candidates if self._free(o, used) >= body.gpu_count]
         if not free:
+            if any(
+                o.count - used.get((o.gpu_type, o.region), 0) >= body.gpu_count
+                for o in candidates
+            ):
+                self._count("capacity_refusals")
             where = f"region {body.region}" if body.region else "any region"
             raise MockCloudError(
                 status=409,
@@ -729,13 +919,15 @@ class MockCloudState:
     def list_instances(
         self, *, tags: Mapping[str, str] | None = None, name: str | None = None
     ) -> list[dict[str, Any]]:
-        self._tick()
+        now = self._tick()
         wanted = dict(tags or {})
+        lag = self.scenario_faults.list_lag_seconds
         return [
             self._instance_json(r)
             for r in self._live.values()
             if (name is None or r.name == name)
             and all(r.tags.get(k) == v for k, v in wanted.items())
+            and now >= r.created + lag
         ]
 
     def delete(self, instance_id: str) -> dict[str, Any] | None:
@@ -743,8 +935,16 @@ class MockCloudState:
         record = self._live_record(instance_id)
         now = self.clock()
         if record.deleting is None:
+            deletes = self.scenario_faults.deletes
+            delay = max(0.0, self.delete_delay)
+            if deletes.slow_rate and self.rng.random() < deletes.slow_rate:
+                self._count("slow_deletes")
+                delay += deletes.slow_seconds
+            record.delete_fails = bool(deletes.fail_rate and self.rng.random() < deletes.fail_rate)
+            if record.delete_fails:
+                self._count("failed_deletes")
             record.deleting = now
-            record.delete_done = now + max(0.0, self.delete_delay)
+            record.delete_done = now + delay
             record.advance(now=now)
         if record.released is not None:
             del self._live[record.id]
@@ -836,9 +1036,12 @@ class MockCloudState:
     def stats(self) -> dict[str, int]:
         self._tick()
         result = {f"{endpoint}_calls": self.calls.get(endpoint, 0) for endpoint in ENDPOINTS}
+        injected = {**self.injected, "crashes": sum(1 for r in self._all if r.crashed)}
+        for kind in _INJECTED_KINDS:
+            result[f"injected_{kind}"] = injected.get(kind, 0)
         result.update(
             unauthorized_calls=self.unauthorized_calls,
-            faults_injected=self.faults.injected,
+            faults_injected=self.faults.injected + sum(injected.values()),
             instances_created=len(self._all),
             live_instances=len(self._live),
         )
@@ -898,6 +1101,14 @@ class MockCloudState:
         self.unauthorized_calls = 0
         self.faults.clear()
         self.faults.injected = 0
+        self.injected.clear()
+        self.seed = self._initial_seed
+        self.rng = random.Random(self.seed)
+        self.scenario_faults = Faults()
+        self._scenario = None
+        self._scenario_t0 = self.clock()
+        if self._initial_scenario is not None:
+            self.apply_scenario(self._initial_scenario)
 
 
 # -- request bodies ---------------------------------------------------------------------------
@@ -1011,6 +1222,27 @@ def _error_response(error: MockCloudError) -> JSONResponse:
     )
 
 
+class _Disconnect(Response):
+    """Starts a 201 answer, sends half of it and stops: the server drops the connection.
+
+    Over real HTTP (uvicorn) the client sees the connection closed mid-response; through
+    ``httpx.ASGITransport`` it sees a truncated body. Uvicorn logs the incomplete response.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(status_code=201)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 201,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", b"4096")],
+            }
+        )
+        await send({"type": "http.response.body", "body": b'{"id": ', "more_body": True})
+
+
 def _parse_tag_filters(raw: list[str]) -> dict[str, str]:
     tags: dict[str, str] = {}
     for item in raw:
@@ -1031,6 +1263,8 @@ def create_app(*, state: MockCloudState) -> FastAPI:
 
     async def on_cloud_error(_request: Request, exc: Exception) -> Response:
         assert isinstance(exc, MockCloudError)
+        if isinstance(exc, LostResponse) and exc.mode == "disconnect":
+            return _Disconnect()
         return _error_response(exc)
 
     async def on_validation_error(_request: Request, exc: Exception) -> Response:
@@ -1054,7 +1288,10 @@ def create_app(*, state: MockCloudState) -> FastAPI:
     # validation, so an unauthenticated request gets 401 whatever it sends.
     def admitted(endpoint: str) -> Any:
         async def admit(request: Request) -> None:
-            state.admit(endpoint=endpoint, authorization=request.headers.get("authorization"))
+            authorization = request.headers.get("authorization")
+            hang = state.admit(endpoint=endpoint, authorization=authorization)
+            if hang > 0:
+                await state.sleep(hang)
 
         return Depends(admit)
 
@@ -1234,6 +1471,31 @@ def create_app(*, state: MockCloudState) -> FastAPI:
     @app.delete("/admin/faults", dependencies=admin_only)
     async def admin_clear_faults() -> Response:
         state.faults.clear()
+        return Response(status_code=204)
+
+    @app.get("/admin/scenario", dependencies=admin_only)
+    async def admin_get_scenario() -> JSONResponse:
+        return JSONResponse(state.scenario())
+
+    @app.put("/admin/scenario", dependencies=admin_only)
+    async def admin_put_scenario(request: Request) -> JSONResponse:
+        try:
+            raw = await request.json()
+        except ValueError:
+            raise MockCloudError(
+                status=422, code="invalid_spec", message="body: not valid JSON"
+            ) from None
+        try:
+            state.apply_scenario(parse_scenario(raw, source="body"))
+        except ScenarioError as exc:
+            raise MockCloudError(status=422, code="invalid_spec", message=str(exc)) from None
+        except ValueError as exc:
+            raise MockCloudError(status=400, code="invalid_request", message=str(exc)) from None
+        return JSONResponse(state.scenario())
+
+    @app.delete("/admin/scenario", dependencies=admin_only)
+    async def admin_clear_scenario() -> Response:
+        state.clear_faults()
         return Response(status_code=204)
 
     @app.get("/admin/stats", dependencies=admin_only)

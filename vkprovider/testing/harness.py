@@ -84,7 +84,8 @@ class MockCloudProcess:
     """``vkprovider mock-cloud`` on a free loopback port, with its admin API at hand."""
 
     def __init__(self, *, work_dir: Path, name: str = "mock", boot_delay: float = 0.5,
-                 delete_delay: float = 0.0, inventory: str | None = None) -> None:
+                 delete_delay: float = 0.0, inventory: str | None = None,
+                 scenario: str | Path | None = None) -> None:
         self.name = name
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -92,7 +93,8 @@ class MockCloudProcess:
             name=f"mock-cloud-{name}",
             argv=[sys.executable, "-m", "vkprovider", "mock-cloud", "--port", str(self.port),
                   "--boot-delay", str(boot_delay), "--delete-delay", str(delete_delay),
-                  *(["--inventory", inventory] if inventory else [])],
+                  *(["--inventory", inventory] if inventory else []),
+                  *(["--scenario", str(scenario)] if scenario else [])],
             log_path=work_dir / f"mock-cloud-{name}.log",
         )
 

@@ -9,6 +9,8 @@ Fixtures:
 * ``local_cluster`` (session): a started :class:`LocalCluster` with the fake kubelet running.
 * ``kube`` (function, async): an admin :class:`KubeClient`.
 * ``namespace`` (function, async): a fresh namespace, deleted after the test.
+* ``mock_cloud`` (function, async): a mock GPU cloud in the test's loop, optionally with a
+  scenario (:mod:`vkprovider.testing.mockcloud`; no control plane needed).
 
 A failing test gets the tail of every component's log attached to its report; the full logs stay
 under ``.artifacts/controlplane-logs`` (or ``VKP_ARTIFACTS``).
@@ -33,6 +35,10 @@ from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import NotFoundError
 from vkprovider.testing.cluster import REPO_ROOT, LocalCluster
 from vkprovider.testing.fakekubelet import create_gpu_nodes
+from vkprovider.testing.mockcloud import (  # noqa: F401 - pytest registers these from here
+    mock_cloud,
+    pytest_configure,
+)
 from vkprovider.testing.waiting import eventually
 
 _CLUSTER_KEY = pytest.StashKey[LocalCluster]()
