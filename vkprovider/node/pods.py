@@ -152,7 +152,6 @@ class PodController:
         self.deleting: dict[str, float] = {}  # instance id -> clock() of our delete call
         self.orphans: dict[str, float] = {}  # instance id -> first sighting
         self.running_seen: dict[str, float] = {}  # uid -> wall time the instance was running
-        self.swept = asyncio.Event()
         self.offers: list[Offer] = []
         self.offers_read = False
         self.largest_offer: dict[str, int] = {}  # GPU type -> most GPUs ever offered at once
@@ -412,7 +411,6 @@ class PodController:
             await self.informer.synced.wait()
             await self.policies.synced.wait()
             await self.sweep()  # adopt what exists before any worker may create
-            self.swept.set()
             tg.create_task(self._sweeper(), name="status-sweeper")
             for i in range(self.settings.pods.workers):
                 tg.create_task(self._worker(), name=f"pod-worker-{i}")
