@@ -19,6 +19,7 @@ under ``.artifacts/controlplane-logs`` (or ``VKP_ARTIFACTS``).
 from __future__ import annotations
 
 import asyncio
+import re
 import contextlib
 import os
 import shutil
@@ -83,7 +84,7 @@ async def kube(local_cluster: LocalCluster) -> AsyncIterator[KubeClient]:
 
 @pytest_asyncio.fixture
 async def namespace(kube: KubeClient, request: pytest.FixtureRequest) -> AsyncIterator[str]:
-    base = request.node.name.lower().replace("_", "-")[:40].strip("-")
+    base = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:40].strip("-") or "test"
     name = f"{base}-{uuid.uuid4().hex[:6]}"
     await kube.create(
         "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
