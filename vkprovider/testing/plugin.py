@@ -19,9 +19,9 @@ under ``.artifacts/controlplane-logs`` (or ``VKP_ARTIFACTS``).
 from __future__ import annotations
 
 import asyncio
-import re
 import contextlib
 import os
+import re
 import shutil
 import sys
 import uuid
