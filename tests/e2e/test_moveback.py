@@ -126,7 +126,13 @@ async def overflow_then_free(
                          p["spec"].get("nodeName") == system.node_name
                          and p["status"].get("phase") == "Running" for p in ps),
                      timeout=120, what="inference serving from the clouds")
-    watcher = ReadyWatcher(kube, f"/apis/apps/v1/namespaces/{namespace}/deployments/inference")
+    # The baseline for "never below N" is the Deployment reporting N ready: its status can lag
+    # the pods by seconds when the controller-manager is busy, and a stale 0 is not a dip.
+    dep_path = f"/apis/apps/v1/namespaces/{namespace}/deployments/inference"
+    await eventually(lambda: kube.get(dep_path), timeout=60,
+                     until=lambda d: int(d.get("status", {}).get("readyReplicas") or 0)
+                     == replicas, what=f"the Deployment reporting {replicas} ready")
+    watcher = ReadyWatcher(kube, dep_path)
     watcher.start()
     return internal, watcher
 
