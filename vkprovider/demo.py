@@ -126,9 +126,7 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
     try:
         n.chapter("A real control plane: etcd, kube-apiserver, controller-manager, scheduler")
         await cluster.start()
-        cluster.start_component(name="fake-kubelet", argv=[
-            sys.executable, "-m", "vkprovider.testing.fakekubelet",
-            f"--kubeconfig={cluster.kubeconfig}", "--start-delay=1"])
+        cluster.start_fake_kubelet(start_delay=1)
         n.say(f"API server at {cluster.server}; logs in {cluster.log_dir}")
         async with cluster.client() as kube:
             per_node = max(1, replicas // 2)

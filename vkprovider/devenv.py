@@ -28,15 +28,7 @@ async def run_dev_up(*, gpu_nodes: int, gpus_per_node: int) -> int:
     try:
         say("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler ...")
         await cluster.start()
-        cluster.start_component(
-            name="fake-kubelet",
-            argv=[
-                sys.executable,
-                "-m",
-                "vkprovider.testing.fakekubelet",
-                f"--kubeconfig={cluster.kubeconfig}",
-            ],
-        )
+        cluster.start_fake_kubelet()
         async with cluster.client() as kube:
             names = [f"gpu-node-{i}" for i in range(gpu_nodes)]
             await create_gpu_nodes(kube=kube, names=names, gpus=gpus_per_node)

@@ -184,6 +184,14 @@ class LocalCluster:
         comp.start(env=self._child_env())
         return comp
 
+    def start_fake_kubelet(self, *, start_delay: float = 0.5, max_grace: float = 2.0
+                           ) -> Component:
+        """Start :mod:`vkprovider.testing.fakekubelet` for the simulated internal GPU nodes."""
+        return self.start_component(name="fake-kubelet", argv=[
+            sys.executable, "-m", "vkprovider.testing.fakekubelet",
+            f"--kubeconfig={self.kubeconfig}", f"--start-delay={start_delay}",
+            f"--max-grace={max_grace}"])
+
     def pids(self) -> list[int]:
         return [c.process.pid for c in self.components.values() if c.process is not None]
 

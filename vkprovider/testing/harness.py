@@ -80,7 +80,25 @@ async def install_provider_rbac(*, kube: KubeClient, cluster: LocalCluster, path
                                             path=path)
 
 
-class MockCloudProcess:
+class _Process:
+    """A process of the system under test: SIGKILL (a crash), stop, read its log."""
+
+    component: Component
+
+    def alive(self) -> bool:
+        return self.component.alive()
+
+    def kill(self) -> None:
+        self.component.kill()
+
+    def stop(self) -> None:
+        self.component.stop()
+
+    def log_text(self) -> str:
+        return self.component.log_path.read_text(errors="replace")
+
+
+class MockCloudProcess(_Process):
     """``vkprovider mock-cloud`` on a free loopback port, with its admin API at hand."""
 
     def __init__(self, *, work_dir: Path, name: str = "mock", boot_delay: float = 0.5,
@@ -129,11 +147,8 @@ class MockCloudProcess:
         body = await self.admin("GET", "/instances")
         return list(body["instances"] if isinstance(body, dict) else body)
 
-    def stop(self) -> None:
-        self.component.stop()
 
-
-class ProviderProcess:
+class ProviderProcess(_Process):
     """``vkprovider run`` with a generated config, restartable, killable with SIGKILL.
 
     ``config_providers=False`` writes no ``providers:`` (GPUProvider objects only); ``replica``
@@ -180,28 +195,16 @@ class ProviderProcess:
     def start(self) -> None:
         self.component.start(env={**os.environ, **self.env} if self.env else None)
 
-    def alive(self) -> bool:
-        return self.component.alive()
-
     def returncode(self) -> int | None:
         proc = self.component.process
         return None if proc is None else proc.poll()
-
-    def kill(self) -> None:
-        self.component.kill()
-
-    def stop(self) -> None:
-        self.component.stop()
-
-    def log_text(self) -> str:
-        return self.component.log_path.read_text(errors="replace")
 
     async def metrics(self) -> str:
         async with httpx.AsyncClient() as http:
             return (await http.get(f"http://127.0.0.1:{self.metrics_port}/metrics")).text
 
 
-class CompanionProcess:
+class CompanionProcess(_Process):
     """``vkprovider descheduler`` for one virtual node."""
 
     def __init__(self, *, work_dir: Path, kubeconfig: Path, node_name: str,
@@ -216,15 +219,6 @@ class CompanionProcess:
 
     def start(self) -> None:
         self.component.start()
-
-    def kill(self) -> None:
-        self.component.kill()
-
-    def stop(self) -> None:
-        self.component.stop()
-
-    def log_text(self) -> str:
-        return self.component.log_path.read_text(errors="replace")
 
 
 async def install_crds(kube: KubeClient, *, timeout: float = 30.0) -> list[str]:

@@ -23,7 +23,6 @@ import contextlib
 import os
 import re
 import shutil
-import sys
 import uuid
 from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
@@ -56,17 +55,7 @@ def local_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     cluster = LocalCluster(log_dir=log_dir)
     try:
         asyncio.run(cluster.start())
-        cluster.start_component(
-            name="fake-kubelet",
-            argv=[
-                sys.executable,
-                "-m",
-                "vkprovider.testing.fakekubelet",
-                f"--kubeconfig={cluster.kubeconfig}",
-                "--start-delay=0.3",
-                "--max-grace=1",
-            ],
-        )
+        cluster.start_fake_kubelet(start_delay=0.3, max_grace=1)
         request.config.stash[_CLUSTER_KEY] = cluster
         yield cluster
     finally:
