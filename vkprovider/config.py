@@ -51,6 +51,7 @@ class PodSettings(_Frozen):
     capacity_block_seconds: float = Field(default=180.0, ge=0)
     delete_retry_seconds: float = Field(default=30.0, gt=0)  # re-send an unheeded delete
     max_backoff_seconds: float = Field(default=60.0, gt=0)
+    spend_record_seconds: float = Field(default=15.0, gt=0)  # persist the spend book this often
     require_policy: bool = False  # issue 6: only pods an OverflowPolicy selects
 
 

@@ -35,6 +35,12 @@ class Metrics:
         self.cost = Gauge("vkprovider_cost_per_hour_dollars",
                           "Current spend rate of this node's live instances.", ["provider"],
                           registry=r)
+        self.spend = Counter(
+            "vkprovider_spend_dollars",
+            "Dollars this node's instances have cost, counted from the clouds' listings and "
+            "persisted on the Node (continues across restarts and leader changes; a lower "
+            "bound of the bill by at most one sweep interval per instance).",
+            ["provider"], registry=r)
         self.queue_depth = Gauge("vkprovider_workqueue_depth", "Pod keys waiting for a worker.",
                                  registry=r)
         self.queue_retries = Counter("vkprovider_workqueue_retries_total",

@@ -2,8 +2,9 @@
 with the right reason, and under every profile no pod UID ever has two live instances and
 nothing is left running once the pods are gone.
 
-Sizes fit CI on 2 cores: 300 pods for the recoverable profiles, fewer for the permanent ones
-(whose pods wait out a shortened create deadline or a crash).
+Every profile runs 300 pods. After each run the provider's own spend count
+(``vkprovider_spend_dollars_total``, persisted on the Node) must match the ledger's bill, within
+the documented bound (tests/e2e/invariants.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from vkprovider.testing.harness import MockCloudProcess, ProviderProcess
 from vkprovider.testing.waiting import eventually
 
 from .conftest import System
-from .test_chaos import overlapping_live_instances
+from .invariants import check_spend, overlapping_live_instances
 from .test_pods import create_pod, list_pods, node_ready, pod_spec
 
 pytestmark = pytest.mark.cluster
@@ -50,10 +51,10 @@ PROFILES = [
                          "retry_after": 1}]}, "Running"),
     Profile("duplicate-trap", 300, {"lost_create_responses": {"rate": 0.3, "mode": "504"},
                                     "list_lag_seconds": 3}, "Running"),
-    Profile("crash", 40, {"crash": {"rate_per_second": 0.5,
+    Profile("crash", 300, {"crash": {"rate_per_second": 0.5,
                                     "message": "spot instance preempted"}},
             "Failed", reason="spot instance preempted"),
-    Profile("no-capacity", 30, {"capacity_outages": [
+    Profile("no-capacity", 300, {"capacity_outages": [
         {"gpu_type": "H100", "region": "us-east", "start": 0, "count": 0}]},
             "Failed", reason="ProviderUnavailable", bind=True),
 ]
@@ -86,7 +87,8 @@ async def test_profile_keeps_every_invariant(
         work_dir=system.work_dir, kubeconfig=system.kubeconfig, node_name=system.node_name,
         clouds=system.clouds, client_ca_file=system.client_ca,
         pods={"orphan_grace_seconds": 2, "delete_retry_seconds": 3, "workers": 20,
-              "create_deadline_seconds": 15, "capacity_block_seconds": 2})
+              "create_deadline_seconds": 15, "capacity_block_seconds": 2,
+              "spend_record_seconds": 1})
     system.provider.start()
     await node_ready(kube, system.node_name)
     sem = asyncio.Semaphore(32)
@@ -131,7 +133,9 @@ async def test_profile_keeps_every_invariant(
     assert overlapping_live_instances(ledger) == []
     body = await cloud.admin("GET", "/admin/ledger")
     assert math.isfinite(body["total_cost"])
+    spend = await check_spend(kube=kube, node=system.node_name, ledger=ledger,
+                              total_cost=body["total_cost"], metrics=system.provider.metrics)
     stats = await cloud.stats()
     print(f"chaos[{profile.name}]: {profile.pods} pods {profile.expect} in {converged:.1f}s; "
-          f"instances {len(ledger)}; cost {body['total_cost']}; "
+          f"instances {len(ledger)}; spend {spend}; "
           f"{ {k: v for k, v in stats.items() if k.startswith('injected_') and v} }")

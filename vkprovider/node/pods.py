@@ -69,6 +69,7 @@ from vkprovider.node.providercaps import (
     expected_price,
     fold_capacity,
 )
+from vkprovider.node.spend import SpendRecorder
 from vkprovider.node.translate import RefSource, translate
 from vkprovider.node.virtualnode import NodeCapacity
 from vkprovider.node.workqueue import ShutDown, WorkQueue
@@ -161,6 +162,8 @@ class PodController:
         self.caps: dict[str, ProviderCaps] = {}  # per-account spend caps
         self.reserved: dict[str, Held] = {}  # creates in flight, counted against the caps
         self.inflight: dict[str, int] = {}  # provider -> creates in flight
+        self.spend = SpendRecorder(client=client, node=self.node, metrics=metrics,
+                                   every=settings.pods.spend_record_seconds, clock=clock)
         # called with (provider, operation, error or None) after each cloud call
         self.observer: Callable[[str, str, Exception | None], None] | None = None
 
@@ -410,6 +413,7 @@ class PodController:
             tg.create_task(self.policies.run(), name="policies-informer")
             await self.informer.synced.wait()
             await self.policies.synced.wait()
+            await self.spend.load()  # before the first sweep counts anything
             await self.sweep()  # adopt what exists before any worker may create
             tg.create_task(self._sweeper(), name="status-sweeper")
             for i in range(self.settings.pods.workers):
@@ -474,6 +478,7 @@ class PodController:
         now = self.clock()
         seen: dict[str, Placed] = {}
         for name, provider in list(self.providers.items()):
+            listed_at = datetime.now(UTC)  # before the call: never count what was not billed
             try:
                 instances = await provider.list()
             except ProviderError as exc:
@@ -484,20 +489,19 @@ class PodController:
             self._count(name, "list", None)
             self.listed[name] = True
             self.last_list[name] = now
+            ours = [i for i in instances
+                    if i.tags.get(TAG_UID) and i.tags.get(TAG_NODE) == self.node]
+            self.spend.book.observe(provider=name, instances=ours, at=listed_at)
             cost = 0.0
-            live = 0
-            for inst in instances:
-                uid = inst.tags.get(TAG_UID)
-                if not uid or inst.tags.get(TAG_NODE) != self.node:
-                    continue  # not ours: never touched
-                live += 1
+            for inst in ours:
+                uid = inst.tags[TAG_UID]
                 cost += inst.price_per_hour
                 other = seen.get(uid)
                 if other is not None and other.instance.id != inst.id:
                     await self._delete_duplicate(keep=other, extra=Placed(name, inst, now))
                     continue
                 seen[uid] = Placed(provider=name, instance=inst, seen_at=now)
-            self.metrics.instances.labels(name).set(live)
+            self.metrics.instances.labels(name).set(len(ours))
             self.metrics.cost.labels(name).set(round(cost, 6))
         # Keep what we created since the list began (lists may lag behind creates), and what
         # providers we could not list reported last time.
@@ -513,6 +517,7 @@ class PodController:
             if uid in seen or (self.listed.get(where) and self.last_list[where] > since):
                 del self.unsure[uid]  # the list has spoken: it exists, or it never happened
         await self._collect_orphans(now)
+        await self.spend.maybe_record()
         for uid in list(self.pod_keys):
             self.queue.add(uid)
         self.metrics.queue_depth.set(len(self.queue))
