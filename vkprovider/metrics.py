@@ -26,6 +26,10 @@ class Metrics:
             "vkprovider_pod_status_propagation_seconds",
             "From the cloud reporting an instance running to the pod being patched Running.",
             ["provider"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.sweep_duration = Histogram(
+            "vkprovider_sweep_duration_seconds",
+            "One status sweep: a list per provider, every pod's instance matched, orphans "
+            "collected, the spend book counted.", buckets=_LATENCY_BUCKETS, registry=r)
         self.provider_requests = Counter(
             "vkprovider_provider_requests_total",
             "Calls to cloud providers by operation and result (ok or the error class).",

@@ -472,7 +472,8 @@ class PodController:
 
     async def sweep(self) -> None:
         async with self.providers_lock:  # one view of the providers for the whole sweep
-            await self._sweep()
+            with self.metrics.sweep_duration.time():
+                await self._sweep()
 
     async def _sweep(self) -> None:
         now = self.clock()
