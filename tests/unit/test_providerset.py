@@ -303,12 +303,37 @@ def test_held_counts_placed_and_in_flight_but_not_deleting() -> None:
 def test_hold_back_marks_an_unbuilt_provider_unknown() -> None:
     ctl = controller("a")
     ctl.hold_back("x", True)
-    assert ctl.listed["x"] is False  # every create waits: "cannot list x"
+    assert ctl.listed["x"] is False  # inherited pods wait for it; nothing is created on it
     ctl.hold_back("x", False)
     assert "x" not in ctl.listed
     ctl.hold_back("a", True)
     ctl.hold_back("a", False)
     assert "a" in ctl.listed, "a served provider's state is the sweep's business"
+
+
+def test_only_inherited_pods_wait_for_a_provider_never_listed_by_this_process() -> None:
+    ctl = controller("a", "b")
+    ctl.inherited = {"old"}  # bound before our first sync: a predecessor may have created it
+    ctl.listed.update(a=True, b=False)
+    ctl.listed_once = {"a"}
+    assert ctl.blind_to("old") == ["b"], "b may hide the old pod's instance"
+    assert ctl.blind_to("new") == [], "a pod bound after we took over has no hidden instance"
+    ctl.hold_back("x", True)  # a GPUProvider declared, not built yet
+    assert ctl.blind_to("old") == ["b", "x"]
+    ctl.listed["b"] = True
+    ctl.listed_once.add("b")
+    ctl.listed["b"] = False  # listed once since start, failing now: its instances were seen
+    assert ctl.blind_to("old") == ["x"]
+
+
+async def test_listed_once_follows_a_retired_provider_and_is_forgotten_with_it() -> None:
+    ctl = controller("a")
+    ctl.listed["a"] = True
+    ctl.listed_once = {"a"}
+    await ctl.retire_provider("a", alias="a~1")
+    assert ctl.listed_once == {"a~1"}
+    assert [n for n, _ in await ctl.remove_drained()] == ["a~1"]
+    assert ctl.listed_once == set()
 
 
 # ---- settings ------------------------------------------------------------------------------------

@@ -16,14 +16,22 @@ Crash safety: instance names are ``<node>-<pod uid>`` and carry tags (node, name
 create is idempotent by name; a create whose outcome is unknown (timeout, 5xx) is retried on the
 SAME provider only, until a later list proves it did not happen; on start the first sweep runs
 before any worker, so existing instances are adopted rather than created again; a provider whose
-list failed is "unknown" for that sweep, and nothing is created or collected on its behalf.
+list failed is "unknown" for that sweep, and nothing is created on it or collected from it.
+
+Who waits for an unknown provider. Only a pod that may already have an instance there we cannot
+see: one this process inherited (bound before its first sync, so a predecessor may have created
+for it and died before annotating the pod) while that provider has not been listed even once by
+this process. Every other pod is free to go to a provider that can be listed: this process knows
+every create it made (``unsure`` keeps an uncertain one sticky to its provider), and no
+predecessor acted after this process took over. So one broken account (bad key, outage) never
+holds back creates on the whole node.
 
 Providers can change at runtime (GPUProvider objects, see ``node/providerset.py``): one can be
 added, replaced (new credentials, same account) or drained. A drained provider creates nothing
 but is still listed, so its instances keep their status and are deleted as their pods go; it is
 removed only once a list shows it holds nothing of ours (money is never orphaned). Structural
 changes take ``providers_lock``, which a sweep holds, so a sweep never mixes two views. A new
-provider is "unknown" until its first list, which holds every create back, as at start-up.
+provider is "unknown" until its first list: nothing is created on it, and inherited pods wait.
 """
 
 from __future__ import annotations
@@ -149,6 +157,9 @@ class PodController:
         self.placed: dict[str, Placed] = {}  # uid -> instance, from sweeps and creates
         self.listed: dict[str, bool] = dict.fromkeys(self.providers, False)  # last list ok?
         self.last_list: dict[str, float] = {}  # provider -> clock() of its last good list
+        self.listed_once: set[str] = set()  # providers listed OK at least once by this process
+        self.inherited: set[str] = set()  # pod UIDs bound before our first sync (see docstring)
+        self.told_blind: set[str] = set()  # pods told (event) that they wait for a provider
         self.unsure: dict[str, tuple[str, float]] = {}  # uid -> (provider, since): create unknown
         self.deleting: dict[str, float] = {}  # instance id -> clock() of our delete call
         self.orphans: dict[str, float] = {}  # instance id -> first sighting
@@ -230,7 +241,8 @@ class PodController:
     # ---- runtime provider changes (node/providerset.py) --------------------------------------
 
     async def add_provider(self, name: str, provider: Provider) -> None:
-        """Serve a new provider; it is unknown (no creates anywhere) until its first list."""
+        """Serve a new provider; unknown (nothing created on it, inherited pods wait) until its
+        first list."""
         async with self.providers_lock:
             if name in self.providers:
                 raise ValueError(f"provider {name} exists")
@@ -261,6 +273,9 @@ class PodController:
                 return
             self.providers[alias] = self.providers.pop(name)
             self.listed[alias] = self.listed.pop(name, False)
+            if name in self.listed_once:
+                self.listed_once.discard(name)
+                self.listed_once.add(alias)
             if name in self.last_list:
                 self.last_list[alias] = self.last_list.pop(name)
             if name in self.inflight:
@@ -297,6 +312,7 @@ class PodController:
                 provider = self.providers.pop(name, None)
                 self.draining.discard(name)
                 self.listed.pop(name, None)
+                self.listed_once.discard(name)
                 self.last_list.pop(name, None)
                 self.caps.pop(name, None)
                 if provider is not None:
@@ -304,12 +320,18 @@ class PodController:
         return out
 
     def hold_back(self, name: str, unknown: bool) -> None:
-        """Mark a provider that is declared but not built yet as unknown (creates wait)."""
+        """Mark a provider that is declared but not built yet as unknown (inherited pods wait)."""
         if unknown:
             if name not in self.providers:
                 self.listed[name] = False
         elif name not in self.providers:
             self.listed.pop(name, None)
+
+    def blind_to(self, uid: str) -> list[str]:
+        """Unknown providers that may hide an instance of this pod (see the module docstring)."""
+        if uid not in self.inherited:
+            return []
+        return sorted(n for n, ok in self.listed.items() if not ok and n not in self.listed_once)
 
     def _key_of(self, provider: Provider, default: str) -> str:
         """The name a provider object is served under now (it may have been retired)."""
@@ -413,8 +435,12 @@ class PodController:
             tg.create_task(self.policies.run(), name="policies-informer")
             await self.informer.synced.wait()
             await self.policies.synced.wait()
+            self.inherited = set(self.pod_keys)  # a predecessor may have created for these
             await self.spend.load()  # before the first sweep counts anything
             await self.sweep()  # adopt what exists before any worker may create
+            log.info("pods synced and instances adopted; starting workers",
+                     extra=kv(pods=len(self.pod_keys), instances=len(self.placed),
+                              unlisted=",".join(n for n, ok in self.listed.items() if not ok)))
             tg.create_task(self._sweeper(), name="status-sweeper")
             for i in range(self.settings.pods.workers):
                 tg.create_task(self._worker(), name=f"pod-worker-{i}")
@@ -489,6 +515,7 @@ class PodController:
                 continue
             self._count(name, "list", None)
             self.listed[name] = True
+            self.listed_once.add(name)
             self.last_list[name] = now
             ours = [i for i in instances
                     if i.tags.get(TAG_UID) and i.tags.get(TAG_NODE) == self.node]
@@ -618,6 +645,8 @@ class PodController:
         self.first_seen.pop(uid, None)
         self.unsure.pop(uid, None)
         self.running_seen.pop(uid, None)
+        self.told_blind.discard(uid)
+        self.inherited.discard(uid)
         if placed is None or self._delete_in_progress(placed.instance):
             self.placed.pop(uid, None)
 
@@ -661,9 +690,18 @@ class PodController:
             await self._reject(pod, reason="NotAdmitted",
                                message=f"not sent to any cloud: {refusal}")
             return
-        unknown = [n for n, ok in self.listed.items() if not ok]
-        if unknown:
-            raise Retry(f"cannot list {', '.join(unknown)}; not creating blind", after=2.0)
+        blind = self.blind_to(uid)
+        if blind:
+            wait = (f"{', '.join(blind)} not listed yet and may hold this pod's instance "
+                    "(created before a restart); not creating blind")
+            if uid not in self.told_blind:  # once per pod: say why it waits
+                self.told_blind.add(uid)
+                log.info("pod waits for a provider list", extra=kv(pod=object_key(pod), uid=uid,
+                                                                    providers=",".join(blind)))
+                await self.events.emit(obj=_pod_ref(pod), reason="WaitingForProvider",
+                                       message=f"Waiting: {wait}")
+            raise Retry(wait, after=2.0)
+        self.told_blind.discard(uid)
         try:
             spec = await translate(pod=pod, node_name=self.node, refs=self.refs)
         except PodRejected as exc:
@@ -698,7 +736,11 @@ class PodController:
         sticky = self.unsure.get(uid)
         order = [sticky[0]] if sticky else allowed
         reasons: list[str] = []
+        unlisted: list[str] = []
         for name in order:
+            if not sticky and not self.listed.get(name, False):
+                unlisted.append(name)  # never place new work where we cannot see it
+                continue
             block = self.blocks.blocked(provider=name, region=spec.region, gpu_type=spec.gpu_type)
             if block is not None and not sticky:
                 reasons.append(f"{name}: blocked ({block.reason})")
@@ -766,7 +808,11 @@ class PodController:
             await self._sync(pod, uid, self.placed[uid])
             return
 
-        await self._no_provider(pod, meta, spec, reasons)
+        if unlisted and not reasons and not self._past_create_deadline(meta):
+            # only unknown providers were left: a failed list is usually one sweep's blip
+            raise Retry(f"{', '.join(unlisted)} cannot be listed now", after=2.0)
+        await self._no_provider(pod, meta, spec,
+                                reasons + [f"{n}: cannot be listed now" for n in unlisted])
 
     def _release(self, name: str, provider: Provider, want: Held) -> None:
         """Undo the reservation of one create (under the name it is served by now)."""
@@ -783,10 +829,8 @@ class PodController:
 
     async def _no_provider(self, pod: Body, meta: Body, spec: InstanceSpec,
                            reasons: list[str]) -> None:
-        created = _parse_time(meta.get("creationTimestamp"))
-        age = (datetime.now(UTC) - created).total_seconds() if created else 0.0
         summary = "; ".join(reasons) or "no provider configured"
-        if age > self.settings.pods.create_deadline_seconds:
+        if self._past_create_deadline(meta):
             await self._reject(pod, reason="ProviderUnavailable",
                                message=f"no cloud could run it within "
                                        f"{int(self.settings.pods.create_deadline_seconds)}s: "
@@ -797,6 +841,11 @@ class PodController:
                                        f"{spec.gpu_type or 'any GPU'} now: {summary}")
         raise Retry("no capacity", after=min(30.0, max(5.0, self.queue.failures(
             str(meta.get("uid"))) * 5.0)))
+
+    def _past_create_deadline(self, meta: Body) -> bool:
+        created = _parse_time(meta.get("creationTimestamp"))
+        age = (datetime.now(UTC) - created).total_seconds() if created else 0.0
+        return age > self.settings.pods.create_deadline_seconds
 
     async def _reject(self, pod: Body, *, reason: str, message: str) -> None:
         self.metrics.pods_rejected.labels(reason).inc()

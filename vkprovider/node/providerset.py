@@ -23,8 +23,8 @@ Rules:
   status) and deletes its instances as their pods go; once a list shows it holds nothing of this
   node it is closed and removed.
 * Until an object is resolved (Secret not read yet, adapter not listed yet) its name counts as a
-  provider that could not be listed, which holds every create back, as at start-up: a pod whose
-  instance may live there is never created twice.
+  provider that could not be listed: pods this process inherited wait for it, as at start-up,
+  so a pod whose instance may live there is never created twice (see ``node/pods.py``).
 
 Status (``/status`` merge patch, only on change, at most every ``status_interval_seconds`` per
 object): ``Valid``/``Ready`` conditions, ``health``, ``blockedOffers`` (this provider's blocks),
@@ -184,7 +184,7 @@ class ProviderSource:
     def _on_event(self, event: str, obj: Body) -> None:
         name = str((obj.get("metadata") or {}).get("name") or "")
         if event == "ADDED" and name and name not in self.config_names:
-            # Known to exist but not served yet: creates wait until it is (see module doc).
+            # Known to exist but not served yet: inherited pods wait until it is (module doc).
             self.controller.hold_back(name, True)
         self._wake.set()
 
