@@ -226,6 +226,17 @@ class MockProvider(HTTPAdapter):
         response = await self._request("GET", f"/instances/{instance_id}/metrics", what=what)
         return self._json(response, what=what)
 
+    async def gpu_metrics_all(self) -> dict[str, dict[str, Any]]:
+        """``gpu_metrics`` of every instance of our owner, by instance id, in ONE call."""
+        what = "read GPU metrics"
+        response = await self._request("GET", "/gpu-metrics", what=what,
+                                       params={"tag": f"{TAG_NODE}={self.owner}"})
+        data = self._json(response, what=what)
+        try:
+            return {str(item["instance_id"]): item for item in data["instances"]}
+        except (KeyError, TypeError) as exc:
+            raise self._malformed(what) from exc
+
     # -- the HTTP edge (the rest is providers.http.HTTPAdapter) ----------------------------
 
     def _status_error(self, response: httpx.Response, *, what: str, op: str) -> ProviderError:

@@ -65,6 +65,9 @@ nothing, a create can lose its answer after making the instance (the duplicate t
     tensor_active (fraction, 0-1), memory_used_bytes, memory_total_bytes, temperature_c,
     power_w}]}``, deterministic from the state's ``seed``, the instance and a 10 s time bucket.
     GPUs are idle unless the instance is running.
+``GET /gpu-metrics?tag=k=v``
+    ``{instances: [...]}``: the same object for every live instance with those tags, in one call
+    (as RunPod's and Vast.ai's instance listings carry GPU figures). Counted as ``metrics``.
 
 Admin endpoints (for tests and for people trying policies):
 
@@ -1000,8 +1003,16 @@ class MockCloudState:
         return f"{stamp} {line.text}\n".encode()
 
     def metrics(self, instance_id: str) -> dict[str, Any]:
-        record = self._live_record(instance_id)
-        now = self.clock()
+        return self._metrics_json(self._live_record(instance_id), now=self.clock())
+
+    def metrics_all(self, *, tags: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+        """GPU figures of every live instance carrying ``tags``, in one answer."""
+        now = self._tick()
+        wanted = dict(tags or {})
+        return [self._metrics_json(r, now=now) for r in self._live.values()
+                if all(r.tags.get(k) == v for k, v in wanted.items())]
+
+    def _metrics_json(self, record: _Record, *, now: float) -> dict[str, Any]:
         running = record.phase is _Phase.RUNNING and record.deleting is None
         base = record.load
         if base is None:
@@ -1383,6 +1394,12 @@ def create_app(*, state: MockCloudState) -> FastAPI:
     @app.get("/instances/{instance_id}/metrics", dependencies=[admitted("metrics")])
     async def metrics(instance_id: str) -> JSONResponse:
         return JSONResponse(state.metrics(instance_id))
+
+    @app.get("/gpu-metrics", dependencies=[admitted("metrics")])
+    async def metrics_all(
+        tag: list[str] = Query(default_factory=list),  # noqa: B008
+    ) -> JSONResponse:
+        return JSONResponse({"instances": state.metrics_all(tags=_parse_tag_filters(tag))})
 
     # -- admin ------------------------------------------------------------------------------
 

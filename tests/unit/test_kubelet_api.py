@@ -377,6 +377,54 @@ async def test_collector_counts_failures_and_keeps_going(view: FakeView, metrics
     assert "uid-a" in collector.samples
 
 
+class BulkCloud(FakeCloud):
+    """gpu_metrics_all as well: the collector must use it, once per interval."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.bulk_calls = 0
+        self.ids: list[str] = []
+
+    async def gpu_metrics_all(self) -> dict[str, dict[str, Any]]:
+        self.bulk_calls += 1
+        if self.metrics_error is not None:
+            raise self.metrics_error
+        out = {i: await self.gpu_metrics(i) for i in self.ids}
+        self.metrics_calls.clear()  # only the bulk call went to the cloud
+        return out
+
+
+async def test_collector_reads_a_bulk_provider_in_one_call_per_interval(
+    view: FakeView, metrics: Metrics
+) -> None:
+    clock = Clock()
+    cloud = BulkCloud(name="mock")
+    cloud.ids = ["i-uid-a", "i-uid-b", "i-uid-c"]
+    for name in ("a", "b", "c"):
+        view.add(make_pod(name), cloud)
+    collector = GPUCollector(view=view, metrics=metrics, interval=15.0, clock=clock)
+    await collector.refresh()
+    assert cloud.bulk_calls == 1 and cloud.metrics_calls == []
+    assert set(collector.samples) == {"uid-a", "uid-b", "uid-c"}
+    clock.now += 5
+    await collector.refresh()
+    assert cloud.bulk_calls == 1, "nothing due within the interval"
+    view.add(make_pod("d"), cloud)  # a new running pod: read at once, with the others
+    cloud.ids.append("i-uid-d")
+    await collector.refresh()
+    assert cloud.bulk_calls == 2 and "uid-d" in collector.samples
+    clock.now += 14
+    await collector.refresh()
+    assert cloud.bulk_calls == 2, "the new pod's read refreshed everyone"
+    cloud.metrics_error = TransientError("mock: HTTP 503")
+    clock.now += 1
+    await collector.refresh()
+    assert cloud.bulk_calls == 3 and metrics.registry.get_sample_value(
+        "vkprovider_provider_requests_total",
+        {"provider": "mock", "operation": "gpu_metrics", "result": "TransientError"}) == 1
+    assert set(collector.samples) == {"uid-a", "uid-b", "uid-c", "uid-d"}, "stale kept a while"
+
+
 def test_parse_readings_skips_malformed_entries() -> None:
     readings = parse_readings({"gpus": [
         {"index": 0, "gpu_utilization": 150, "tensor_active": -1},

@@ -749,3 +749,17 @@ async def test_list_asks_the_cloud_to_filter_and_checks_again(cloud: Cloud) -> N
     provider = cloud.provider(transport=httpx.MockTransport(lax_cloud))
     assert [i.id for i in await provider.list()] == ["i-1"]
     assert [url.params.get("tag") for url in seen] == [f"{TAG_NODE}={NODE}"]
+
+
+async def test_gpu_metrics_of_all_our_instances_in_one_call(cloud: Cloud) -> None:
+    provider = cloud.provider()
+    mine = [await provider.create(spec(f"n-{i}")) for i in range(3)]
+    other = cloud.provider(owner="another-node")
+    theirs = await other.create(spec("n-x"))
+    before = (await cloud.admin.get("/admin/stats")).json()["metrics_calls"]
+    every = await provider.gpu_metrics_all()
+    assert (await cloud.admin.get("/admin/stats")).json()["metrics_calls"] == before + 1
+    assert set(every) == {i.id for i in mine}, "only this owner's instances"
+    assert theirs.id not in every
+    for inst in mine:
+        assert every[inst.id] == await provider.gpu_metrics(inst.id)
