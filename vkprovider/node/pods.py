@@ -733,9 +733,16 @@ class PodController:
                                            f"{', '.join(policy.spec.providers)}, none of which "
                                            f"this node serves")
                 return
-        sticky = self.unsure.get(uid)
-        order = [sticky[0]] if sticky else allowed
+        # Pinned to one provider: a create there may have happened (unsure), or the pod ran there
+        # and its instance is missing from the list (lagging, or gone). Only a create on that same
+        # provider is safe: idempotent by name, it returns the instance if it exists after all.
+        unsure = self.unsure.get(uid)
+        ran_on = (meta.get("annotations") or {}).get(f"{podstatus.ANNOTATION_PREFIX}provider")
+        pinned = unsure[0] if unsure else (ran_on if ran_on in self.providers else None)
+        sticky = pinned is not None
+        order = [pinned] if pinned is not None else allowed
         reasons: list[str] = []
+        refused: list[str] = []
         unlisted: list[str] = []
         for name in order:
             if not sticky and not self.listed.get(name, False):
@@ -776,20 +783,28 @@ class PodController:
                                   reason="credentials rejected")
                 reasons.append(f"{name}: credentials rejected")
                 continue
-            except QuotaError as exc:
+            except QuotaError as exc:  # account-wide: no other offer of it will do
                 self._count(name, "create", exc)
+                self.blocks.block(provider=name, region=None, gpu_type=None,
+                                  seconds=self.settings.pods.capacity_block_seconds,
+                                  reason="quota")
                 reasons.append(f"{name}: quota ({exc})")
                 continue
-            except InvalidSpec as exc:
+            except InvalidSpec as exc:  # this cloud never can; another of the policy may
                 self._count(name, "create", exc)
                 text = str(exc)
-                await self._reject(pod, reason="ProviderRejected",
-                                   message=text if text.startswith(f"{name}:") else
-                                   f"{name}: {text}")
-                return
+                refused.append(text if text.startswith(f"{name}:") else f"{name}: {text}")
+                continue
             except ProviderError as exc:  # transient or rate limited: outcome unknown
                 self._count(name, "create", exc)
                 self.unsure.setdefault(uid, (self._key_of(provider, name), self.clock()))
+                if self._past_create_deadline(meta):
+                    # Failed, not forgotten: an instance that did start is deleted once listed
+                    await self._reject(pod, reason="ProviderUnavailable",
+                                       message=f"no cloud could run it within "
+                                               f"{int(self.settings.pods.create_deadline_seconds)}"
+                                               f"s; the last try: {name}: {exc}")
+                    return
                 after = exc.retry_after if isinstance(exc, RateLimited) else None
                 raise Retry(f"{name}: {exc}", after=after) from exc
             finally:
@@ -808,6 +823,10 @@ class PodController:
             await self._sync(pod, uid, self.placed[uid])
             return
 
+        if refused and not reasons and not unlisted:  # every cloud tried says never
+            await self._reject(pod, reason="ProviderRejected", message="; ".join(refused))
+            return
+        reasons += [f"{r} (refused)" for r in refused]
         if unlisted and not reasons and not self._past_create_deadline(meta):
             # only unknown providers were left: a failed list is usually one sweep's blip
             raise Retry(f"{', '.join(unlisted)} cannot be listed now", after=2.0)
