@@ -11,6 +11,8 @@ Endpoints used: ``GET /v2/pods`` (list; the API does not paginate it), ``POST /v
 (create), ``GET /v2/pods/{id}`` (:meth:`RunPodProvider.get`), ``DELETE /v2/pods/{id}``,
 ``GET /v2/pods/{id}/logs`` (Server-Sent Events) and
 ``GET /v2/catalog/gpus?include=AVAILABILITY&product=POD&cloud=...`` (capacity).
+:meth:`RunPodProvider.gpu_metrics_all` reads GPU utilization from the same ``GET /v2/pods`` as
+``list`` (every pod carries ``runtime``; no extra parameter or call).
 
 Ownership tags: RunPod pods have no labels, so the adapter stores the spec's tags plus
 ``vkprovider.io/node=<owner>`` as compact JSON in one environment variable, ``VKPROVIDER_TAGS``
@@ -437,6 +439,27 @@ class RunPodProvider(HTTPAdapter):
         what = "list pods"
         return await self._retrying(lambda: self._list_once(what=what))
 
+    async def gpu_metrics_all(self) -> dict[str, dict[str, Any]]:
+        """GPU figures of every live pod of our owner, by pod id, from ONE ``GET /v2/pods``.
+
+        The same call, owner filter and retries as :meth:`list` (whose ids are the keys). Each
+        pod's ``runtime.gpus`` (``PodGpuUtilization``, one per GPU, in order) becomes
+        ``{index, gpu_type, gpu_utilization}``. ``util`` is taken as a percentage (0-100):
+        the spec gives ``PodGpuUtilization`` no unit, but its sibling ``Utilization`` (the
+        pod's ``cpu``/``memory``) is documented as a percentage and the examples (94, 78)
+        agree. ``memoryUtil`` is dropped: the pod does not report its GPUs' memory size
+        (``gpu`` is only ``{id, count}``), so it cannot become bytes. RunPod reports no GPU
+        UUID, temperature, power or tensor activity. ``runtime`` is null unless the pod is
+        RUNNING; such pods, and running ones without ``runtime.gpus``, get ``gpus: []``.
+        """
+        what = "read GPU metrics"
+
+        async def attempt() -> dict[str, dict[str, Any]]:
+            pods = await self._owned_pods(what=what)
+            return {instance.id: self._gpu_figures(instance, pod) for instance, pod in pods}
+
+        return await self._retrying(attempt)
+
     async def get(self, instance_id: str) -> Instance:
         """One pod by id (not in the protocol); NotFound when it is gone."""
         what = f"get pod {instance_id}"
@@ -716,13 +739,19 @@ class RunPodProvider(HTTPAdapter):
             raise self._malformed(what) from exc
 
     async def _list_once(self, *, what: str) -> builtins.list[Instance]:
+        return [instance for instance, _ in await self._owned_pods(what=what)]
+
+    async def _owned_pods(
+        self, *, what: str
+    ) -> builtins.list[tuple[Instance, Mapping[str, Any]]]:
+        """This owner's live pods, each with its raw JSON, from ONE ``GET /v2/pods``."""
         request = self._client.build_request("GET", "/v2/pods")
         response = await self._send(request, what=what, stream=False, op="list")
         data = self._json(response, what=what)
         pods = data.get("pods")
         if not isinstance(pods, builtins.list):
             raise self._malformed(what)
-        mine: builtins.list[Instance] = []
+        mine: builtins.list[tuple[Instance, Mapping[str, Any]]] = []
         for pod in pods:
             if not isinstance(pod, Mapping):
                 raise self._malformed(what)
@@ -731,8 +760,26 @@ class RunPodProvider(HTTPAdapter):
                 continue  # not ours (another node's, or made by hand)
             if pod.get("status") == "TERMINATED":
                 continue  # gone: the service must see it as deleted
-            mine.append(self._instance(pod, what=what))
+            mine.append((self._instance(pod, what=what), pod))
         return mine
+
+    @staticmethod
+    def _gpu_figures(instance: Instance, pod: Mapping[str, Any]) -> dict[str, Any]:
+        """One pod's ``gpu_metrics`` body, from its ``runtime.gpus`` (see gpu_metrics_all)."""
+        runtime = pod.get("runtime")
+        raw = runtime.get("gpus") if isinstance(runtime, Mapping) else None
+        gpus: builtins.list[dict[str, Any]] = []
+        for index, item in enumerate(raw if isinstance(raw, builtins.list) else ()):
+            if not isinstance(item, Mapping):
+                continue
+            gpu: dict[str, Any] = {"index": index}
+            if instance.gpu_type:
+                gpu["gpu_type"] = instance.gpu_type
+            util = item.get("util")
+            if not isinstance(util, bool) and isinstance(util, int | float) and math.isfinite(util):
+                gpu["gpu_utilization"] = float(util)
+            gpus.append(gpu)
+        return {"instance_id": instance.id, "state": instance.state.value, "gpus": gpus}
 
     # -- logs -------------------------------------------------------------------------------
 

@@ -15,6 +15,10 @@ all instances (25 per page, ``next_token``) and keeps those whose label decodes 
 The rent call is never retried after a timeout or 5xx (it is not idempotent); the service's next
 ``create`` finds the instance by label if the rent did happen.
 
+GPU figures: :meth:`VastAIProvider.gpu_metrics_all` reads ``gpu_util``, ``gpu_temp`` and
+``gpu_totalram`` from the same instance list as ``list`` (no extra call); Vast.ai reports them
+per instance, not per GPU, so each running instance gets one aggregate GPU entry.
+
 Retries: timeouts, connection errors and 5xx are retried (except the rent, above) and a 429 is
 retried after its ``Retry-After`` when at most ``retry_after_cap`` seconds, as in the mock
 adapter. Vast.ai documents no ``Retry-After``; without one, backoff is exponential.
@@ -171,6 +175,13 @@ def _country(item: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _finite(value: Any) -> float | None:
+    """A JSON number as a float; None for null, booleans, strings, NaN and infinities."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
 def _epoch(value: Any) -> datetime | None:
     if isinstance(value, int | float) and value > 0:
         return datetime.fromtimestamp(float(value), UTC)
@@ -308,6 +319,29 @@ class VastAIProvider(HTTPAdapter):
     async def list(self) -> list[Instance]:
         """Every instance whose label says it belongs to ``owner`` (all pages)."""
         return await self._list(select_filters=None)
+
+    async def gpu_metrics_all(self) -> dict[str, dict[str, Any]]:
+        """GPU figures of every instance of our owner, by instance id, from the list call.
+
+        The same ``GET /api/v1/instances`` pages, owner filter and retries as :meth:`list`
+        (whose ids are the keys): one call when the account has at most 25 instances. Vast.ai
+        reports one figure per *instance*, not per GPU, so a running instance gets ONE entry
+        (``index`` 0; ``uuid`` ``all-<n>-gpus`` when it has n > 1 GPUs, so that nobody reads
+        it as GPU 0 alone) rather than n copies of the same numbers:
+
+        * ``gpu_util`` ("GPU utilization as a fraction", nullable) -> ``gpu_utilization`` in
+          percent (x 100);
+        * ``gpu_temp`` ("Current GPU temperature in Celsius", nullable) -> ``temperature_c``;
+        * ``gpu_totalram`` ("Total GPU RAM in MB") -> ``memory_total_bytes`` (MB are MiB:
+          24576 for a 24 GB card), only for a one-GPU instance: whether it counts one GPU or
+          all of them is not said, and for one GPU it does not matter.
+
+        Vast.ai reports no GPU memory in use (``gpu_ram`` is "Allocated GPU RAM", a size;
+        ``vmem_usage`` is the container's virtual memory), power, UUID or tensor activity.
+        Instances that are not running, and running ones without figures, get ``gpus: []``.
+        """
+        owned = await self._owned(select_filters=None, what="read GPU metrics")
+        return {instance.id: self._gpu_figures(instance, item) for instance, item in owned}
 
     async def delete(self, instance_id: str) -> None:
         """Destroy the instance; one that is gone (or never was) is not an error."""
@@ -587,8 +621,15 @@ class VastAIProvider(HTTPAdapter):
     async def _list(
         self, *, select_filters: Mapping[str, Any] | None
     ) -> builtins.list[Instance]:
-        what = "list instances"
-        found: builtins.list[Instance] = []
+        owned = await self._owned(select_filters=select_filters, what="list instances")
+        return [instance for instance, _ in owned]
+
+    async def _owned(
+        self, *, select_filters: Mapping[str, Any] | None, what: str
+    ) -> builtins.list[tuple[Instance, Mapping[str, Any]]]:
+        """Our instances, each with its raw list item, from ``GET /api/v1/instances`` (all
+        pages: one call per 25 instances of the account)."""
+        found: builtins.list[tuple[Instance, Mapping[str, Any]]] = []
         token: str | None = None
         for _ in range(_MAX_PAGES):
             params: dict[str, str] = {"limit": str(_PAGE_SIZE)}
@@ -604,7 +645,7 @@ class VastAIProvider(HTTPAdapter):
             for item in items:
                 instance = self._instance(item, what=what)
                 if instance is not None:
-                    found.append(instance)
+                    found.append((instance, item))
             next_token = data.get("next_token")
             if not next_token or not items:
                 return found
@@ -645,10 +686,39 @@ class VastAIProvider(HTTPAdapter):
                 ip=ip,
                 endpoints=self._endpoints(ip, item.get("ports")),
                 created_at=_epoch(item.get("start_date")),
+                # the rental contract starts billing ``dph_total`` at ``start_date`` (there is no
+                # separate boot time): spend is counted from here (vkprovider/node/spend.py)
+                started_at=_epoch(item.get("start_date")),
                 message=self._scrub(message) if message else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise self._malformed(what) from exc
+
+    @staticmethod
+    def _gpu_figures(instance: Instance, item: Mapping[str, Any]) -> dict[str, Any]:
+        """One instance's ``gpu_metrics`` body (see :meth:`gpu_metrics_all`)."""
+        body: dict[str, Any] = {"instance_id": instance.id, "state": instance.state.value,
+                                "gpus": []}
+        if instance.state is not InstanceState.RUNNING:
+            return body
+        figures: dict[str, Any] = {}
+        util, temp = _finite(item.get("gpu_util")), _finite(item.get("gpu_temp"))
+        if util is not None:
+            figures["gpu_utilization"] = util * 100.0
+        if temp is not None:
+            figures["temperature_c"] = temp
+        total = _finite(item.get("gpu_totalram"))
+        if instance.gpu_count == 1 and total is not None and total > 0:
+            figures["memory_total_bytes"] = int(total * 2**20)
+        if not figures:
+            return body
+        gpu: dict[str, Any] = {"index": 0, **figures}
+        if instance.gpu_count > 1:
+            gpu["uuid"] = f"all-{instance.gpu_count}-gpus"
+        if instance.gpu_type:
+            gpu["gpu_type"] = instance.gpu_type
+        body["gpus"] = [gpu]
+        return body
 
     @staticmethod
     def _endpoints(ip: str | None, ports: Any) -> tuple[str, ...]:

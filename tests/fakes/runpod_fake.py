@@ -10,7 +10,9 @@ implement) and a response the fake would send that the spec does not allow are b
 :attr:`FakeRunPod.violations` and answered with status 599, so the adapter fails loudly and the
 test asserts ``fake.violations == []``.
 
-What it models: pods in memory (``GET/POST /v2/pods``, ``GET/DELETE /v2/pods/{id}``), SSE logs
+What it models: pods in memory (``GET/POST /v2/pods``, ``GET/DELETE /v2/pods/{id}``; a RUNNING
+pod's ``runtime`` carries one ``PodGpuUtilization`` per GPU, set with
+:meth:`FakeRunPod.set_gpu_utilization`), SSE logs
 (``GET /v2/pods/{id}/logs``) and the GPU catalog with stock per data center
 (``GET /v2/catalog/gpus``). Creates take GPUs from stock and fail like RunPod does (400 problem
 details) when none is left; deletes give them back. Names are not unique, as on RunPod.
@@ -335,11 +337,25 @@ class FakeRunPod:
                 else:
                     ports.append({"private": int(port), "public": None, "type": "http",
                                   "ip": None})
-            pod["runtime"] = {"uptime": 0, "ports": ports}
+            # One idle PodGpuUtilization per GPU, as RunPod lists a freshly started pod.
+            gpus = [{"util": 0, "memoryUtil": 0}
+                    for _ in range(int((pod.get("gpu") or {}).get("count") or 0))]
+            pod["runtime"] = {"uptime": 0, "gpus": gpus, "ports": ports}
         else:
             pod["runtime"] = None
         if status in ("EXITED", "TERMINATED"):
             pod["cost"] = 0.0
+
+    def set_gpu_utilization(self, pod_id: str, gpus: list[dict[str, Any]] | None) -> None:
+        """Replace a RUNNING pod's ``runtime.gpus`` (``PodGpuUtilization`` objects, e.g.
+        ``{"util": 94, "memoryUtil": 78}``); None removes the key, as a pod not sampled yet."""
+        runtime = self.pods[pod_id]["runtime"]
+        if runtime is None:
+            raise ValueError("runtime is null unless the pod is RUNNING (the spec)")
+        if gpus is None:
+            runtime.pop("gpus", None)
+        else:
+            runtime["gpus"] = [dict(g) for g in gpus]
 
     def add_log(self, pod_id: str, line: str, *, source: str = "container",
                 ts: str | None = None) -> None:

@@ -410,13 +410,15 @@ _FILTERABLE = {"actual_status", "gpu_name", "verification", "id", "label", "inte
                "cur_state", "machine_id", "image_uuid"}
 _COMPUTED = {"dph_total", "num_gpus", "dlperf", "dlperf_per_dphtotal", "flops_per_dphtotal"}
 _SEARCH_NON_FILTERS = {"limit", "type", "order", "allocated_storage"}
+_GPU_FIGURES = {"gpu_util", "gpu_temp", "gpu_ram", "gpu_totalram"}
 
 
 class FakeVastAI:
     """The fake's state and knobs. ``app`` is the ASGI app to serve (or to wrap in a transport).
 
     * ``offers``: what search returns (add with :meth:`add_offer`; empty = no capacity)
-    * ``instances``: rented instances by contract id (shape of a v1 list item)
+    * ``instances``: rented instances by contract id (shape of a v1 list item; GPU figures
+      with :meth:`set_gpu_figures`)
     * ``logs``: container log text per instance id
     * ``requests`` / ``violations`` / ``unvalidated``: what happened
     """
@@ -503,6 +505,14 @@ class FakeVastAI:
         item["actual_status"] = actual_status
         item["intended_status"] = intended_status
         item["status_msg"] = status_msg
+
+    def set_gpu_figures(self, contract: int, **figures: Any) -> None:
+        """Set an instance's GPU figures as the list reports them: ``gpu_util`` (a fraction),
+        ``gpu_temp`` (Celsius), ``gpu_ram``/``gpu_totalram`` (MB); None where not reported."""
+        unknown = set(figures) - _GPU_FIGURES
+        if unknown:
+            raise ValueError(f"not a GPU figure of the instance list: {sorted(unknown)}")
+        self.instances[contract].update(figures)
 
     def fail(self, operation: str, status: int, *, times: int = 1, error: str = "",
              msg: str = "", headers: Mapping[str, str] | None = None) -> None:
@@ -692,6 +702,13 @@ class FakeVastAI:
             "machine_id": offer["machine_id"],
             "gpu_name": offer["gpu_name"],
             "num_gpus": offer["num_gpus"],
+            # GPU figures: gpu_ram is the offer's per-GPU RAM (MB); gpu_totalram is modelled as
+            # all GPUs' RAM, like an offer's gpu_total_ram (the spec does not say which). The
+            # live figures are null until a test reports some (set_gpu_figures).
+            "gpu_ram": int(offer.get("gpu_ram", 24576)),
+            "gpu_totalram": int(offer.get("gpu_ram", 24576)) * int(offer["num_gpus"]),
+            "gpu_util": None,
+            "gpu_temp": None,
             "geolocation": offer["geolocation"],
             "dph_total": offer["dph_total"],
             "disk_space": float(body.get("disk") or 8.0),

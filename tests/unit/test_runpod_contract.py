@@ -45,6 +45,7 @@ from tests.fakes.runpod_fake import (
     create_app,
     runpod_spec_path,
 )
+from vkprovider.api.gpu import BulkGPUMetricsSource, parse_readings
 
 API_KEY = "rp-test-key-s3cr3t-0123456789"
 BASE_URL = "https://api.runpod.io"
@@ -123,6 +124,7 @@ async def test_every_operation_the_adapter_uses_is_valid_against_the_spec(
     fake.add_log(inst.id, "hello")
     assert [c async for c in provider.logs(inst.id, LogOptions(tail_lines=10))] == [b"hello\n"]
     await provider.capacity()
+    await provider.gpu_metrics_all()
     await provider.delete(inst.id)
 
     used = {r.operation for r in fake.requests}
@@ -657,6 +659,95 @@ async def test_an_instance_reports_its_gpu_by_the_offer_name(
     offer_types = {o.gpu_type for o in await provider.capacity()}
     assert inst.gpu_type in offer_types
     assert fake.calls("createPod")[0].body["gpu"]["id"] == RTX4090
+
+
+# -- GPU figures (gpu_metrics_all) -----------------------------------------------------------
+
+
+async def test_gpu_metrics_all_reads_runtime_gpus_from_one_list_call(
+    fake: FakeRunPod, make_provider: MakeProvider
+) -> None:
+    provider = make_provider()
+    assert isinstance(provider, BulkGPUMetricsSource)
+    two = await provider.create(spec("vk-gpu-burst-two", gpu_count=2))
+    fake.set_status(two.id, "RUNNING")
+    fake.set_gpu_utilization(two.id, [{"util": 94, "memoryUtil": 78}, {"memoryUtil": 5}])
+    unsampled = await provider.create(spec("vk-gpu-burst-unsampled", gpu_type="RTX4090"))
+    fake.set_status(unsampled.id, "RUNNING")
+    fake.set_gpu_utilization(unsampled.id, None)  # RUNNING, runtime without gpus
+    starting = await provider.create(spec("vk-gpu-burst-starting"))
+    fake.set_status(starting.id, "STARTING")  # runtime is null
+    gone = await provider.create(spec("vk-gpu-burst-gone"))
+    fake.set_status(gone.id, "TERMINATED")
+    theirs = await make_provider(owner="vk-other").create(spec("vk-other-a"))
+    fake.set_status(theirs.id, "RUNNING")
+    fake.set_gpu_utilization(theirs.id, [{"util": 50, "memoryUtil": 50}])
+    fake.add_pod(name="by-hand")
+    fake.requests.clear()
+
+    bodies = await provider.gpu_metrics_all()
+
+    assert [r.operation for r in fake.requests] == ["listPods"]  # ONE call, nothing else
+    assert fake.requests[0].query == []  # the same request as list(): no extra parameter
+    assert set(bodies) == {i.id for i in await provider.list()}
+    assert set(bodies) == {two.id, unsampled.id, starting.id}  # not gone, not theirs
+    assert bodies[two.id] == {
+        "instance_id": two.id,
+        "state": "running",
+        "gpus": [
+            {"index": 0, "gpu_type": "H100", "gpu_utilization": 94.0},  # percent, as sent
+            {"index": 1, "gpu_type": "H100"},  # util missing: omitted, memoryUtil never used
+        ],
+    }
+    assert bodies[unsampled.id] == {"instance_id": unsampled.id, "state": "running", "gpus": []}
+    assert bodies[starting.id] == {"instance_id": starting.id, "state": "pending", "gpus": []}
+    readings = parse_readings(bodies[two.id], default_model="")
+    assert [(g.index, g.model, g.utilization) for g in readings] == [
+        (0, "H100", 0.94), (1, "H100", None)]
+    assert all(g.memory_used_bytes is None and g.memory_total_bytes is None for g in readings)
+
+
+async def test_a_freshly_running_pod_reports_one_idle_figure_per_gpu(
+    fake: FakeRunPod, provider: RunPodProvider
+) -> None:
+    inst = await provider.create(spec(gpu_count=2))
+    fake.set_status(inst.id, "RUNNING")
+    body = (await provider.gpu_metrics_all())[inst.id]
+    assert [(g["index"], g["gpu_utilization"]) for g in body["gpus"]] == [(0, 0.0), (1, 0.0)]
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "retry_after"),
+    [
+        (401, AuthError, None),
+        (403, AuthError, None),
+        (429, RateLimited, 12),
+        (500, TransientError, None),
+    ],
+)
+async def test_gpu_metrics_all_maps_errors_like_list(
+    fake: FakeRunPod, make_provider: MakeProvider, status: int, error: type[ProviderError],
+    retry_after: int | None,
+) -> None:
+    provider = make_provider(options={"max_attempts": 1})
+    for call in (provider.list, provider.gpu_metrics_all):
+        fake.fail_next("listPods", status=status, detail="nope", retry_after=retry_after)
+        with pytest.raises(ProviderError) as info:
+            await call()
+        assert type(info.value) is error
+        assert f"HTTP {status}" in str(info.value) and info.value.provider == "runpod"
+    assert [r.status for r in fake.calls("listPods")] == [status, status]
+
+
+async def test_gpu_metrics_all_retries_like_list(
+    fake: FakeRunPod, provider: RunPodProvider
+) -> None:
+    inst = await provider.create(spec())
+    fake.set_status(inst.id, "RUNNING")
+    fake.requests.clear()
+    fake.server_error("listPods", times=1)
+    assert set(await provider.gpu_metrics_all()) == {inst.id}
+    assert [r.status for r in fake.calls("listPods")] == [503, 200]
 
 
 # -- options ---------------------------------------------------------------------------------

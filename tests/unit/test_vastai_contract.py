@@ -40,6 +40,7 @@ from providers.base import (
 from providers.vastai import VastAIProvider, decode_label, encode_label, map_status
 from tests.fakes.common import TRANSPORT_FAILURES, FailingTransport, Providers, assert_never_shown
 from tests.fakes.vastai_fake import API_KEY, VIOLATION_STATUS, FakeVastAI, specs_dir
+from vkprovider.api.gpu import BulkGPUMetricsSource, parse_readings
 
 BASE_URL = "https://console.vast.ai"
 OWNER = "vk-gpu-burst"
@@ -368,6 +369,7 @@ async def test_listed_instances_carry_address_ports_price_and_mapped_gpu(
     assert (instance.gpu_type, instance.region, instance.price_per_hour) == ("H100", "US", 2.25)
     assert instance.message == "success, running ghcr.io/acme/train"
     assert instance.created_at is not None
+    assert instance.started_at == instance.created_at, "spend is counted from the contract start"
 
 
 @pytest.mark.parametrize(
@@ -404,6 +406,90 @@ async def test_preemption_says_so(fake: FakeVastAI, provider: VastAIProvider) ->
     fake.set_status(item["id"], "stopped", intended_status="running")
     (instance,) = await provider.list()
     assert instance.message is not None and "preempted" in instance.message
+
+
+# -- GPU figures (gpu_metrics_all) -------------------------------------------------------------
+
+
+def mine(name: str) -> str:
+    return encode_label(name=name, tags={TAG_NODE: OWNER})
+
+
+async def test_gpu_metrics_all_reads_the_list_figures_in_one_call(
+    fake: FakeVastAI, provider: VastAIProvider
+) -> None:
+    assert isinstance(provider, BulkGPUMetricsSource)
+    one = fake.add_instance(label=mine("one"), gpu_name="RTX 4090", num_gpus=1)
+    fake.set_gpu_figures(one["id"], gpu_util=0.42, gpu_temp=61.5, gpu_totalram=24576)
+    four = fake.add_instance(label=mine("four"), gpu_name="H100 SXM", num_gpus=4)
+    fake.set_gpu_figures(four["id"], gpu_util=0.9, gpu_temp=None, gpu_ram=81559,
+                         gpu_totalram=4 * 81559)
+    silent = fake.add_instance(label=mine("silent"), num_gpus=2)  # running, figures null
+    idle = fake.add_instance(label=mine("idle"))  # one GPU: its size is known, nothing else
+    loading = fake.add_instance(label=mine("loading"), actual_status="loading")
+    fake.set_gpu_figures(loading["id"], gpu_util=0.5)  # not running: not the pod's figures
+    theirs = fake.add_instance(label=encode_label(name="x", tags={TAG_NODE: "other-node"}))
+    fake.set_gpu_figures(theirs["id"], gpu_util=0.99, gpu_temp=80)
+    fake.add_instance(label="My ML Training Job", gpu_util=0.3)
+    fake.requests.clear()
+
+    bodies = await provider.gpu_metrics_all()
+
+    assert len(fake.requests) == 1 and fake.requests[0].path == "/api/v1/instances"
+    assert fake.requests[0].query == {"limit": "25"}  # the same request as list()
+    assert set(bodies) == {i.id for i in await provider.list()}
+    assert set(bodies) == {str(i["id"]) for i in (one, four, silent, idle, loading)}
+    assert bodies[str(one["id"])] == {
+        "instance_id": str(one["id"]), "state": "running",
+        "gpus": [{"index": 0, "gpu_type": "RTX4090", "gpu_utilization": pytest.approx(42.0),
+                  "temperature_c": 61.5, "memory_total_bytes": 24576 * 2**20}],
+    }
+    # Four GPUs, one per-instance figure: ONE entry that says it stands for all of them; the
+    # temperature is null (omitted) and the memory size is left out (one GPU's or all four's?).
+    assert bodies[str(four["id"])]["gpus"] == [
+        {"index": 0, "uuid": "all-4-gpus", "gpu_type": "H100",
+         "gpu_utilization": pytest.approx(90.0)}]
+    assert bodies[str(silent["id"])]["gpus"] == []
+    assert bodies[str(idle["id"])]["gpus"] == [
+        {"index": 0, "gpu_type": "RTX4090", "memory_total_bytes": 24 * 2**30}]
+    assert bodies[str(loading["id"])] == {"instance_id": str(loading["id"]), "state": "pending",
+                                          "gpus": []}
+    (reading,) = parse_readings(bodies[str(one["id"])], default_model="")
+    assert reading.utilization == pytest.approx(0.42)
+    assert (reading.temperature_celsius, reading.memory_total_bytes) == (61.5, 24 * 2**30)
+    assert reading.memory_used_bytes is None and reading.power_watts is None
+
+
+async def test_gpu_metrics_all_pages_like_list(fake: FakeVastAI, provider: VastAIProvider) -> None:
+    for i in range(30):
+        fake.add_instance(label=mine(f"u{i}"))
+    fake.requests.clear()
+    assert len(await provider.gpu_metrics_all()) == 30
+    assert len(fake.calls("GET", "/api/v1/instances")) == 2  # 25 per page, as list() reads
+
+
+@pytest.mark.parametrize(
+    ("status", "expected", "headers"),
+    [
+        (401, AuthError, None),
+        (400, InvalidSpec, None),
+        (429, RateLimited, {"Retry-After": "120"}),
+        (500, TransientError, None),
+    ],
+)
+async def test_gpu_metrics_all_maps_errors_like_list(
+    fake: FakeVastAI, make_provider: MakeProvider, status: int, expected: type[ProviderError],
+    headers: dict[str, str] | None,
+) -> None:
+    provider = make_provider(options={"max_attempts": 1})
+    for call in (provider.list, provider.gpu_metrics_all):
+        fake.fail("showInstances", status, msg="nope", headers=headers,
+                  error="invalid_request" if status == 400 else "")
+        with pytest.raises(ProviderError) as caught:
+            await call()
+        assert type(caught.value) is expected
+        assert f"HTTP {status}" in str(caught.value) and caught.value.provider == "vast"
+    assert [r.status for r in fake.calls("GET", "/api/v1/instances")] == [status, status]
 
 
 # -- delete ------------------------------------------------------------------------------------
