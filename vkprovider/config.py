@@ -46,6 +46,7 @@ class PodSettings(_Frozen):
 
     workers: int = Field(default=10, ge=1, le=500)
     status_interval_seconds: float = Field(default=5.0, gt=0)  # one list per provider per tick
+    resync_seconds: float = Field(default=60.0, gt=0)  # every pod reconciled at least this often
     orphan_grace_seconds: float = Field(default=30.0, ge=0)  # between the two sightings
     create_deadline_seconds: float = Field(default=900.0, gt=0)  # then fail the pod
     capacity_block_seconds: float = Field(default=180.0, ge=0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -85,6 +86,23 @@ def test_a_bad_option_is_reported_on_the_spec_field() -> None:
     problem = _problem_from_config_error(info.value)
     assert problem.field == "spec.options"
     assert "no_such_option" in problem.message
+
+
+@pytest.mark.parametrize(("type_", "options", "text"), [
+    ("vastai", {"bogus": 1}, "bogus"),
+    ("salad", {"bogus": 1}, "bogus"),
+    ("vastai", {"offer_limit": [1]}, "wrong type"),
+])
+def test_every_adapters_bad_options_land_on_spec_options(type_: str, options: dict[str, Any],
+                                                         text: str) -> None:
+    extra = {"endpoint": "http://x"} if type_ == "salad" else {}
+    s = spec(type=type_, credentialsSecret={"namespace": "ns", "name": "s"}, options=options,
+             **extra)
+    with pytest.raises(ConfigError) as info:
+        build_from_spec(name="p", spec=s, api_key="k", owner="node", timeout=5)
+    problem = _problem_from_config_error(info.value)
+    assert problem.field == "spec.options", problem
+    assert text in problem.message
 
 
 def test_fingerprint_changes_with_secret_version_and_spec_but_holds_no_key() -> None:
@@ -334,6 +352,33 @@ async def test_listed_once_follows_a_retired_provider_and_is_forgotten_with_it()
     assert ctl.listed_once == {"a~1"}
     assert [n for n, _ in await ctl.remove_drained()] == ["a~1"]
     assert ctl.listed_once == set()
+
+
+def test_a_sweep_reconciles_only_pods_whose_instance_changed_or_that_are_in_motion() -> None:
+    ctl = controller("a")
+    steady = instance("u1", "a")
+    ctl.placed["u1"] = Placed(provider="a", instance=steady, seen_at=0)
+    same = Placed(provider="a", instance=steady, seen_at=-5)
+    assert not ctl.changed_in_sweep("u1", same), "a steady Running pod rests"
+    assert ctl.changed_in_sweep("u1", None), "newly listed"
+    moved = Placed(provider="a", instance=instance("u1", "a", price=3.0), seen_at=-5)
+    assert ctl.changed_in_sweep("u1", moved), "the cloud reports something new"
+    ctl.deleting[steady.id] = 0.0
+    assert ctl.changed_in_sweep("u1", same), "a delete to watch (and maybe re-send)"
+    del ctl.deleting[steady.id]
+    ctl.unsure["u1"] = ("a", 0.0)
+    assert ctl.changed_in_sweep("u1", same)
+    del ctl.unsure["u1"]
+    booting = replace(steady, state=InstanceState.PENDING)
+    ctl.placed["u1"] = Placed(provider="a", instance=booting, seen_at=0)
+    assert ctl.changed_in_sweep("u1", Placed(provider="a", instance=booting, seen_at=-5))
+    del ctl.placed["u1"]
+    assert ctl.changed_in_sweep("u1", same), "its instance vanished"
+    ctl.pod_keys["u2"] = "ns/p2"
+    ctl.informer.store["ns/p2"] = {"metadata": {"uid": "u2"}, "status": {"phase": "Pending"}}
+    assert ctl.changed_in_sweep("u2", None), "still to be created"
+    ctl.informer.store["ns/p2"]["status"]["phase"] = "Succeeded"
+    assert not ctl.changed_in_sweep("u2", None), "finished and nothing left to stop"
 
 
 # ---- settings ------------------------------------------------------------------------------------

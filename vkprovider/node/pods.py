@@ -157,6 +157,7 @@ class PodController:
         self.placed: dict[str, Placed] = {}  # uid -> instance, from sweeps and creates
         self.listed: dict[str, bool] = dict.fromkeys(self.providers, False)  # last list ok?
         self.last_list: dict[str, float] = {}  # provider -> clock() of its last good list
+        self.last_resync = clock()  # every pod reconciled after a sweep at least this often
         self.listed_once: set[str] = set()  # providers listed OK at least once by this process
         self.inherited: set[str] = set()  # pod UIDs bound before our first sync (see docstring)
         self.told_blind: set[str] = set()  # pods told (event) that they wait for a provider
@@ -538,7 +539,7 @@ class PodController:
                 continue
             if placed.seen_at > now or not self.listed.get(placed.provider, False):
                 seen[uid] = placed
-        self.placed = seen
+        before, self.placed = self.placed, seen
         live_ids = {p.instance.id for p in seen.values()}
         self.deleting = {i: t for i, t in self.deleting.items() if i in live_ids}
         for uid, (where, since) in list(self.unsure.items()):
@@ -546,9 +547,38 @@ class PodController:
                 del self.unsure[uid]  # the list has spoken: it exists, or it never happened
         await self._collect_orphans(now)
         await self.spend.maybe_record()
+        full = now - self.last_resync >= self.settings.pods.resync_seconds
+        if full:
+            self.last_resync = now
         for uid in list(self.pod_keys):
-            self.queue.add(uid)
+            if full or self.changed_in_sweep(uid, before.get(uid)):
+                self.queue.add(uid)
         self.metrics.queue_depth.set(len(self.queue))
+
+    def changed_in_sweep(self, uid: str, before: Placed | None) -> bool:
+        """Whether a sweep must reconcile this pod: its instance changed, or it is in motion.
+
+        A steady Running pod whose instance the cloud reports exactly as before has nothing to
+        do; its pod changing reaches the queue through the watch. Skipping it is what keeps a
+        sweep over 5,000 pods cheap (bench/steady.py); ``resync_seconds`` reconciles every pod
+        anyway, as an informer's resync would.
+        """
+        placed = self.placed.get(uid)
+        if placed is None:
+            if before is not None:
+                return True  # its instance is gone from the list
+            key = self.pod_keys.get(uid)
+            pod = self.informer.store.get(key) if key else None
+            phase = ((pod or {}).get("status") or {}).get("phase")
+            return phase not in _TERMINAL  # still to be created (a finished one rests)
+        inst = placed.instance
+        return (
+            before is None
+            or before.instance != inst
+            or inst.state != InstanceState.RUNNING
+            or inst.id in self.deleting
+            or uid in self.unsure
+        )
 
     async def _delete_duplicate(self, *, keep: Placed, extra: Placed) -> None:
         log.error("two instances for one pod; deleting the newer",
