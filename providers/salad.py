@@ -197,7 +197,7 @@ class _Options:
         }  # fmt: skip
         unknown = sorted(set(raw) - known)
         if unknown:
-            raise ValueError(f"unknown SaladCloud option(s): {', '.join(unknown)}")
+            raise ValueError(f"options: unknown SaladCloud option(s) {', '.join(unknown)}")
         self.organization = str(raw.get("organization") or "")
         self.project = str(raw.get("project") or "")
         for key, value in (("organization", self.organization), ("project", self.project)):

@@ -200,7 +200,7 @@ class _Options:
         }  # fmt: skip
         unknown = sorted(set(raw) - known)
         if unknown:
-            raise ValueError(f"unknown Vast.ai option(s): {', '.join(unknown)}")
+            raise ValueError(f"options: unknown Vast.ai option(s) {', '.join(unknown)}")
         self.gpu_types: dict[str, tuple[str, ...]] = {}
         for key, value in dict(raw.get("gpu_types") or {}).items():
             names = (value,) if isinstance(value, str) else tuple(value)

@@ -79,8 +79,10 @@ def build_adapter(
     except ImportError as exc:
         raise ConfigError(f"{field}.type: the {type_!r} adapter is not available in this build"
                           ) from exc
-    except ValueError as exc:
+    except ValueError as exc:  # adapters name the option: "options.<key> ..."
         raise ConfigError(f"{field}.{exc}") from exc
+    except TypeError as exc:  # int([1]) and the like: a value of the wrong type
+        raise ConfigError(f"{field}.options: a value has the wrong type ({exc})") from exc
     raise ConfigError(f"{field}.type: the {type_!r} adapter is not available in this build")
 
 
