@@ -830,10 +830,7 @@ class PodController:
                 self.unsure.setdefault(uid, (self._key_of(provider, name), self.clock()))
                 if self._past_create_deadline(meta):
                     # Failed, not forgotten: an instance that did start is deleted once listed
-                    await self._reject(pod, reason="ProviderUnavailable",
-                                       message=f"no cloud could run it within "
-                                               f"{int(self.settings.pods.create_deadline_seconds)}"
-                                               f"s; the last try: {name}: {exc}")
+                    await self._give_up(pod, f"the last try: {name}: {exc}")
                     return
                 after = exc.retry_after if isinstance(exc, RateLimited) else None
                 raise Retry(f"{name}: {exc}", after=after) from exc
@@ -880,16 +877,18 @@ class PodController:
                            reasons: list[str]) -> None:
         summary = "; ".join(reasons) or "no provider configured"
         if self._past_create_deadline(meta):
-            await self._reject(pod, reason="ProviderUnavailable",
-                               message=f"no cloud could run it within "
-                                       f"{int(self.settings.pods.create_deadline_seconds)}s: "
-                                       f"{summary}")
+            await self._give_up(pod, summary)
             return
         await self.events.emit(obj=_pod_ref(pod), reason="NoCapacity", type_="Warning",
                                message=f"No provider can run {spec.gpu_count}x "
                                        f"{spec.gpu_type or 'any GPU'} now: {summary}")
         raise Retry("no capacity", after=min(30.0, max(5.0, self.queue.failures(
             str(meta.get("uid"))) * 5.0)))
+
+    async def _give_up(self, pod: Body, detail: str) -> None:
+        deadline = int(self.settings.pods.create_deadline_seconds)
+        await self._reject(pod, reason="ProviderUnavailable",
+                           message=f"no cloud could run it within {deadline}s: {detail}")
 
     def _past_create_deadline(self, meta: Body) -> bool:
         created = _parse_time(meta.get("creationTimestamp"))
