@@ -50,6 +50,11 @@ def adapter_options(spec: GPUProviderSpec) -> dict[str, Any]:
     return out
 
 
+#: The mock adapter's options: its retry knobs (the other adapters parse their own).
+_MOCK_OPTIONS: dict[str, Any] = {"max_attempts": int, "backoff_initial": float,
+                                 "backoff_max": float, "retry_after_cap": float}
+
+
 def build_adapter(
     *, type_: str, name: str, url: str, api_key: str | None, timeout: float,
     options: Mapping[str, Any], owner: str, field: str,
@@ -58,8 +63,16 @@ def build_adapter(
     if type_ == "mock":
         from providers.mock.client import MockProvider
 
-        return MockProvider(name=name, base_url=url, owner=owner, api_key=api_key,
-                            timeout=timeout)
+        unknown = sorted(set(options) - set(_MOCK_OPTIONS))
+        if unknown:
+            raise ConfigError(f"{field}.options: unknown mock option(s) {', '.join(unknown)}; "
+                              f"known: {', '.join(_MOCK_OPTIONS)}")
+        try:
+            knobs = {k: conv(options[k]) for k, conv in _MOCK_OPTIONS.items() if k in options}
+            return MockProvider(name=name, base_url=url, owner=owner, api_key=api_key,
+                                timeout=timeout, **knobs)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{field}.options: a value is not valid ({exc})") from exc
     try:
         if type_ == "runpod":
             from providers.runpod import RunPodProvider

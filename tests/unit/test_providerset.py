@@ -18,6 +18,7 @@ from providers.base import (
     RateLimited,
     TransientError,
 )
+from providers.mock.client import MockProvider
 from vkprovider.config import LeaderElectionSettings, Settings
 from vkprovider.errors import ConfigError
 from vkprovider.kube import KubeClient
@@ -89,13 +90,14 @@ def test_a_bad_option_is_reported_on_the_spec_field() -> None:
 
 
 @pytest.mark.parametrize(("type_", "options", "text"), [
-    ("vastai", {"bogus": 1}, "bogus"),
+    ("mock", {"bogus": 1}, "bogus"),
+    ("mock", {"max_attempts": "many"}, "not valid"),
     ("salad", {"bogus": 1}, "bogus"),
     ("vastai", {"offer_limit": [1]}, "wrong type"),
 ])
 def test_every_adapters_bad_options_land_on_spec_options(type_: str, options: dict[str, Any],
                                                          text: str) -> None:
-    extra = {"endpoint": "http://x"} if type_ == "salad" else {}
+    extra = {"endpoint": "http://x"} if type_ in ("salad", "mock") else {}
     s = spec(type=type_, credentialsSecret={"namespace": "ns", "name": "s"}, options=options,
              **extra)
     with pytest.raises(ConfigError) as info:
@@ -103,6 +105,14 @@ def test_every_adapters_bad_options_land_on_spec_options(type_: str, options: di
     problem = _problem_from_config_error(info.value)
     assert problem.field == "spec.options", problem
     assert text in problem.message
+
+
+def test_a_mock_gpuprovider_takes_its_retry_options() -> None:
+    s = spec(type="mock", endpoint="http://x", options={"max_attempts": 2, "backoff_max": 0.5})
+    adapter = build_from_spec(name="p", spec=s, api_key="k", owner="node", timeout=5)
+    assert adapter.name == "p"
+    assert isinstance(adapter, MockProvider)
+    assert adapter._retry.max_attempts == 2
 
 
 def test_fingerprint_changes_with_secret_version_and_spec_but_holds_no_key() -> None:
