@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from vkprovider.kube import KubeClient
+from vkprovider.node.spend import SPEND_ANNOTATION, decode
 from vkprovider.testing.cluster import LocalCluster
 from vkprovider.testing.fakekubelet import create_gpu_nodes
 from vkprovider.testing.harness import (
@@ -95,12 +96,26 @@ class StoryResult:
     instances_deleted: int = 0
     leaks: int = 0
     dollars: float = 0.0
+    counted_dollars: float | None = None  # the provider's own count (a lower bound)
     per_cloud: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 async def _pods(kube: KubeClient, app: str) -> list[dict[str, Any]]:
     body = await kube.get(f"/api/v1/namespaces/{NS}/pods", params={"labelSelector": f"app={app}"})
     return [p for p in body["items"] if not p["metadata"].get("deletionTimestamp")]
+
+
+async def _counted_spend(kube: KubeClient, *, timeout: float = 15.0) -> float | None:
+    """The provider's spend record on the Node once nothing is billing (None if it never is)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        node = await kube.get(f"/api/v1/nodes/{NODE}")
+        value = (node["metadata"].get("annotations") or {}).get(SPEND_ANNOTATION)
+        record = decode(value) if value else {}
+        if record and all(c.open == 0 for c in record.values()):
+            return round(sum(c.dollars for c in record.values()), 4)
+        await asyncio.sleep(0.5)
+    return None
 
 
 def _running(ps: list[dict[str, Any]], where: Callable[[str], bool]) -> int:
@@ -144,7 +159,8 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
                 await cloud.start()
                 n.say(f"{cloud.name} at {cloud.url}")
             provider = ProviderProcess(work_dir=work, kubeconfig=vk_config, node_name=NODE,
-                                       clouds=clouds, client_ca_file=cluster.ca_path)
+                                       clouds=clouds, client_ca_file=cluster.ca_path,
+                                       pods={"spend_record_seconds": 1})
             provider.start()
             companion = CompanionProcess(work_dir=work, kubeconfig=companion_config,
                                          node_name=NODE, interval=0.5, move_back_interval=1.0)
@@ -302,6 +318,7 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
                 result.leaks += live
                 result.dollars += spent
             result.dollars = round(result.dollars, 4)
+            result.counted_dollars = await _counted_spend(kube)
             summary: list[tuple[str, ...]] = [("", "VALUE")]
             summary += [("inference replicas moved out / back",
                       f"{result.moved_out} / {result.moved_back}"),
@@ -312,7 +329,9 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
                       f"{result.instances_created} / {result.instances_deleted}"),
                      *[(f"  {k}", f"{v['created']} created, ${v['dollars']:.4f}")
                        for k, v in result.per_cloud.items()],
-                     ("money spent ($)", f"{result.dollars:.4f}"),
+                     ("money spent ($), the clouds' bill", f"{result.dollars:.4f}"),
+                     ("  as the provider counted it", "not recorded"
+                      if result.counted_dollars is None else f"{result.counted_dollars:.4f}"),
                      ("leaks (live instances)", str(result.leaks))]
             n.say("\n" + table(summary))
             if keep:
