@@ -196,7 +196,7 @@ class _Options:
             "gpu_types", "disk_gb", "offer_type", "verified", "min_reliability", "offer_filters",
             "offer_limit", "max_offer_attempts", "capacity_limit", "env_format", "command_mode",
             "image_login", "log_poll_attempts", "log_poll_interval", "max_attempts",
-            "backoff_initial", "backoff_max", "retry_after_cap",
+            "backoff_initial", "backoff_max", "retry_after_cap", "regions",
         }  # fmt: skip
         unknown = sorted(set(raw) - known)
         if unknown:
@@ -207,6 +207,12 @@ class _Options:
             if not names or not all(isinstance(n, str) and n for n in names):
                 raise ValueError(f"options.gpu_types[{key!r}] must be a name or a list of names")
             self.gpu_types[str(key)] = names
+        regions = raw.get("regions") or ()
+        if isinstance(regions, str) or not all(isinstance(r, str) and r.strip()
+                                               for r in regions):
+            raise ValueError("options.regions must be a list of country codes (e.g. [DE, FR])")
+        # A GPUProvider's spec.regions: rent only in these countries (data residency)
+        self.regions: tuple[str, ...] = tuple(r.strip().upper() for r in regions)
         self.disk_gb = float(raw.get("disk_gb", 20.0))
         self.offer_type = str(raw.get("offer_type", "ondemand"))
         if self.offer_type not in ("ondemand", "bid"):
@@ -415,6 +421,8 @@ class VastAIProvider(HTTPAdapter):
                 if gpu is None:
                     continue
                 region = _country(offer) or _UNKNOWN_REGION
+                if self._opts.regions and region not in self._opts.regions:
+                    continue  # a lax search: not where we may rent
                 count = int(offer["num_gpus"])
                 if count < 1:
                     continue
@@ -531,6 +539,8 @@ class VastAIProvider(HTTPAdapter):
         }
         if self._opts.verified:
             body["verified"] = {"eq": True}
+        if self._opts.regions:
+            body["geolocation"] = {"in": list(self._opts.regions)}
         if self._opts.min_reliability is not None:
             body["reliability"] = {"gte": self._opts.min_reliability}
         body.update(self._opts.offer_filters)
@@ -572,6 +582,8 @@ class VastAIProvider(HTTPAdapter):
                 return False
             if self._region(spec) and _country(offer) != self._region(spec):
                 return False
+            if self._opts.regions and _country(offer) not in self._opts.regions:
+                return False  # a lax search must not rent outside the allowed countries
             price = float(offer["min_bid" if self._opts.offer_type == "bid" else "dph_total"])
             int(offer["id"])
         except (KeyError, TypeError, ValueError):

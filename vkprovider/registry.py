@@ -27,9 +27,9 @@ DEFAULT_ENDPOINTS: dict[str, str] = {
 #: Where ``spec.gpuTypes`` and ``spec.regions`` of a GPUProvider go in each adapter's options
 #: (``None``: the adapter has no such option; the field is then only enforced by vkprovider).
 _OPTION_KEYS: dict[str, tuple[str | None, str | None]] = {
-    "mock": (None, None),
+    "mock": (None, "regions"),
     "runpod": ("gpu_types", "data_center_ids"),
-    "vastai": ("gpu_types", None),
+    "vastai": ("gpu_types", "regions"),
     "salad": ("gpu_types", "country_codes"),
 }
 
@@ -38,8 +38,9 @@ def adapter_options(spec: GPUProviderSpec) -> dict[str, Any]:
     """The adapter options for a GPUProvider: ``spec.options`` plus the typed fields it maps.
 
     ``gpuTypes`` and ``regions`` fill the adapter's own option (RunPod: ``gpu_types`` and
-    ``data_center_ids``; Vast.ai: ``gpu_types``; Salad: ``gpu_types`` and ``country_codes``)
-    unless ``spec.options`` already sets it: the explicit option wins.
+    ``data_center_ids``; Vast.ai: ``gpu_types`` and ``regions``; Salad: ``gpu_types`` and
+    ``country_codes``; mock: ``regions``) unless ``spec.options`` already sets it: the explicit
+    option wins.
     """
     out = dict(spec.options)
     gpu_key, region_key = _OPTION_KEYS.get(spec.type, (None, None))
@@ -50,9 +51,10 @@ def adapter_options(spec: GPUProviderSpec) -> dict[str, Any]:
     return out
 
 
-#: The mock adapter's options: its retry knobs (the other adapters parse their own).
+#: The mock adapter's options: its retry knobs and regions (the others parse their own).
 _MOCK_OPTIONS: dict[str, Any] = {"max_attempts": int, "backoff_initial": float,
-                                 "backoff_max": float, "retry_after_cap": float}
+                                 "backoff_max": float, "retry_after_cap": float,
+                                 "regions": list}
 
 
 def build_adapter(

@@ -17,7 +17,7 @@ errors are never retried. Create may be retried because the cloud is idempotent 
 from __future__ import annotations
 
 import builtins
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -85,9 +85,13 @@ class MockProvider(HTTPAdapter):
         backoff_initial: float = 0.1,
         backoff_max: float = 2.0,
         retry_after_cap: float = 5.0,
+        regions: Sequence[str] = (),
     ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
+        if isinstance(regions, str) or not all(isinstance(r, str) and r for r in regions):
+            raise ValueError("regions must be a list of region names")
+        self.regions = tuple(regions)  # a GPUProvider's spec.regions: sell and create only there
         super().__init__(
             name=name,
             base_url=base_url,
@@ -125,6 +129,8 @@ class MockProvider(HTTPAdapter):
             "max_price_per_hour": spec.max_price_per_hour,
             "tags": {**spec.tags, TAG_NODE: self.owner},
         }
+        if self.regions and spec.region is None:
+            body["regions"] = list(self.regions)
         what = f"create instance {spec.name!r}"
         response = await self._request("POST", "/instances", what=what, json_body=body)
         return self._instance(self._json(response, what=what), what=what)
@@ -209,6 +215,7 @@ class MockProvider(HTTPAdapter):
                     price_per_gpu_hour=float(item["price_per_gpu_hour"]),
                 )
                 for item in data["offers"]
+                if not self.regions or str(item["region"]) in self.regions
             ]
         except (KeyError, TypeError, ValueError) as exc:
             raise self._malformed(what) from exc

@@ -34,15 +34,17 @@ nothing, a create can lose its answer after making the instance (the duplicate t
     ``total`` minus the GPUs held by live instances (every instance not yet deleted holds its
     GPUs, including exited and failed ones, until it is deleted).
 ``POST /instances``
-    Body: ``name, image, gpu_count`` (required); ``gpu_type, region, command, args, env, ports
-    ([{container_port, protocol, name}]), cpu_millis, memory_bytes, max_price_per_hour, tags``.
+    Body: ``name, image, gpu_count`` (required); ``gpu_type, region, regions, command, args,
+    env, ports ([{container_port, protocol, name}]), cpu_millis, memory_bytes,
+    max_price_per_hour, tags``.
     Idempotent by ``name``: if a live instance (any state, terminating included) has that name it
     is returned with 200; otherwise a new one is created and returned with 201. Without
-    ``region`` the cheapest region with enough capacity is chosen (without ``gpu_type``, the
-    cheapest offer of any type). Errors: 400/422 ``invalid_spec`` (unknown gpu_type, gpu_count
-    < 1 or above ``max_gpus_per_instance``, empty image, bad tag value; messages name the field,
-    never its value), 409 ``capacity_unavailable`` (no offer in that region, not enough free
-    GPUs, or over ``max_price_per_hour``), 402 ``quota_exceeded`` (account GPU quota).
+    ``region`` the cheapest region with enough capacity is chosen, among ``regions`` if given
+    (without ``gpu_type``, the cheapest offer of any type). Errors: 400/422 ``invalid_spec``
+    (unknown gpu_type, gpu_count < 1 or above ``max_gpus_per_instance``, empty image, bad tag
+    value; messages name the field, never its value), 409 ``capacity_unavailable`` (no offer in
+    that region, not enough free GPUs, or over ``max_price_per_hour``), 402 ``quota_exceeded``
+    (account GPU quota).
 ``GET /instances?tag=key=value&tag=...&name=...``
     ``{"instances": [...]}``: live instances matching every filter.
 ``GET /instances/{id}``
@@ -846,6 +848,7 @@ class MockCloudState:
             o
             for o in self._inventory.values()
             if body.gpu_type in (None, o.gpu_type) and body.region in (None, o.region)
+            and (body.region is not None or not body.regions or o.region in body.regions)
         ]
         if not candidates:
             raise MockCloudError(
@@ -1148,6 +1151,7 @@ class CreateBody(BaseModel):
     cpu_millis: int = Field(default=0, ge=0)
     memory_bytes: int = Field(default=0, ge=0)
     max_price_per_hour: float | None = Field(default=None, ge=0)
+    regions: list[str] | None = None  # without ``region``: choose only among these
     tags: dict[str, str] = Field(default_factory=dict)
 
 

@@ -763,3 +763,15 @@ async def test_gpu_metrics_of_all_our_instances_in_one_call(cloud: Cloud) -> Non
     assert theirs.id not in every
     for inst in mine:
         assert every[inst.id] == await provider.gpu_metrics(inst.id)
+
+
+async def test_regions_keep_offers_and_creates_inside_them(cloud: Cloud) -> None:
+    everywhere = cloud.provider()
+    assert {o.region for o in await everywhere.capacity()} >= {"us-east", "eu-west"}
+    assert (await everywhere.create(spec("n-any"))).region == "eu-west", "H100 is cheaper there"
+    us = cloud.provider(regions=["us-east"])
+    assert {o.region for o in await us.capacity()} == {"us-east"}
+    inst = await us.create(spec("n-us"))
+    assert inst.region == "us-east", "not the cheaper region outside the allowed ones"
+    with pytest.raises(ValueError, match="regions"):
+        cloud.provider(regions="us-east")

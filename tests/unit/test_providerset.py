@@ -68,15 +68,15 @@ def test_explicit_options_win_over_the_typed_fields() -> None:
     assert adapter_options(s)["gpu_types"] == {"H100": "b"}
 
 
-def test_mock_has_no_such_options_and_salad_maps_regions_to_country_codes() -> None:
+def test_regions_reach_every_adapter_that_can_honour_them() -> None:
     assert adapter_options(spec(type="mock", endpoint="http://x", gpuTypes={"H100": "h"},
-                                regions=["us"])) == {}
+                                regions=["us"])) == {"regions": ["us"]}
     salad = spec(type="salad", credentialsSecret={"namespace": "ns", "name": "s"},
                  regions=["us"])
     assert adapter_options(salad) == {"country_codes": ["us"]}
     vast = spec(type="vastai", credentialsSecret={"namespace": "ns", "name": "s"},
                 gpuTypes={"H100": "H100_SXM"}, regions=["US"])
-    assert adapter_options(vast) == {"gpu_types": {"H100": "H100_SXM"}}
+    assert adapter_options(vast) == {"gpu_types": {"H100": "H100_SXM"}, "regions": ["US"]}
 
 
 def test_a_bad_option_is_reported_on_the_spec_field() -> None:

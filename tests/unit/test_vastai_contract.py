@@ -731,6 +731,26 @@ async def test_offer_filters_add_to_the_search_but_the_spec_wins(
     assert instance.price_per_hour == 0.5  # the cheaper offer is not in a datacenter
 
 
+async def test_regions_keep_capacity_and_rentals_inside_those_countries(
+    fake: FakeVastAI, make_provider: MakeProvider
+) -> None:
+    fake.add_offer(gpu_name="H100 SXM", dph_total=1.0, geolocation="Texas, US")  # cheapest
+    fake.add_offer(gpu_name="H100 SXM", dph_total=2.0, geolocation="Hesse, DE")
+    fake.add_offer(gpu_name="H100 SXM", dph_total=1.5, geolocation="")  # location unknown
+    provider = make_provider(options={"regions": ["de", "FR"]})
+    offers = await provider.capacity()
+    assert {o.region for o in offers} == {"DE"}
+    instance = await provider.create(spec())
+    assert instance.price_per_hour == 2.0, "rented in Germany, not the cheaper US machine"
+    assert all(s["geolocation"] == {"in": ["DE", "FR"]} for s in searches(fake))
+
+
+async def test_regions_must_be_a_list_of_codes(fake: FakeVastAI) -> None:
+    with pytest.raises(ValueError, match=r"options\.regions"):
+        VastAIProvider(name="vast", base_url=BASE_URL, owner=OWNER, api_key=API_KEY,
+                       options={"regions": "DE"})
+
+
 async def test_no_offers_is_empty_capacity(fake: FakeVastAI, provider: VastAIProvider) -> None:
     assert await provider.capacity() == []
 
