@@ -1208,14 +1208,19 @@ def _describe_errors(errors: Iterable[Mapping[str, Any]]) -> str:
     return "; ".join(problems) or "invalid request"
 
 
-async def _parse_body(request: Request, model: type[_Body]) -> _Body:
-    """The request's JSON body as ``model``; parsed after admission so auth is checked first."""
+async def _json_body(request: Request) -> Any:
+    """The request's JSON body; a 422 naming ``body`` when it is not JSON."""
     try:
-        raw = await request.json()
+        return await request.json()
     except ValueError:
         raise MockCloudError(
             status=422, code="invalid_spec", message="body: not valid JSON"
         ) from None
+
+
+async def _parse_body(request: Request, model: type[_Body]) -> _Body:
+    """The request's JSON body as ``model``; parsed after admission so auth is checked first."""
+    raw = await _json_body(request)
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
@@ -1500,12 +1505,7 @@ def create_app(*, state: MockCloudState) -> FastAPI:
 
     @app.put("/admin/scenario", dependencies=admin_only)
     async def admin_put_scenario(request: Request) -> JSONResponse:
-        try:
-            raw = await request.json()
-        except ValueError:
-            raise MockCloudError(
-                status=422, code="invalid_spec", message="body: not valid JSON"
-            ) from None
+        raw = await _json_body(request)
         try:
             state.apply_scenario(parse_scenario(raw, source="body"))
         except ScenarioError as exc:

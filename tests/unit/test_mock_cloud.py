@@ -775,3 +775,13 @@ async def test_regions_keep_offers_and_creates_inside_them(cloud: Cloud) -> None
     assert inst.region == "us-east", "not the cheaper region outside the allowed ones"
     with pytest.raises(ValueError, match="regions"):
         cloud.provider(regions="us-east")
+
+
+@pytest.mark.parametrize(("method", "path"), [("POST", "/instances"),
+                                              ("PUT", "/admin/scenario")])
+async def test_a_body_that_is_not_json_is_a_422_naming_the_body(cloud: Cloud, method: str,
+                                                                 path: str) -> None:
+    response = await cloud.admin.request(method, path, content=b"{not json",
+                                         headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    assert response.json()["error"]["message"] == "body: not valid JSON"
