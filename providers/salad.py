@@ -4,7 +4,7 @@ Why it exists: SaladCloud runs containers as *container groups* (a spec plus a r
 interruptible consumer GPUs. This module runs each instance as a one-replica container group in
 one organization's project, and maps Salad's group states and RFC 7807 ProblemDetails errors onto
 :mod:`providers.base`, so the service can treat SaladCloud like any other cloud. It follows
-``shared/specs/salad/salad-cloud.yaml`` (SaladTechnologies/salad-cloud-docs, 0.9.0-alpha.17).
+``tests/specs/salad/salad-cloud.yaml`` (SaladTechnologies/salad-cloud-docs, 0.9.0-alpha.17).
 
 Names: a container group name must match ``^[a-z][a-z0-9-]{0,61}[a-z0-9]$`` (2-63 characters).
 :func:`salad_name` derives it from ``spec.name`` deterministically:

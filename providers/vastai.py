@@ -5,7 +5,7 @@ runs on a host after you rent one of its *offers*. This module turns the Provide
 that two-step dance (search ``POST /api/v0/bundles``, rent ``PUT /api/v0/asks/{offer id}``) and
 maps Vast.ai's statuses and ``{success, error, msg}`` errors onto :mod:`providers.base`, so the
 service can treat Vast.ai like any other cloud. It follows the spec in
-``shared/specs/vastai/openapi.yaml`` (vast-ai/docs ``api-reference/openapi.yaml``).
+``tests/specs/vastai/openapi.yaml`` (vast-ai/docs ``api-reference/openapi.yaml``).
 
 Idempotency: Vast.ai has no idempotency key and no tags, only a free-text ``label``. Every
 instance we rent carries the label ``vkp1?name=<spec.name>&<tag>=<value>...`` (URL-encoded,

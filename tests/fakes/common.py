@@ -7,9 +7,20 @@ its cause or a repr); one copy of the helpers keeps those checks the same for ev
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 import httpx
+
+#: The clouds' published OpenAPI specs, vendored unmodified (provenance: tests/specs/README.md).
+VENDORED_SPECS = Path(__file__).resolve().parents[1] / "specs"
+
+
+def specs_dir() -> Path:
+    """``$VKP_SPECS_DIR`` when set (to test against a newer spec), else the vendored copies."""
+    env = os.environ.get("VKP_SPECS_DIR")
+    return Path(env) if env else VENDORED_SPECS
 
 
 class _Closable(Protocol):

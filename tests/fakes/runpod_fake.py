@@ -3,8 +3,8 @@
 Why it exists: the RunPod adapter (:mod:`providers.runpod`) must be tested without a RunPod
 account, and a hand-written fake is only as good as its author's reading of the API. So every
 request this fake receives and every response it sends is validated with ``openapi-core``
-against RunPod's own OpenAPI 3.1 document (``runpod/openapi-v2.json`` under ``VKP_SPECS_DIR``,
-default ``<repo>/../shared/specs``). A request the spec does not allow (unknown body field, bad
+against RunPod's own OpenAPI 3.1 document (``runpod/openapi-v2.json``, vendored in
+``tests/specs``). A request the spec does not allow (unknown body field, bad
 query value, undeclared query parameter, missing bearer token, an operation the fake does not
 implement) and a response the fake would send that the spec does not allow are both recorded in
 :attr:`FakeRunPod.violations` and answered with status 599, so the adapter fails loudly and the
@@ -45,6 +45,8 @@ from fastapi.responses import JSONResponse, Response
 from openapi_core import Config, OpenAPI
 from openapi_core.testing import MockRequest, MockResponse
 
+from tests.fakes.common import specs_dir as common_specs_dir
+
 __all__ = [
     "NO_CAPACITY_DETAIL",
     "FakeGpu",
@@ -75,12 +77,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 def runpod_spec_path(specs_dir: str | Path | None = None) -> Path:
-    """The spec file under ``specs_dir``, ``$VKP_SPECS_DIR`` or ``<repo>/../shared/specs``."""
-    if specs_dir is None:
-        env = os.environ.get("VKP_SPECS_DIR")
-        repo = Path(__file__).resolve().parents[2]
-        specs_dir = Path(env) if env else repo.parent / "shared" / "specs"
-    return Path(specs_dir) / SPEC_RELATIVE
+    """The spec file under ``specs_dir``, else :func:`tests.fakes.common.specs_dir`."""
+    return Path(specs_dir if specs_dir is not None else common_specs_dir()) / SPEC_RELATIVE
 
 
 def _json_bytes(data: bytes, **_: Any) -> Any:

@@ -9,7 +9,7 @@ with the Vast.ai fake (:class:`tests.fakes.vastai_fake.SpecValidation`): a viola
 with status 599 and recorded in :attr:`FakeSalad.violations`; tests assert that list stays empty.
 Request bodies are also checked for properties the spec does not declare, at every depth.
 
-The spec folder comes from ``$VKP_SPECS_DIR`` (default ``<repo>/../shared/specs``).
+The spec folder is :func:`tests.fakes.common.specs_dir` (the vendored ``tests/specs``).
 
 Errata applied to the spec before validating:
 

@@ -11,7 +11,7 @@ than the spec where a cloud would silently ignore a mistake: undeclared query pa
 undeclared top-level body fields are violations too (Vast.ai's filter objects declare only some
 of the operators the spec's description lists, so nested filter objects are not made strict).
 
-The spec folder comes from ``$VKP_SPECS_DIR`` (default ``<repo>/../shared/specs``).
+The spec folder is :func:`tests.fakes.common.specs_dir` (the vendored ``tests/specs``).
 
 Errata applied to the spec before validating (each a documented disagreement, not a shortcut):
 
@@ -58,6 +58,8 @@ from openapi_core.exceptions import OpenAPIError
 from openapi_core.templating.responses.exceptions import ResponseNotFound
 from werkzeug.datastructures import Headers, ImmutableMultiDict
 
+from tests.fakes.common import specs_dir
+
 __all__ = [
     "API_KEY",
     "FAULT_HEADER",
@@ -85,14 +87,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-def specs_dir() -> Path:
-    """``$VKP_SPECS_DIR``, or ``<repo>/../shared/specs``."""
-    env = os.environ.get("VKP_SPECS_DIR")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2].parent / "shared" / "specs"
 
 
 @functools.lru_cache(maxsize=4)

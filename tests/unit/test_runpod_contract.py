@@ -488,7 +488,7 @@ def test_the_spec_folder_comes_from_vkp_specs_dir(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("VKP_SPECS_DIR", "/somewhere/specs")
     assert str(runpod_spec_path()) == "/somewhere/specs/runpod/openapi-v2.json"
     monkeypatch.delenv("VKP_SPECS_DIR")
-    assert runpod_spec_path().parts[-4:] == ("shared", "specs", "runpod", "openapi-v2.json")
+    assert runpod_spec_path().parts[-4:] == ("tests", "specs", "runpod", "openapi-v2.json")
     assert runpod_spec_path().is_file()
 
 
