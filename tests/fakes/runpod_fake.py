@@ -29,7 +29,6 @@ import asyncio
 import functools
 import http
 import json
-import os
 import random
 import re
 import string

@@ -22,7 +22,8 @@ def _recorded() -> dict[str, str]:
 
 def test_every_vendored_spec_matches_its_recorded_hash() -> None:
     recorded = _recorded()
-    assert set(recorded) == {"runpod/openapi-v2.json", "vastai/openapi.yaml", "salad/salad-cloud.yaml"}
+    assert set(recorded) == {
+        "runpod/openapi-v2.json", "vastai/openapi.yaml", "salad/salad-cloud.yaml"}
     for name, sha in recorded.items():
         assert hashlib.sha256((VENDORED_SPECS / name).read_bytes()).hexdigest() == sha, name
 
