@@ -179,6 +179,33 @@ async def test_node_registers_ready_with_labels_taint_status_and_lease(
     )
 
 
+async def test_the_node_is_never_ready_with_zero_gpus_while_the_clouds_answer(
+    kube: KubeClient, node_name: str
+) -> None:
+    """Regression: the Node was created Ready with 0 GPUs, and corrected only after the first
+    capacity read; a reader in that window (a test, the scheduler) saw a full node."""
+    inner = FakeCapacity(12)
+
+    async def slow() -> NodeCapacity:
+        await asyncio.sleep(1.0)  # a cloud's capacity call takes its time
+        return await inner()
+
+    seen: list[str | None] = []
+    task = run_node(client=kube, settings=settings_for(node_name), capacity=slow,
+                    version="v0.1.0-test")
+    async with running(task):
+        async def first_ready() -> dict[str, Any]:
+            node = await _get(kube, f"/api/v1/nodes/{node_name}")()
+            if node:
+                seen.append(allocatable_gpus(node))
+            return node
+
+        node = await eventually(first_ready, until=is_ready, timeout=30, interval=0.02,
+                                what="the node Ready")
+    assert allocatable_gpus(node) == "12", f"first Ready node had {allocatable_gpus(node)} GPUs"
+    assert "0" not in seen, f"the Node showed 0 GPUs before its first capacity read: {seen}"
+
+
 async def test_capacity_change_is_published_after_notify_changed(
     kube: KubeClient, node_name: str
 ) -> None:

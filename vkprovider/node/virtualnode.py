@@ -309,7 +309,16 @@ class VirtualNode:
         self._refresh.set()
 
     async def run(self) -> None:
-        """Register, then refresh capacity and publish status until cancelled."""
+        """Read capacity once, register, then refresh capacity and publish status until cancelled.
+
+        The first read comes before registration (bounded by ``first_capacity_wait_seconds``):
+        a Node created with ``Ready`` and 0 GPUs, then corrected a moment later, is a Node the
+        scheduler and every reader may see as full. Registering with the truth closes that
+        window whenever the clouds answer in time.
+        """
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._first_capacity_wait):
+                await self.refresh_capacity()
         await self._register_until_done()
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._capacity_loop(), name=f"node-capacity-{self.name}")
