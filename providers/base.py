@@ -154,6 +154,16 @@ class Unsupported(ProviderError):
     """The cloud does not offer this operation (exec, previous logs, ...)."""
 
 
+def runs_without_gpu(provider: object) -> bool:
+    """Whether an adapter can run an instance with no GPU (``gpu_count == 0``).
+
+    Optional for adapters: one that can sets a ``runs_without_gpu`` attribute (or property) to
+    True. The pod controller sends a GPU-less pod only to such adapters, and refuses it before
+    any cloud call when its policy names none, so no cloud is asked for what it cannot run.
+    """
+    return bool(getattr(provider, "runs_without_gpu", False))
+
+
 @runtime_checkable
 class Provider(Protocol):
     """One GPU cloud account, scoped to one virtual node (``owner``)."""

@@ -417,6 +417,11 @@ class RunPodProvider(HTTPAdapter):
             secret=api_key,
         )
 
+    @property
+    def runs_without_gpu(self) -> bool:
+        """A GPU-less pod becomes a CPU pod only with option ``cpu_flavor``."""
+        return self._opts.cpu_flavor is not None
+
     # -- the Provider protocol --------------------------------------------------------------
 
     async def create(self, spec: InstanceSpec) -> Instance:

@@ -273,6 +273,7 @@ class SaladProvider(HTTPAdapter):
         )
         org, project = self._opts.organization, self._opts.project
         self._org_path = f"/organizations/{org}"
+        self.runs_without_gpu = True  # a container group with no GPU class runs on CPU nodes
         self._groups_path = f"/organizations/{org}/projects/{project}/containers"
         self._classes: tuple[float, builtins.list[_GpuClass]] | None = None
 

@@ -121,6 +121,7 @@ import hashlib
 import hmac
 import math
 import random
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -549,6 +550,10 @@ class MockCloudState:
         scenario: Scenario | None = None,
     ) -> None:
         self._api_key = api_key
+        # Real clouds' ids are unique to that cloud only; two mock clouds seeded alike must
+        # still hand out different ids, or a test cannot tell a provider that keys instances by
+        # id alone (wrong) from one that keys them by (provider, id).
+        self._id_salt = secrets.token_hex(4)
         self.seed = seed
         self._initial_seed = seed
         self._initial_scenario = scenario
@@ -813,7 +818,7 @@ class MockCloudState:
                     message=f"GPU quota of {self.quota_gpus} exceeded ({held} in use)",
                 )
         self._seq += 1
-        digest = hashlib.sha256(f"{self.seed}:{self._seq}".encode()).hexdigest()
+        digest = hashlib.sha256(f"{self._id_salt}:{self.seed}:{self._seq}".encode()).hexdigest()
         record = _Record(
             id=f"mi-{digest[:12]}",
             seq=self._seq,

@@ -271,6 +271,37 @@ async def test_hand_tolerated_pod_matching_no_policy_fails_not_admitted_without_
     assert (await system.clouds[0].stats())["create_calls"] == 0
 
 
+@pytest.mark.parametrize("forged", ["labels", "namespace-labels"])
+async def test_a_pod_naming_a_policy_that_does_not_select_it_is_refused_before_any_cloud_call(
+    kube: KubeClient, namespace: str, system: System, cluster_objects: Cluster, forged: str,
+) -> None:
+    """The policy annotation is a claim anyone who can create pods can write: the provider
+    checks the named policy's selector again, namespaceSelector included, before spending."""
+    await system.start(clouds=1)
+    name = f"paid-{uuid.uuid4().hex[:6]}"
+    body = policy(name, namespace=namespace, app="inference", providers=["cloud0"])
+    if forged == "namespace-labels":
+        body["spec"]["selector"]["podSelector"] = {"matchLabels": {"app": "sneaky"}}
+        body["spec"]["selector"]["namespaceSelector"] = {"matchLabels": {"team": "ml"}}
+    await cluster_objects.create(POLICIES, body)
+    await kube.create(f"/api/v1/namespaces/{namespace}/pods", {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "sneaky", "labels": {"app": "sneaky"},
+                     "annotations": {"vkprovider.io/overflow-policy": name}},
+        "spec": {"nodeName": system.node_name,
+                 "tolerations": [{"key": TAINT_KEY, "operator": "Exists"}],
+                 "containers": [{"name": "c", "image": "x:1",
+                                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+    pod = await eventually(lambda: kube.get(f"/api/v1/namespaces/{namespace}/pods/sneaky"),
+                           until=lambda p: p["status"].get("phase") == "Failed", timeout=60,
+                           what="sneaky Failed")
+    assert pod["status"]["reason"] == "NotAdmitted"
+    expected = ("podSelector" if forged == "labels" else "namespaceSelector")
+    assert f"names OverflowPolicy {name}, which does not select it" in pod["status"]["message"]
+    assert expected in pod["status"]["message"]
+    assert (await system.clouds[0].stats())["create_calls"] == 0
+
+
 async def test_internal_first_new_replicas_stay_inside_while_gpus_are_free(
     kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory, system: System,
     companion_kubeconfig: Path, cluster_objects: Cluster,

@@ -230,6 +230,9 @@ BAD_PODS: list[tuple[str, dict[str, Any], str, str]] = [
      "InvalidResources", "cpu"),
     ("too-many-gpus", {"gpus": 512}, "GPUCountUnavailable", "512 GPUs"),
     ("unknown-gpu-type", {"gpu_type": "B300"}, "UnknownGPUType", "B300"),
+    # the mock rents GPU machines only: a GPU-less pod never reaches it (it would answer 422)
+    ("zero-gpus", {"gpus": 0}, "InvalidResources",
+     "resources.limits[nvidia.com/gpu]: no GPU requested"),
 ]
 
 

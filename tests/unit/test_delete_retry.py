@@ -7,6 +7,7 @@ from typing import Any, cast
 from providers.base import Instance, InstanceState
 from vkprovider.config import Settings
 from vkprovider.metrics import Metrics
+from vkprovider.node.placements import Placed
 from vkprovider.node.pods import PodController
 
 
@@ -16,8 +17,9 @@ def controller(now: list[float]) -> PodController:
                          clock=lambda: now[0])
 
 
-def inst(state: InstanceState) -> Instance:
-    return Instance(id="i-1", name="vk-uid", provider="mock", state=state)
+def inst(state: InstanceState) -> Placed:
+    return Placed(provider="mock", instance=Instance(id="i-1", name="vk-uid", provider="mock",
+                                                     state=state), seen_at=0.0)
 
 
 def test_a_delete_is_trusted_only_for_delete_retry_seconds_unless_the_cloud_shows_progress(
@@ -26,7 +28,7 @@ def test_a_delete_is_trusted_only_for_delete_retry_seconds_unless_the_cloud_show
     pc = controller(now)
     assert pc.settings.pods.delete_retry_seconds == 30.0
     assert not pc._delete_in_progress(inst(InstanceState.RUNNING))  # never asked
-    pc.deleting["i-1"] = 1000.0
+    pc.placed.mark_deleting(("mock", "i-1"), at=1000.0)
     now[0] = 1029.0
     assert pc._delete_in_progress(inst(InstanceState.RUNNING))
     now[0] = 1031.0

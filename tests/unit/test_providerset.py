@@ -321,7 +321,7 @@ def test_held_counts_placed_and_in_flight_but_not_deleting() -> None:
     ctl.placed["u1"] = Placed(provider="a", instance=instance("u1", "a", gpus=2, price=5),
                               seen_at=0)
     ctl.placed["u2"] = Placed(provider="a", instance=instance("u2", "a"), seen_at=0)
-    ctl.deleting["i-u2"] = 0.0
+    ctl.placed.mark_deleting(("a", "i-u2"), at=0.0)
     ctl.reserved["b"] = Held(gpus=1, price_per_hour=2.0)
     held = ctl.held_by_provider()
     assert held["a"] == Held(gpus=2, price_per_hour=5.0)
@@ -373,9 +373,9 @@ def test_a_sweep_reconciles_only_pods_whose_instance_changed_or_that_are_in_moti
     assert ctl.changed_in_sweep("u1", None), "newly listed"
     moved = Placed(provider="a", instance=instance("u1", "a", price=3.0), seen_at=-5)
     assert ctl.changed_in_sweep("u1", moved), "the cloud reports something new"
-    ctl.deleting[steady.id] = 0.0
+    ctl.placed.mark_deleting(("a", steady.id), at=0.0)
     assert ctl.changed_in_sweep("u1", same), "a delete to watch (and maybe re-send)"
-    del ctl.deleting[steady.id]
+    ctl.placed.forget_delete(("a", steady.id))
     ctl.unsure["u1"] = ("a", 0.0)
     assert ctl.changed_in_sweep("u1", same)
     del ctl.unsure["u1"]

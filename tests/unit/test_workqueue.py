@@ -98,3 +98,12 @@ async def test_remove_drops_timers_and_failures() -> None:
     assert q.waiting == 0 and q.failures("a") == 0
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(q.get(), timeout=0.05)
+
+
+async def test_a_nudge_never_cancels_a_backoff() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    q.add_rate_limited("a", at_least=10)
+    q.nudge("a")  # the periodic sweep: the pod still backs off
+    assert len(q) == 0 and q.backing_off("a")
+    q.nudge("b")  # nothing pending: queued at once
+    assert await asyncio.wait_for(q.get(), timeout=1) == "b"

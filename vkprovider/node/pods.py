@@ -41,7 +41,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -60,6 +59,7 @@ from providers.base import (
     ProviderError,
     QuotaError,
     RateLimited,
+    runs_without_gpu,
 )
 from vkprovider.config import Settings
 from vkprovider.errors import PodConfigPending, PodRejected
@@ -70,6 +70,7 @@ from vkprovider.kube.watching import Informer, object_key
 from vkprovider.logs import kv
 from vkprovider.metrics import Metrics
 from vkprovider.node import podstatus
+from vkprovider.node.placements import InstanceKey, Placed, Placements
 from vkprovider.node.providercaps import (
     Held,
     ProviderCaps,
@@ -82,7 +83,7 @@ from vkprovider.node.translate import RefSource, translate
 from vkprovider.node.virtualnode import NodeCapacity
 from vkprovider.node.workqueue import ShutDown, WorkQueue
 from vkprovider.placement import policy as pol
-from vkprovider.placement.blocks import Blocks
+from vkprovider.placement.blocks import ANY_TYPE, Blocks
 from vkprovider.placement.budget import Usage, pod_policy
 
 POLICIES_PATH = "/apis/vkprovider.io/v1alpha1/overflowpolicies"
@@ -91,6 +92,7 @@ log = logging.getLogger(__name__)
 
 Body = dict[str, Any]
 _TERMINAL = ("Succeeded", "Failed")
+_NS_LABELS_TTL = 30.0  # seconds a namespace's labels are trusted for policy checks
 _DONE_STATES = (InstanceState.SUCCEEDED, InstanceState.FAILED)
 
 
@@ -100,15 +102,6 @@ class Retry(Exception):
     def __init__(self, reason: str, *, after: float | None = None) -> None:
         super().__init__(reason)
         self.after = after
-
-
-@dataclass
-class Placed:
-    """Where a pod's instance lives, as far as we know."""
-
-    provider: str
-    instance: Instance
-    seen_at: float  # clock() of the list (or create) that reported it
 
 
 def _parse_time(value: str | None) -> datetime | None:
@@ -154,16 +147,19 @@ class PodController:
                                  missing_ok=True, handler=lambda _e, _o: None)
         self.pod_keys: dict[str, str] = {}  # uid -> namespace/name
         self.first_seen: dict[str, float] = {}  # uid -> clock() the watch first showed it
-        self.placed: dict[str, Placed] = {}  # uid -> instance, from sweeps and creates
+        self.placed = Placements()  # uid -> instance, from sweeps and creates; held totals
         self.listed: dict[str, bool] = dict.fromkeys(self.providers, False)  # last list ok?
         self.last_list: dict[str, float] = {}  # provider -> clock() of its last good list
         self.last_resync = clock()  # every pod reconciled after a sweep at least this often
         self.listed_once: set[str] = set()  # providers listed OK at least once by this process
         self.inherited: set[str] = set()  # pod UIDs bound before our first sync (see docstring)
         self.told_blind: set[str] = set()  # pods told (event) that they wait for a provider
+        self.told_no_capacity: dict[str, str] = {}  # uid -> the NoCapacity summary last told
+        self.unplaced_tries: dict[str, int] = {}  # uid -> placements that found no provider
+        self.cooldown: dict[str, float] = {}  # provider -> clock() until which it said 429
+        self.ns_labels: dict[str, tuple[float, dict[str, str]]] = {}  # ns -> (read at, labels)
         self.unsure: dict[str, tuple[str, float]] = {}  # uid -> (provider, since): create unknown
-        self.deleting: dict[str, float] = {}  # instance id -> clock() of our delete call
-        self.orphans: dict[str, float] = {}  # instance id -> first sighting
+        self.orphans: dict[InstanceKey, float] = {}  # (provider, id) -> first sighting
         self.running_seen: dict[str, float] = {}  # uid -> wall time the instance was running
         self.offers: list[Offer] = []
         self.offers_read = False
@@ -202,14 +198,12 @@ class PodController:
         self.offers = offers
         self.offers_read = True
         for offer in offers:
-            held = sum(p.instance.gpu_count for p in self.placed.values()
-                       if p.instance.gpu_type == offer.gpu_type
-                       and p.instance.region == offer.region and p.provider == offer.provider)
+            held = self.placed.gpus_on_offer((offer.provider, offer.gpu_type, offer.region))
             size = offer.available + held
             if size > self.largest_offer.get(offer.gpu_type, 0):
                 self.largest_offer[offer.gpu_type] = size
         free = fold_capacity(offers, caps=self.caps, held=self.held_by_provider())
-        held = sum(p.instance.gpu_count for p in self.placed.values())
+        held = self.placed.total_gpus()
         budget = self._budget_gpus(offers)
         if budget is not None:
             free = min(free, budget)
@@ -218,13 +212,10 @@ class PodController:
 
     def held_by_provider(self) -> dict[str, Held]:
         """GPUs and $/h each provider holds for this node (not being deleted), plus in flight."""
-        out: dict[str, Held] = dict(self.reserved)
-        for placed in self.placed.values():
-            inst = placed.instance
-            if inst.id in self.deleting or inst.state == InstanceState.TERMINATING:
-                continue
-            out[placed.provider] = out.get(placed.provider, Held()).plus(
-                gpus=inst.gpu_count, price_per_hour=inst.price_per_hour)
+        out = self.placed.held_by_provider()
+        for name, held in self.reserved.items():
+            out[name] = out.get(name, Held()).plus(gpus=held.gpus,
+                                                   price_per_hour=held.price_per_hour)
         return out
 
     def _caps_refusal(self, name: str, spec: InstanceSpec) -> tuple[str | None, Held]:
@@ -283,9 +274,11 @@ class PodController:
                 self.inflight[alias] = self.inflight.pop(name)
             if name in self.reserved:
                 self.reserved[alias] = self.reserved.pop(name)
-            for placed in self.placed.values():
-                if placed.provider == name:
-                    placed.provider = alias
+            self.placed.rename_provider(name, alias)
+            self.orphans = {((alias if p == name else p), i): t
+                            for (p, i), t in self.orphans.items()}
+            self.spend.book.rename(name, alias)
+            self.blocks.unblock_provider(name)  # the next account under this name starts afresh
             self.unsure = {uid: ((alias if where == name else where), since)
                            for uid, (where, since) in self.unsure.items()}
             self.draining.discard(name)
@@ -306,7 +299,7 @@ class PodController:
                 if (
                     not self.listed.get(name)
                     or self.inflight.get(name)
-                    or any(p.provider == name for p in self.placed.values())
+                    or self.placed.uses_provider(name)
                     or any(where == name for where, _ in self.unsure.values())
                 ):
                     continue
@@ -391,23 +384,57 @@ class PodController:
             total += left
         return total
 
-    def _admitting_policy(self, pod: Body) -> tuple[pol.OverflowPolicy | None, str]:
-        """The policy this pod was admitted under, or why none admits it."""
+    async def _namespace_labels(self, namespace: str) -> dict[str, str]:
+        """The labels of ``namespace`` (cached for ``_NS_LABELS_TTL``; one GET per namespace)."""
+        now = self.clock()
+        cached = self.ns_labels.get(namespace)
+        if cached is not None and now - cached[0] < _NS_LABELS_TTL:
+            return cached[1]
+        try:
+            obj = await self.client.get(f"/api/v1/namespaces/{namespace}")
+        except NotFoundError:
+            labels: dict[str, str] = {}
+        else:
+            labels = dict((obj.get("metadata") or {}).get("labels") or {})
+        self.ns_labels[namespace] = (now, labels)
+        return labels
+
+    async def _admitting_policy(self, pod: Body) -> tuple[pol.OverflowPolicy | None, str]:
+        """The policy this pod was admitted under, or why none admits it.
+
+        The ``vkprovider.io/overflow-policy`` annotation is a claim, not a proof: anyone who can
+        create pods can write it. Money is spent here, so the named policy's selector
+        (namespaces, namespaceSelector, podSelector, minPriority) is checked again.
+        """
         policies = self.parsed_policies()
         if not policies and not self.settings.pods.require_policy:
             return None, ""
+        meta = pod.get("metadata") or {}
+        namespace = str(meta.get("namespace") or "default")
+        labels: dict[str, str] | None = None
+
+        async def selects(policy: pol.OverflowPolicy) -> tuple[bool, str]:
+            nonlocal labels
+            if policy.spec.selector.namespace_selector is not None and labels is None:
+                labels = await self._namespace_labels(namespace)
+            return pol.policy_selects(policy, pod=pod, namespace_labels=labels)
+
         named = pod_policy(pod)
         if named in policies:
-            # The companion checked the selector (incl. namespaceSelector, whose namespace labels
-            # we do not watch here) when it admitted the pod and recorded the policy.
-            return policies[named], ""
+            selected, why = await selects(policies[named])
+            if selected:
+                return policies[named], ""
+            return None, f"it names OverflowPolicy {named}, which does not select it: {why}"
         for policy in policies.values():
-            selected, _ = pol.policy_selects(policy, pod=pod)
+            selected, _ = await selects(policy)
             if selected:
                 return policy, ""
         if named:
             return None, f"it names OverflowPolicy {named}, which does not exist"
-        closest = pol.closest_refusal(list(policies.values()), pod)
+        if labels is None and any(p.spec.selector.namespace_selector is not None
+                                  for p in policies.values()):
+            labels = await self._namespace_labels(namespace)
+        closest = pol.closest_refusal(list(policies.values()), pod, namespace_labels=labels)
         if closest is not None:
             return None, f"no OverflowPolicy selects it (closest: {closest[0]}: {closest[1]})"
         return None, "no OverflowPolicy selects it"
@@ -539,9 +566,8 @@ class PodController:
                 continue
             if placed.seen_at > now or not self.listed.get(placed.provider, False):
                 seen[uid] = placed
-        before, self.placed = self.placed, seen
-        live_ids = {p.instance.id for p in seen.values()}
-        self.deleting = {i: t for i, t in self.deleting.items() if i in live_ids}
+        before = self.placed.snapshot()
+        self.placed.replace(seen)
         for uid, (where, since) in list(self.unsure.items()):
             if uid in seen or (self.listed.get(where) and self.last_list[where] > since):
                 del self.unsure[uid]  # the list has spoken: it exists, or it never happened
@@ -551,7 +577,12 @@ class PodController:
         if full:
             self.last_resync = now
         for uid in list(self.pod_keys):
-            if full or self.changed_in_sweep(uid, before.get(uid)):
+            if uid not in self.placed and before.get(uid) is None:
+                # Still to be created: a pod backing off (no capacity, Retry-After) keeps its
+                # delay; the sweep only wakes one that is not already scheduled.
+                if self.changed_in_sweep(uid, None):
+                    self.queue.nudge(uid)
+            elif full or self.changed_in_sweep(uid, before.get(uid)):
                 self.queue.add(uid)
         self.metrics.queue_depth.set(len(self.queue))
 
@@ -576,7 +607,7 @@ class PodController:
             before is None
             or before.instance != inst
             or inst.state != InstanceState.RUNNING
-            or inst.id in self.deleting
+            or self.placed.deleting_since(placed.key) is not None
             or uid in self.unsure
         )
 
@@ -589,33 +620,33 @@ class PodController:
     async def _collect_orphans(self, now: float) -> None:
         if not self.informer.synced.is_set():
             return
-        live_ids = set()
+        live: set[InstanceKey] = set()
         for uid, placed in self.placed.items():
-            inst = placed.instance
-            live_ids.add(inst.id)
+            key = placed.key
+            live.add(key)
             if uid in self.pod_keys:
-                self.orphans.pop(inst.id, None)
+                self.orphans.pop(key, None)
                 continue
             if not self.listed.get(placed.provider):
                 continue
-            first = self.orphans.setdefault(inst.id, now)
+            first = self.orphans.setdefault(key, now)
             if now - first >= self.settings.pods.orphan_grace_seconds and first < now:
-                await self._delete_instance(placed.provider, inst.id, why="orphan")
+                await self._delete_instance(placed.provider, placed.instance.id, why="orphan")
                 self.metrics.orphans_deleted.labels(placed.provider).inc()
-        for inst_id in [i for i in self.orphans if i not in live_ids]:
-            del self.orphans[inst_id]
+        for key in [k for k in self.orphans if k not in live]:
+            del self.orphans[key]
 
-    def _delete_in_progress(self, inst: Instance) -> bool:
-        """Whether our delete of ``inst`` may still be under way.
+    def _delete_in_progress(self, placed: Placed) -> bool:
+        """Whether our delete of this instance may still be under way.
 
         A cloud that accepted a delete but did nothing would bill forever if we trusted it: an
         instance still listed, and not terminating, ``delete_retry_seconds`` after our call is
         deleted again.
         """
-        at = self.deleting.get(inst.id)
+        at = self.placed.deleting_since(placed.key)
         if at is None:
             return False
-        if inst.state == InstanceState.TERMINATING:
+        if placed.instance.state == InstanceState.TERMINATING:
             return True
         return self.clock() - at < self.settings.pods.delete_retry_seconds
 
@@ -635,7 +666,7 @@ class PodController:
                                                            error=str(exc)))
             return False
         self._count(provider, "delete", None)
-        self.deleting[instance_id] = self.clock()
+        self.placed.mark_deleting((provider, instance_id), at=self.clock())
         log.info("instance deleted", extra=kv(provider=provider, instance=instance_id, why=why))
         return True
 
@@ -666,7 +697,7 @@ class PodController:
     async def _pod_gone(self, uid: str, placed: Placed | None) -> None:
         if (
             placed is not None
-            and not self._delete_in_progress(placed.instance)
+            and not self._delete_in_progress(placed)
             and not await self._delete_instance(placed.provider, placed.instance.id,
                                                 why="pod deleted")
         ):
@@ -676,12 +707,14 @@ class PodController:
         self.unsure.pop(uid, None)
         self.running_seen.pop(uid, None)
         self.told_blind.discard(uid)
+        self.told_no_capacity.pop(uid, None)
+        self.unplaced_tries.pop(uid, None)
         self.inherited.discard(uid)
-        if placed is None or self._delete_in_progress(placed.instance):
-            self.placed.pop(uid, None)
+        if placed is None or self._delete_in_progress(placed):
+            self.placed.pop(uid)
 
     async def _stop_spend(self, placed: Placed) -> None:
-        if self._delete_in_progress(placed.instance):
+        if self._delete_in_progress(placed):
             return
         if placed.instance.state == InstanceState.TERMINATING:
             return
@@ -691,7 +724,7 @@ class PodController:
 
     async def _terminate(self, pod: Body, uid: str, placed: Placed | None) -> None:
         meta = pod["metadata"]
-        if placed is not None and not self._delete_in_progress(placed.instance):
+        if placed is not None and not self._delete_in_progress(placed):
             if await self._delete_instance(placed.provider, placed.instance.id,
                                            why="pod terminating"):
                 await self.events.emit(obj=_pod_ref(pod), reason="Killing",
@@ -715,7 +748,7 @@ class PodController:
     async def _create(self, pod: Body, uid: str) -> None:
         meta = pod["metadata"]
         # Policy first: a pod no policy admits never has its Secrets read.
-        policy, refusal = self._admitting_policy(pod)
+        policy, refusal = await self._admitting_policy(pod)
         if refusal:
             await self._reject(pod, reason="NotAdmitted",
                                message=f"not sent to any cloud: {refusal}")
@@ -763,6 +796,17 @@ class PodController:
                                            f"{', '.join(policy.spec.providers)}, none of which "
                                            f"this node serves")
                 return
+        if spec.gpu_count <= 0:
+            # Most clouds here rent GPU machines only; ask only those that run GPU-less pods.
+            able = [n for n in allowed if runs_without_gpu(self.providers[n])]
+            if not able:
+                await self._reject(
+                    pod, reason="InvalidResources",
+                    message=f"spec.containers[0].resources.limits[nvidia.com/gpu]: no GPU "
+                            f"requested, and none of {', '.join(allowed) or 'no provider'} "
+                            "runs pods without a GPU (set a GPU limit of at least 1)")
+                return
+            allowed = able
         # Pinned to one provider: a create there may have happened (unsure), or the pod ran there
         # and its instance is missing from the list (lagging, or gone). Only a create on that same
         # provider is safe: idempotent by name, it returns the instance if it exists after all.
@@ -774,9 +818,16 @@ class PodController:
         reasons: list[str] = []
         refused: list[str] = []
         unlisted: list[str] = []
+        cooling: list[float] = []  # seconds until a rate-limited provider may be asked again
         for name in order:
             if not sticky and not self.listed.get(name, False):
                 unlisted.append(name)  # never place new work where we cannot see it
+                continue
+            pause = self.cooldown.get(name, 0.0) - self.clock()
+            if pause > 0:  # it asked us to slow down (Retry-After): no pod asks it before then
+                if sticky:
+                    raise Retry(f"{name}: rate limited", after=pause)
+                cooling.append(pause)
                 continue
             block = self.blocks.blocked(provider=name, region=spec.region, gpu_type=spec.gpu_type)
             if block is not None and not sticky:
@@ -802,7 +853,8 @@ class PodController:
                 inst = await provider.create(spec)
             except CapacityError as exc:
                 self._count(name, "create", exc)
-                self.blocks.block(provider=name, region=spec.region, gpu_type=spec.gpu_type,
+                self.blocks.block(provider=name, region=spec.region,
+                                  gpu_type=spec.gpu_type if spec.gpu_type else ANY_TYPE,
                                   seconds=self.settings.pods.capacity_block_seconds,
                                   reason="no capacity")
                 reasons.append(f"{name}: no capacity ({exc})")
@@ -827,6 +879,8 @@ class PodController:
                 continue
             except ProviderError as exc:  # transient or rate limited: outcome unknown
                 self._count(name, "create", exc)
+                if isinstance(exc, RateLimited) and exc.retry_after:
+                    self.cooldown[name] = self.clock() + exc.retry_after
                 self.unsure.setdefault(uid, (self._key_of(provider, name), self.clock()))
                 if self._past_create_deadline(meta):
                     # Failed, not forgotten: an instance that did start is deleted once listed
@@ -839,7 +893,9 @@ class PodController:
             name = self._key_of(provider, name)  # retired while the call ran: its alias
             self._count(name, "create", None)
             self.unsure.pop(uid, None)
-            self.placed[uid] = Placed(provider=name, instance=inst, seen_at=self.clock())
+            self.told_no_capacity.pop(uid, None)
+            self.unplaced_tries.pop(uid, None)
+            self.placed.set(uid, Placed(provider=name, instance=inst, seen_at=self.clock()))
             self.metrics.create_latency.labels(name).observe(
                 self.clock() - self.first_seen.get(uid, started))
             await self.events.emit(
@@ -850,6 +906,9 @@ class PodController:
             await self._sync(pod, uid, self.placed[uid])
             return
 
+        if cooling and not self._past_create_deadline(meta):
+            # a provider of this pod only asked us to wait: no event, no failover cost
+            raise Retry("rate limited by the cloud", after=min(cooling))
         if refused and not reasons and not unlisted:  # every cloud tried says never
             await self._reject(pod, reason="ProviderRejected", message="; ".join(refused))
             return
@@ -879,21 +938,31 @@ class PodController:
         if self._past_create_deadline(meta):
             await self._give_up(pod, summary)
             return
-        await self.events.emit(obj=_pod_ref(pod), reason="NoCapacity", type_="Warning",
-                               message=f"No provider can run {spec.gpu_count}x "
-                                       f"{spec.gpu_type or 'any GPU'} now: {summary}")
-        raise Retry("no capacity", after=min(30.0, max(5.0, self.queue.failures(
-            str(meta.get("uid"))) * 5.0)))
+        uid = str(meta.get("uid"))
+        if self.told_no_capacity.get(uid) != summary:  # one event per change of reason
+            self.told_no_capacity[uid] = summary
+            await self.events.emit(obj=_pod_ref(pod), reason="NoCapacity", type_="Warning",
+                                   message=f"No provider can run {spec.gpu_count}x "
+                                           f"{spec.gpu_type or 'any GPU'} now: {summary}")
+        tries = self.unplaced_tries.get(uid, 0)
+        self.unplaced_tries[uid] = tries + 1
+        delay = no_capacity_delay(tries, cap=self.settings.pods.max_backoff_seconds)
+        # never sleep past the create deadline: the pod must fail on time, not a backoff later
+        delay = max(0.5, min(delay, self._until_create_deadline(meta) + 0.1))
+        raise Retry("no capacity", after=delay)
 
     async def _give_up(self, pod: Body, detail: str) -> None:
         deadline = int(self.settings.pods.create_deadline_seconds)
         await self._reject(pod, reason="ProviderUnavailable",
                            message=f"no cloud could run it within {deadline}s: {detail}")
 
-    def _past_create_deadline(self, meta: Body) -> bool:
+    def _until_create_deadline(self, meta: Body) -> float:
         created = _parse_time(meta.get("creationTimestamp"))
         age = (datetime.now(UTC) - created).total_seconds() if created else 0.0
-        return age > self.settings.pods.create_deadline_seconds
+        return self.settings.pods.create_deadline_seconds - age
+
+    def _past_create_deadline(self, meta: Body) -> bool:
+        return self._until_create_deadline(meta) < 0
 
     async def _reject(self, pod: Body, *, reason: str, message: str) -> None:
         self.metrics.pods_rejected.labels(reason).inc()
@@ -910,16 +979,18 @@ class PodController:
         inst = placed.instance
         annotations = podstatus.instance_annotations(inst)
         current = pod["metadata"].get("annotations") or {}
-        if any(current.get(k) != v for k, v in annotations.items()):
-            await self.client.patch(_pod_path(pod), {"metadata": {"annotations": annotations}})
-            self.metrics.kube_writes.labels("pod_annotations").inc()
+        stale = {k: v for k, v in annotations.items() if current.get(k) != v}
         if inst.state == InstanceState.RUNNING:
             self.running_seen.setdefault(uid, time.time())
         status = podstatus.compute_status(pod=pod, instance=inst, node_name=self.node,
                                           now=datetime.now(UTC))
         old = pod.get("status") or {}
-        if podstatus.status_changed(old, status):
-            await self._patch_status(pod, status)
+        changed = podstatus.status_changed(old, status)
+        if changed or stale:
+            # One write: pods/status takes metadata too (only spec and ownerReferences are
+            # reset there), so the instance annotations ride along with the status.
+            await self._patch_status(pod, status, annotations=stale or None)
+        if changed:
             if status.get("phase") == "Running" and old.get("phase") != "Running":
                 seen = self.running_seen.get(uid)
                 if seen is not None:
@@ -935,10 +1006,13 @@ class PodController:
         if inst.state in _DONE_STATES:
             await self._stop_spend(placed)
 
-    async def _patch_status(self, pod: Body, status: Body) -> None:
+    async def _patch_status(self, pod: Body, status: Body, *,
+                            annotations: dict[str, str] | None = None) -> None:
+        body: Body = {"status": _replacing_ip_lists(status)}
+        if annotations:
+            body["metadata"] = {"annotations": annotations}
         try:
-            await self.client.patch(f"{_pod_path(pod)}/status", {"status": status},
-                                    patch_type="strategic")
+            await self.client.patch(f"{_pod_path(pod)}/status", body, patch_type="strategic")
             self.metrics.kube_writes.labels("pod_status").inc()
         except NotFoundError:
             return
@@ -959,9 +1033,32 @@ class PodController:
                 await provider.aclose()
 
 
+def no_capacity_delay(tries: int, *, cap: float) -> float:
+    """When to look again for a provider after ``tries`` looks found none: 5 s, doubling, capped.
+
+    Capacity blocks last minutes (``capacity_block_seconds``), so asking every sweep only burns
+    CPU and API writes; the growing delay is what "backoff that holds" means for a pod.
+    """
+    return float(min(cap, 5.0 * 2 ** min(tries, 16)))
+
+
 def _retry_after(exc: Exception) -> float:
     value = getattr(exc, "retry_after", None)
     return float(value) if isinstance(value, int | float) else 0.0
+
+
+def _replacing_ip_lists(status: Body) -> Body:
+    """``status`` with podIPs/hostIPs marked to replace, not merge into, the stored lists.
+
+    They merge by ``ip`` in a strategic merge patch, so a pod whose instance was re-created
+    with a new address would list both, which the API server refuses ("no more than one IP
+    for each IP family"), and its status would never be written again.
+    """
+    out = dict(status)
+    for key in ("podIPs", "hostIPs"):
+        if key in out:
+            out[key] = [*out[key], {"$patch": "replace"}]
+    return out
 
 
 def _pod_path(pod: Body) -> str:

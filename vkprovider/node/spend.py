@@ -98,6 +98,14 @@ class SpendBook:
         self.dollars[provider] = self.dollars.get(provider, 0.0) + added
         return added
 
+    def rename(self, old: str, new: str) -> None:
+        """An account is now listed under another name (retired): its instances are already
+        counted up to their last listing, so counting goes on from there, never from the start."""
+        if old in self._counted:
+            self._counted[new] = self._counted.pop(old)
+        if old in self._resume_from:
+            self._resume_from[new] = self._resume_from[old]
+
     def record(self) -> dict[str, Counted]:
         """What to persist: every provider's dollars and the time they are counted until."""
         return {

@@ -56,6 +56,17 @@ class WorkQueue(Generic[K]):
         self._queue.append(key)
         self._wake()
 
+    def nudge(self, key: K) -> None:
+        """Queue ``key`` now unless it is backing off: a periodic resync must not cancel a
+        backoff (a pod retried every sweep would ignore its growing delay and a cloud's
+        Retry-After). An event about the key itself uses :meth:`add`."""
+        if key in self._timers:
+            return
+        self.add(key)
+
+    def backing_off(self, key: K) -> bool:
+        return key in self._timers
+
     def add_after(self, key: K, delay: float) -> None:
         """Queue ``key`` in ``delay`` seconds; an earlier schedule wins over a later one."""
         if self._shutdown:

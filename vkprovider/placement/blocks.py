@@ -12,6 +12,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+#: The ``gpu_type`` of a block that a pod naming no GPU type hit. It blocks only such pods: a
+#: cloud with no capacity for "any GPU" at that count says nothing about a named type, and
+#: ``None`` (every type) would block the whole provider.
+ANY_TYPE = "*"
+
 
 @dataclass(frozen=True, kw_only=True)
 class Block:
@@ -40,10 +45,14 @@ class Blocks:
             del self._blocks[key]
 
     def blocked(self, *, provider: str, region: str | None, gpu_type: str | None) -> Block | None:
-        """The block that applies, if any (expired ones are dropped)."""
+        """The block that applies, if any (expired ones are dropped).
+
+        ``gpu_type`` None asks for a pod that names no type: only provider-wide blocks and
+        :data:`ANY_TYPE` blocks apply to it.
+        """
         now = self._clock()
-        for key in ((provider, None, None), (provider, region, gpu_type),
-                    (provider, None, gpu_type)):
+        kind = gpu_type if gpu_type is not None else ANY_TYPE
+        for key in ((provider, None, None), (provider, region, kind), (provider, None, kind)):
             block = self._blocks.get(key)
             if block is None:
                 continue
