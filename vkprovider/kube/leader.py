@@ -9,7 +9,15 @@ two processes create instances for the same pod. Rules (client-go's, for the sam
 * writes carry the Lease's resourceVersion, so two candidates cannot both win a takeover;
 * the leader renews every ``retry_period``; if it cannot renew within ``renew_deadline`` it stops
   leading, and the caller must stop acting at once (here: the process exits and restarts), well
-  before another replica can take over (``renew_deadline < lease_duration``).
+  before another replica can take over (``renew_deadline < lease_duration``);
+* every attempt runs under a deadline, as client-go runs each renewal under a context with the
+  renew deadline: a partitioned connection (TCP open, nothing answers) must not keep a leader
+  waiting on its renewal while a standby takes over. A renewal attempt is cut off
+  ``renew_deadline`` after the start of the last successful one, and the leader then steps down;
+  an acquire attempt gets ``renew_deadline`` too. "Renewed at" is when the successful attempt
+  STARTED: the API server wrote the Lease no earlier than that, and a standby counts
+  ``lease_duration`` from when it saw the write, so the leader always steps down first. Timeouts
+  run on the event loop's clock, so ``clock`` must advance like real monotonic time.
 """
 
 from __future__ import annotations
@@ -32,6 +40,10 @@ log = logging.getLogger(__name__)
 
 class LeadershipLost(VKError):
     """This replica could not renew its Lease in time and must stop acting."""
+
+
+class AttemptTimedOut(VKError):
+    """An acquire/renew attempt had no answer before its deadline (e.g. a partitioned link)."""
 
 
 def _micro(moment: datetime) -> str:
@@ -64,6 +76,7 @@ class LeaderElector:
         self.clock = clock
         self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
         self._observed_at = 0.0
+        self._renewed_at = 0.0  # clock() at the start of the last successful attempt
         self.is_leader = False
 
     def _spec(self, *, transitions: int, acquire: str | None = None) -> dict[str, Any]:
@@ -109,14 +122,41 @@ class LeaderElector:
             return False
         return True
 
+    async def _attempt(self, *, deadline: float) -> bool:
+        """:meth:`try_acquire_or_renew`, cut off at ``deadline`` (on ``clock``).
+
+        True if we hold the Lease; then its start is the new "renewed at". A call that has no
+        answer by the deadline raises :class:`AttemptTimedOut`, whatever the HTTP client's own
+        timeouts and retries would have done.
+        """
+        started = self.clock()
+        budget = deadline - started
+        if budget <= 0:
+            raise AttemptTimedOut("no time left before the renew deadline")
+        scope = asyncio.timeout(budget)
+        try:
+            async with scope:
+                held = await self.try_acquire_or_renew()
+        except TimeoutError as exc:
+            if not scope.expired():
+                raise
+            raise AttemptTimedOut(f"no answer from the API server within {budget:.3f}s") from exc
+        if held:
+            self._renewed_at = started
+        return held
+
     @contextlib.asynccontextmanager
     async def leading(self) -> AsyncIterator[asyncio.Event]:
-        """Wait until leader; yield an Event that is set if leadership is lost."""
+        """Wait until leader; yield an Event that is set if leadership is lost.
+
+        The Event is set (and :attr:`is_leader` cleared) no later than ``renew_deadline`` after
+        the start of the last successful renewal, even if the API server never answers.
+        """
         while True:
             try:
-                if await self.try_acquire_or_renew():
+                if await self._attempt(deadline=self.clock() + self.renew_deadline):
                     break
-            except APIError as exc:
+            except (APIError, AttemptTimedOut) as exc:
                 log.warning("leader election attempt failed", extra=kv(error=str(exc)))
             await asyncio.sleep(self.retry_period)
         self.is_leader = True
@@ -130,28 +170,45 @@ class LeaderElector:
             with contextlib.suppress(asyncio.CancelledError):
                 await renewer
             self.is_leader = False
+            log.info("stopped leading", extra=kv(lease=self.name, identity=self.identity,
+                                                 lost=lost.is_set()))
             await self._release()
 
     async def _renew(self, lost: asyncio.Event) -> None:
-        last_ok = self.clock()
+        try:
+            await self._renew_until_lost()
+        except Exception:
+            log.exception("lease renewer failed; stepping down",
+                          extra=kv(lease=self.name, identity=self.identity))
+        # Whatever ended renewals (the deadline, or a bug), the caller must stop acting. (Not
+        # reached when the caller cancels us on its way out of leading().)
+        self.is_leader = False
+        lost.set()
+
+    async def _renew_until_lost(self) -> None:
         while True:
-            await asyncio.sleep(self.retry_period)
+            deadline = self._renewed_at + self.renew_deadline
+            await asyncio.sleep(min(self.retry_period, max(0.0, deadline - self.clock())))
             try:
-                if await self.try_acquire_or_renew():
-                    last_ok = self.clock()
+                if await self._attempt(deadline=deadline):
                     continue
-            except APIError as exc:
+            except (APIError, AttemptTimedOut) as exc:
                 log.warning("lease renewal failed", extra=kv(error=str(exc)))
-            if self.clock() - last_ok >= self.renew_deadline:
-                log.error("leadership lost", extra=kv(lease=self.name, identity=self.identity))
-                lost.set()
+            if self.clock() >= deadline:
+                log.error("leadership lost", extra=kv(
+                    lease=self.name, identity=self.identity, renew_deadline=self.renew_deadline,
+                    since_renewal=round(self.clock() - self._renewed_at, 3)))
                 return
 
     async def _release(self) -> None:
-        """Hand over at once on a clean shutdown (client-go's ReleaseOnCancel)."""
-        with contextlib.suppress(APIError):
-            lease = await self.client.get(self.path)
-            if (lease.get("spec") or {}).get("holderIdentity") == self.identity:
-                await self.client.patch(self.path, {
-                    "metadata": {"resourceVersion": lease["metadata"]["resourceVersion"]},
-                    "spec": {"holderIdentity": None, "leaseDurationSeconds": 1}})
+        """Hand over at once on a clean shutdown (client-go's ReleaseOnCancel).
+
+        Bounded by ``renew_deadline``: a leader leaving over a dead link must not hang here.
+        """
+        with contextlib.suppress(APIError, TimeoutError):
+            async with asyncio.timeout(self.renew_deadline):
+                lease = await self.client.get(self.path)
+                if (lease.get("spec") or {}).get("holderIdentity") == self.identity:
+                    await self.client.patch(self.path, {
+                        "metadata": {"resourceVersion": lease["metadata"]["resourceVersion"]},
+                        "spec": {"holderIdentity": None, "leaseDurationSeconds": 1}})
