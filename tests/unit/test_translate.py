@@ -4,23 +4,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from decimal import Decimal
 from typing import Any
 
 import pytest
 
 from providers.base import TAG_NAMESPACE, TAG_NODE, TAG_POD, TAG_UID, Port
 from vkprovider.errors import PodConfigPending, PodRejected
-from vkprovider.node.translate import (
-    QuantityError,
-    RefSource,
-    cpu_millis,
-    instance_name,
-    memory_bytes,
-    parse_quantity,
-    translate,
-    validate,
-)
+from vkprovider.node.translate import RefSource, instance_name, translate, validate
 
 NODE = "vk-gpu-burst"
 UID = "0d6c2a8e-1111-2222-3333-444455556666"
@@ -144,99 +134,6 @@ def test_instance_name_is_deterministic() -> None:
 def test_instance_name_refuses_empty_parts(node: str, uid: str) -> None:
     with pytest.raises(ValueError):
         instance_name(node_name=node, pod_uid=uid)
-
-
-# --------------------------------------------------------------------------------------------
-# Quantities
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("1", Decimal(1)),
-        ("0", Decimal(0)),
-        ("+2", Decimal(2)),
-        ("-1", Decimal(-1)),
-        ("100m", Decimal("0.1")),
-        ("1500m", Decimal("1.5")),
-        ("0.5", Decimal("0.5")),
-        (".5", Decimal("0.5")),
-        ("5.", Decimal(5)),
-        ("250n", Decimal("0.00000025")),
-        ("3u", Decimal("0.000003")),
-        ("1k", Decimal(1000)),
-        ("1M", Decimal(10**6)),
-        ("2G", Decimal(2 * 10**9)),
-        ("1T", Decimal(10**12)),
-        ("1P", Decimal(10**15)),
-        ("1E", Decimal(10**18)),
-        ("1Ki", Decimal(1024)),
-        ("1Mi", Decimal(2**20)),
-        ("1.5Gi", Decimal(3 * 2**29)),
-        ("64Ti", Decimal(64 * 2**40)),
-        ("1Pi", Decimal(2**50)),
-        ("1Ei", Decimal(2**60)),
-        ("1e3", Decimal(1000)),
-        ("1E3", Decimal(1000)),
-        ("12e-3", Decimal("0.012")),
-        ("2e+2", Decimal(200)),
-        (" 4 ", Decimal(4)),
-        (8, Decimal(8)),
-        (0.25, Decimal("0.25")),
-    ],
-)
-def test_parse_quantity(text: object, expected: Decimal) -> None:
-    assert parse_quantity(text) == expected
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "",
-        "   ",
-        "abc",
-        "1.2.3",
-        "1e",  # "e" alone is not a suffix
-        "Ki",
-        "1KiB",
-        "1ki",
-        "--1",
-        "1 Gi",
-        "1K",  # kilo is lower-case k
-        "0x10",
-        "1e999",  # exponent out of range
-        "1" * 100,  # absurdly long
-        None,
-        True,
-        [1],
-        float("nan"),
-        float("inf"),
-    ],
-)
-def test_parse_quantity_rejects(text: object) -> None:
-    with pytest.raises(QuantityError):
-        parse_quantity(text)
-
-
-def test_quantity_error_is_a_value_error_with_a_clear_message() -> None:
-    with pytest.raises(ValueError, match="not a quantity"):
-        parse_quantity("12 cores")
-
-
-@pytest.mark.parametrize(
-    ("text", "millis"),
-    [("1", 1000), ("100m", 100), ("0.5", 500), ("1u", 1), ("1500u", 2), ("2e3", 2_000_000)],
-)
-def test_cpu_millis_rounds_up(text: str, millis: int) -> None:
-    assert cpu_millis(parse_quantity(text)) == millis
-
-
-@pytest.mark.parametrize(
-    ("text", "nbytes"),
-    [("1Gi", 2**30), ("1G", 10**9), ("500m", 1), ("1.5Ki", 1536), ("129e6", 129_000_000)],
-)
-def test_memory_bytes_rounds_up(text: str, nbytes: int) -> None:
-    assert memory_bytes(parse_quantity(text)) == nbytes
 
 
 # --------------------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from vkprovider.api.stats import resource_metrics, summary
 from vkprovider.api.view import NodeView, Placement, is_running
 from vkprovider.logs import kv
 from vkprovider.metrics import Metrics
+from vkprovider.semantics.timefmt import TimeFormatError, parse_time
 
 log = logging.getLogger(__name__)
 
@@ -167,12 +168,10 @@ def log_options(request: Request, *, now: datetime | None = None) -> LogOptions:
         if since_seconds is not None:
             raise HTTPProblem(400, "at most one of sinceTime or sinceSeconds may be specified")
         try:
-            when = datetime.fromisoformat(since_time.replace("Z", "+00:00"))
-        except ValueError:
+            when = parse_time(since_time)
+        except TimeFormatError:
             raise HTTPProblem(400, f"sinceTime: {since_time!r} is not an RFC 3339 time"
                               ) from None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
         elapsed = ((now or datetime.now(UTC)) - when).total_seconds()
         since_seconds = max(1, math.ceil(elapsed))
     return LogOptions(

@@ -29,15 +29,17 @@ from prometheus_client.registry import Collector
 
 from vkprovider.api.gpu import GPUReading, PodGPUs
 from vkprovider.api.view import NodeView
+from vkprovider.semantics.timefmt import format_time
 
 Body = dict[str, Any]
 _TERMINAL = ("Succeeded", "Failed")
 
 
 def rfc3339(when: datetime | float) -> str:
+    """:func:`~vkprovider.semantics.timefmt.format_time` of a datetime or epoch seconds."""
     if not isinstance(when, datetime):
         when = datetime.fromtimestamp(when, tz=UTC)
-    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_time(when)
 
 
 def _make(model: str) -> str:

@@ -43,6 +43,8 @@ from vkprovider.placement.budget import (
     pod_price,
     usage_by_policy,
 )
+from vkprovider.semantics.taints import tolerates
+from vkprovider.semantics.timefmt import format_time, parse_time
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +56,15 @@ TOLERATION = {"key": TAINT["key"], "operator": "Equal", "value": TAINT["value"],
 
 
 def tolerates_virtual_node(pod: Mapping[str, Any]) -> bool:
-    for tol in (pod.get("spec") or {}).get("tolerations") or []:
-        if (
-            tol.get("key") == TAINT["key"]
-            and tol.get("effect") in (None, "", TAINT["effect"])
-            and (tol.get("operator") == "Exists" or tol.get("value") == TAINT["value"])
-        ):
-            return True
-    return False
+    """Whether one of the pod's tolerations names the virtual node's taint key and tolerates it.
+
+    A key-less toleration (``operator: Exists`` without a key tolerates every taint) does not
+    count here: such a pod is still a candidate for admission, as it has always been.
+    """
+    return any(
+        tol.get("key") == TAINT["key"] and tolerates(tol, taint=TAINT)
+        for tol in (pod.get("spec") or {}).get("tolerations") or []
+    )
 
 
 def unschedulable_since(pod: Mapping[str, Any]) -> float | None:
@@ -72,7 +75,7 @@ def unschedulable_since(pod: Mapping[str, Any]) -> float | None:
             stamp = cond.get("lastTransitionTime")
             if not stamp:
                 return time.time()
-            return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+            return parse_time(str(stamp)).timestamp()
     return None
 
 
@@ -82,7 +85,7 @@ class Decision:
     decision: str  # Admitted | Refused
     reason: str
     policy: str | None
-    time: str = field(default_factory=lambda: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    time: str = field(default_factory=lambda: format_time(datetime.now(UTC)))
 
 
 class OverflowAdmission:
@@ -316,8 +319,8 @@ class OverflowAdmission:
                          problems: list[pol.Problem]) -> Body:
         cond = pol.valid_condition(problems, observed_generation=policy.generation)
         prev = self._valid_since.get(policy.name)
-        since = prev[1] if prev and prev[0] == cond["status"] else datetime.now(UTC).strftime(
-            "%Y-%m-%dT%H:%M:%SZ")
+        since = (prev[1] if prev and prev[0] == cond["status"]
+                 else format_time(datetime.now(UTC)))
         self._valid_since[policy.name] = (cond["status"], since)
         return {**cond, "lastTransitionTime": since}
 

@@ -7,36 +7,48 @@ nodeSelector, required node affinity, NoSchedule/NoExecute taints, cordoned and 
 Pending pods' GPU demand and a headroom are subtracted cluster-wide, so a move never takes the
 GPU a waiting pod (a training gang, say) is about to get.
 
+The Kubernetes rules themselves (quantities, GPU counts, taints and tolerations, node selector
+terms) come from :mod:`vkprovider.semantics`, the same code the provider uses; this module only
+decides which of them the check applies, and in what order.
+
 It works on slim projections of pods and nodes (a few hundred bytes each instead of kilobytes),
 so the companion's cluster-wide view stays cheap on clusters with thousands of pods.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
-from vkprovider.node.translate import QuantityError, cpu_millis, memory_bytes, parse_quantity
+from vkprovider.semantics.gpus import GPU_RESOURCE, container_gpus
+from vkprovider.semantics.quantity import QuantityError, cpu_millis, memory_bytes, parse_quantity
+from vkprovider.semantics.selectors import node_selector_matches
+from vkprovider.semantics.taints import untolerated_taint
 
-GPU = "nvidia.com/gpu"
+GPU = GPU_RESOURCE
 Body = dict[str, Any]
 
 
 def requests_of(spec: Mapping[str, Any]) -> dict[str, int]:
-    """Summed container requests (limits where no request), as ints: cpu m, memory B, GPUs."""
+    """Summed container requests (limits where no request), as ints: cpu m, memory B, GPUs.
+
+    A value that does not parse counts 0 (the API server refuses such pods; a tally over the
+    whole cluster must not stop at one that bypassed it).
+    """
     out = {"cpu": 0, "memory": 0, GPU: 0}
     for container in spec.get("containers") or []:
         res = container.get("resources") or {}
         reqs = {**(res.get("limits") or {}), **(res.get("requests") or {})}
-        for name, convert in (("cpu", cpu_millis), ("memory", memory_bytes),
-                              (GPU, lambda q: int(q))):
+        for name, convert in (("cpu", cpu_millis), ("memory", memory_bytes)):
             if name in reqs:
                 try:
                     out[name] += convert(parse_quantity(reqs[name]))
-                except (QuantityError, ValueError):
+                except QuantityError:
                     continue
+        with contextlib.suppress(QuantityError):
+            out[GPU] += container_gpus(container)
     return out
 
 
@@ -85,46 +97,13 @@ def slim_node(obj: Body) -> Body:
     }
 
 
-def _tolerated(taint: Mapping[str, Any], tolerations: Iterable[Mapping[str, Any]]) -> bool:
-    for tol in tolerations:
-        if tol.get("effect") and tol.get("effect") != taint.get("effect"):
-            continue
-        if tol.get("operator") == "Exists":
-            if not tol.get("key") or tol.get("key") == taint.get("key"):
-                return True
-        elif tol.get("key") == taint.get("key") and tol.get("value", "") == taint.get("value", ""):
-            return True
-    return False
-
-
-def _expression_matches(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
-    present = key in labels
-    if op == "In":
-        return present and labels[str(key)] in values
-    if op == "NotIn":
-        return not present or labels[str(key)] not in values
-    if op == "Exists":
-        return present
-    if op == "DoesNotExist":
-        return not present
-    if op in ("Gt", "Lt") and present and values:
-        try:
-            a, b = Decimal(labels[str(key)]), Decimal(str(values[0]))
-        except ArithmeticError:
-            return False
-        return a > b if op == "Gt" else a < b
-    return False
-
-
-def _affinity_matches(spec: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution") or {})
-    terms = required.get("nodeSelectorTerms") or []
-    if not terms:
+def _affinity_matches(spec: Mapping[str, Any], node: Body) -> bool:
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution")
+    if not required:
         return True
-    return any(all(_expression_matches(e, labels) for e in term.get("matchExpressions") or [])
-               for term in terms)
+    return node_selector_matches(required, labels=node["metadata"]["labels"],
+                                 fields={"metadata.name": node["metadata"]["name"]})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,17 +119,16 @@ def node_problem(*, pod_spec: Mapping[str, Any], node: Body, used: Mapping[str, 
         return f"{name} is cordoned"
     if not node["status"]["ready"]:
         return f"{name} is not Ready"
-    tolerations = pod_spec.get("tolerations") or []
-    for taint in node["spec"]["taints"]:
-        if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(taint,
-                                                                                tolerations):
-            return f"{name} has taint {taint.get('key')}={taint.get('value', '')}:" \
-                   f"{taint.get('effect')}"
+    taint = untolerated_taint(node["spec"]["taints"],
+                              tolerations=pod_spec.get("tolerations") or [])
+    if taint is not None:
+        return f"{name} has taint {taint.get('key')}={taint.get('value', '')}:" \
+               f"{taint.get('effect')}"
     labels = node["metadata"]["labels"]
     for key, value in (pod_spec.get("nodeSelector") or {}).items():
         if labels.get(key) != value:
             return f"{name} does not match nodeSelector {key}={value}"
-    if not _affinity_matches(pod_spec, labels):
+    if not _affinity_matches(pod_spec, node):
         return f"{name} does not match required node affinity"
     alloc = node["status"]["allocatable"]
     for resource, amount in need.items():

@@ -25,6 +25,7 @@ from typing import Any
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
 from vkprovider.logs import kv
+from vkprovider.semantics.timefmt import format_micro_time
 
 __all__ = ["LEASE_NAMESPACE", "LeaseKeeper", "format_micro_time"]
 
@@ -35,13 +36,6 @@ _LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NAMESPACE}/leases"
 
 MIN_BACKOFF_SECONDS = 0.1
 MAX_BACKOFF_SECONDS = 7.0
-
-
-def format_micro_time(moment: datetime) -> str:
-    """RFC 3339 with microseconds in UTC (a ``MicroTime``), e.g. ``2026-01-01T00:00:00.000000Z``."""
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class LeaseKeeper:

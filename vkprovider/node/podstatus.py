@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
 from providers.base import Instance, InstanceState
+from vkprovider.semantics.timefmt import format_time  # re-exported: virtualnode imports it here
 
 __all__ = [
     "ANNOTATION_PREFIX",
@@ -58,13 +59,6 @@ _RANK = {"Pending": 0, "Unknown": 0, RUNNING: 1, SUCCEEDED: 2, FAILED: 2}
 _OWNED_CONDITIONS = ("PodScheduled", "Initialized", "ContainersReady", "Ready")
 #: Keys whose value may change without the status changing in substance.
 _FLAPPING_KEYS = frozenset({"lastProbeTime", "lastTransitionTime", "lastHeartbeatTime"})
-
-
-def format_time(moment: datetime) -> str:
-    """RFC 3339 in UTC with second precision, as the API server writes times."""
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _map(obj: Any, key: str) -> Mapping[str, Any]:

@@ -37,6 +37,7 @@ from providers.base import (
 )
 from vkprovider.placement import policy as pol
 from vkprovider.placement.blocks import Block
+from vkprovider.semantics.timefmt import format_time
 
 HEALTHY, DEGRADED, UNREACHABLE, AUTH_FAILED = pol.HEALTH_VALUES
 MAX_BLOCKED_OFFERS = 100  # the CRD's maxItems
@@ -86,10 +87,6 @@ class HealthTracker:
         return HEALTHY
 
 
-def rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def blocked_offers(blocks: Iterable[Block], *, provider: str, wall_offset: float
                    ) -> list[dict[str, str]]:
     """``status.blockedOffers`` for one account; ``wall_offset`` = wall time - block clock."""
@@ -98,7 +95,7 @@ def blocked_offers(blocks: Iterable[Block], *, provider: str, wall_offset: float
                         key=lambda b: (b.until, b.region or "", b.gpu_type or "")):
         until = datetime.fromtimestamp(int(block.until + wall_offset), UTC)
         out.append({"region": block.region or "", "gpuType": block.gpu_type or "",
-                    "reason": block.reason, "until": rfc3339(until)})
+                    "reason": block.reason, "until": format_time(until)})
     return out[:MAX_BLOCKED_OFFERS]
 
 
@@ -129,7 +126,7 @@ def with_transition_times(conditions: Sequence[Mapping[str, Any]],
         keep = prev is not None and prev.get("status") == cond["status"] and prev.get(
             "lastTransitionTime")
         out.append({**cond, "lastTransitionTime": prev["lastTransitionTime"] if keep and prev
-                    else rfc3339(now)})
+                    else format_time(now)})
     return out
 
 

@@ -39,6 +39,14 @@ from typing import Any, Protocol
 
 from providers.base import TAG_NAMESPACE, TAG_NODE, TAG_POD, TAG_UID, InstanceSpec, Port
 from vkprovider.errors import PodConfigPending, PodRejected
+from vkprovider.semantics.gpus import GPU_RESOURCE, container_gpus
+from vkprovider.semantics.quantity import (
+    QuantityError,
+    cpu_millis,
+    memory_bytes,
+    parse_quantity,
+    whole_count,
+)
 
 __all__ = [
     "ANNOTATION_GPU_TYPE",
@@ -50,17 +58,12 @@ __all__ = [
     "REASON_INVALID_IMAGE",
     "REASON_INVALID_RESOURCES",
     "REASON_UNSUPPORTED",
-    "QuantityError",
     "RefSource",
-    "cpu_millis",
     "instance_name",
-    "memory_bytes",
-    "parse_quantity",
     "translate",
     "validate",
 ]
 
-GPU_RESOURCE = "nvidia.com/gpu"
 ANNOTATION_GPU_TYPE = "vkprovider.io/gpu-type"
 NODE_SELECTOR_GPU_PRODUCT = "nvidia.com/gpu.product"
 
@@ -86,94 +89,6 @@ class RefSource(Protocol):
     async def config_map(self, *, namespace: str, name: str) -> dict[str, str] | None:
         """The ConfigMap's ``data``."""
         ...
-
-
-# --------------------------------------------------------------------------------------------
-# Quantities
-
-
-class QuantityError(ValueError):
-    """A Kubernetes quantity that cannot be parsed; the message says why, never the pod field."""
-
-
-_BINARY_SUFFIXES = {
-    "Ki": Decimal(2**10),
-    "Mi": Decimal(2**20),
-    "Gi": Decimal(2**30),
-    "Ti": Decimal(2**40),
-    "Pi": Decimal(2**50),
-    "Ei": Decimal(2**60),
-}
-_DECIMAL_SUFFIXES = {
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "": Decimal(1),
-    "k": Decimal("1e3"),
-    "M": Decimal("1e6"),
-    "G": Decimal("1e9"),
-    "T": Decimal("1e12"),
-    "P": Decimal("1e15"),
-    "E": Decimal("1e18"),
-}
-_QUANTITY_RE = re.compile(
-    r"(?P<sign>[+-]?)(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
-    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?[0-9]+|[numkMGTPE]?)"
-)
-_MAX_QUANTITY_LEN = 64
-_MAX_EXPONENT = 30
-
-
-def parse_quantity(value: object) -> Decimal:
-    """Parse a Kubernetes quantity ("500m", "1.5Gi", "1e3", "2") into its exact value.
-
-    Accepts ints (JSON numbers) and strings. Negative values parse (callers decide); a suffix is
-    case-sensitive as in Kubernetes ("1M" is 10^6, "1m" is 1/1000, "1E" is 10^18, "1E3" is 1000).
-    Raises ``QuantityError`` with a clear message.
-    """
-    if isinstance(value, bool):
-        raise QuantityError(f"{value!r} is not a quantity")
-    if isinstance(value, int):
-        return Decimal(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise QuantityError(f"{value!r} is not a finite quantity")
-        return Decimal(repr(value))
-    if not isinstance(value, str):
-        raise QuantityError(f"expected a string quantity, got {type(value).__name__}")
-    text = value.strip()
-    if not text:
-        raise QuantityError("empty quantity")
-    if len(text) > _MAX_QUANTITY_LEN:
-        raise QuantityError(f"quantity longer than {_MAX_QUANTITY_LEN} characters")
-    match = _QUANTITY_RE.fullmatch(text)
-    if match is None:
-        raise QuantityError(
-            f"{text!r} is not a quantity (expected a number with an optional suffix: "
-            "n, u, m, k, M, G, T, P, E, Ki..Ei or an exponent like e3)"
-        )
-    number = Decimal(match["number"])
-    if match["sign"] == "-":
-        number = -number
-    suffix = match["suffix"]
-    if suffix in _BINARY_SUFFIXES:
-        return number * _BINARY_SUFFIXES[suffix]
-    if suffix in _DECIMAL_SUFFIXES:
-        return number * _DECIMAL_SUFFIXES[suffix]
-    exponent = int(suffix[1:])
-    if abs(exponent) > _MAX_EXPONENT:
-        raise QuantityError(f"{text!r}: exponent {exponent} is out of range")
-    return number.scaleb(exponent)
-
-
-def cpu_millis(quantity: Decimal) -> int:
-    """CPU cores to millicores, rounded up (as Kubernetes does)."""
-    return math.ceil(quantity * 1000)
-
-
-def memory_bytes(quantity: Decimal) -> int:
-    """Memory to whole bytes, rounded up."""
-    return math.ceil(quantity)
 
 
 # --------------------------------------------------------------------------------------------
@@ -348,12 +263,15 @@ def _validate_resources(resources: Mapping[str, Any]) -> None:
                     field=field,
                     message=f"{raw!r} is more than the sane maximum of {_format_cap(name, cap)}",
                 )
-            if name == GPU_RESOURCE and value != value.to_integral_value():
-                raise PodRejected(
-                    reason=REASON_INVALID_RESOURCES,
-                    field=field,
-                    message=f"{raw!r} is not a whole number of GPUs",
-                )
+            if name == GPU_RESOURCE:
+                try:
+                    whole_count(value)  # negative was refused above: only a fraction fails
+                except QuantityError:
+                    raise PodRejected(
+                        reason=REASON_INVALID_RESOURCES,
+                        field=field,
+                        message=f"{raw!r} is not a whole number of GPUs",
+                    ) from None
             parsed[kind][name] = value
     limit = parsed["limits"].get(GPU_RESOURCE)
     request = parsed["requests"].get(GPU_RESOURCE)
@@ -645,14 +563,13 @@ async def translate(*, pod: Mapping[str, Any], node_name: str, refs: RefSource) 
         for p in _list(container, "ports")
     )
     resources = _map(container, "resources")
-    gpus = _quantity(resources, GPU_RESOURCE)
     cpu = _quantity(resources, "cpu")
     memory = _quantity(resources, "memory")
 
     return InstanceSpec(
         name=instance_name(node_name=node_name, pod_uid=uid),
         image=container["image"],
-        gpu_count=int(gpus) if gpus is not None else 0,
+        gpu_count=container_gpus(container),
         gpu_type=_gpu_type(pod),
         command=command or None,
         args=args or None,

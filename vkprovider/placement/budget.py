@@ -13,9 +13,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from vkprovider.semantics import gpus
+
 POLICY_ANNOTATION = "vkprovider.io/overflow-policy"
 PRICE_ANNOTATION = "vkprovider.io/price-per-hour"
-GPU = "nvidia.com/gpu"
+GPU = gpus.GPU_RESOURCE
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,15 +32,12 @@ class Usage:
 
 
 def pod_gpus(pod: Mapping[str, Any]) -> int:
-    total = 0
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        res = container.get("resources") or {}
-        value = (res.get("limits") or {}).get(GPU) or (res.get("requests") or {}).get(GPU)
-        try:
-            total += int(str(value)) if value is not None else 0
-        except ValueError:
-            continue
-    return total
+    """GPUs the pod counts against a budget: exactly what translation rents for it.
+
+    A container whose GPU amount does not parse counts 0, so one malformed pod cannot stop a
+    policy's usage from being counted.
+    """
+    return gpus.pod_gpus(pod, skip_invalid=True)
 
 
 def pod_price(pod: Mapping[str, Any]) -> float:

@@ -34,6 +34,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from vkprovider.errors import VKError
+from vkprovider.semantics import selectors
 
 GROUP = "vkprovider.io"
 VERSION = "v1alpha1"
@@ -428,6 +429,9 @@ def label_selector_matches(
     or its value is none of the values. ``Exists``/``DoesNotExist``: the key is present/absent.
     A malformed selector (unknown operator, ``In`` without values, ``Exists`` with values)
     raises :class:`PolicyError`, as ``metav1.LabelSelectorAsSelector`` returns an error.
+
+    The matching is :func:`vkprovider.semantics.selectors.label_selector_matches`; this adds the
+    CRD's own checks (label key and value syntax) and reports problems as :class:`PolicyError`.
     """
     if isinstance(selector, LabelSelector):
         sel = selector
@@ -437,22 +441,11 @@ def label_selector_matches(
         except ValidationError as exc:
             err = _problem(exc.errors()[0], prefix="")
             raise PolicyError(field=err.field, message=err.message) from None
-    for key, value in sel.match_labels.items():
-        if labels.get(key) != value:
-            return False
-    for req in sel.match_expressions:
-        present = req.key in labels
-        if req.operator == "In":
-            ok = present and labels[req.key] in req.values
-        elif req.operator == "NotIn":
-            ok = not present or labels[req.key] not in req.values
-        elif req.operator == "Exists":
-            ok = present
-        else:  # DoesNotExist
-            ok = not present
-        if not ok:
-            return False
-    return True
+    try:
+        return selectors.label_selector_matches(sel.model_dump(), labels=labels)
+    except selectors.SelectorError as exc:
+        # The model already enforces these rules; should the two ever drift, still a PolicyError.
+        raise PolicyError(field=exc.field, message=exc.message) from None
 
 
 def policy_selects(

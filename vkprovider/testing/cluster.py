@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
@@ -32,6 +33,7 @@ from vkprovider.errors import VKError
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError, NotFoundError
 from vkprovider.logs import kv
+from vkprovider.semantics.timefmt import format_time
 from vkprovider.testing.pki import CertificateAuthority, service_account_keys
 
 log = logging.getLogger(__name__)
@@ -477,7 +479,7 @@ class LocalCluster:
 
 
 def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return format_time(datetime.now(UTC))
 
 
 def main() -> None:  # pragma: no cover - manual helper: python -m vkprovider.testing.cluster

@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import time
+from datetime import UTC, datetime
 from typing import Any
 
 from vkprovider import logs
@@ -31,6 +31,7 @@ from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
 from vkprovider.kube.watching import Informer
 from vkprovider.logs import kv
+from vkprovider.semantics.timefmt import format_micro_time, format_time
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +43,11 @@ GPU_PRODUCT = "nvidia.com/gpu.product"
 
 
 def now_rfc3339() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return format_time(datetime.now(UTC))
 
 
 def now_micro() -> str:
-    t = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e6):06d}Z"
+    return format_micro_time(datetime.now(UTC))
 
 
 def gpu_node_body(
