@@ -44,7 +44,7 @@ from vkprovider.placement.budget import (
     usage_by_policy,
 )
 from vkprovider.semantics.taints import tolerates
-from vkprovider.semantics.timefmt import format_time, parse_time
+from vkprovider.semantics.timefmt import TimeFormatError, format_time, parse_time
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +73,10 @@ def unschedulable_since(pod: Mapping[str, Any]) -> float | None:
         if (cond.get("type") == "PodScheduled" and cond.get("status") == "False"
                 and cond.get("reason") == "Unschedulable"):
             stamp = cond.get("lastTransitionTime")
-            if not stamp:
+            try:
+                return parse_time(str(stamp)).timestamp() if stamp else time.time()
+            except TimeFormatError:  # a malformed time must not stop the companion: count now
                 return time.time()
-            return parse_time(str(stamp)).timestamp()
     return None
 
 

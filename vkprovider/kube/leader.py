@@ -34,6 +34,7 @@ from vkprovider.errors import VKError
 from vkprovider.kube.client import KubeClient
 from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
 from vkprovider.logs import kv
+from vkprovider.semantics.timefmt import format_micro_time
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +45,6 @@ class LeadershipLost(VKError):
 
 class AttemptTimedOut(VKError):
     """An acquire/renew attempt had no answer before its deadline (e.g. a partitioned link)."""
-
-
-def _micro(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class LeaderElector:
@@ -80,7 +77,7 @@ class LeaderElector:
         self.is_leader = False
 
     def _spec(self, *, transitions: int, acquire: str | None = None) -> dict[str, Any]:
-        now = _micro(datetime.now(UTC))
+        now = format_micro_time(datetime.now(UTC))
         return {"holderIdentity": self.identity,
                 "leaseDurationSeconds": int(self.lease_duration),
                 "acquireTime": acquire or now, "renewTime": now,

@@ -48,7 +48,8 @@ from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
 from vkprovider.logs import kv
 from vkprovider.node.lease import MAX_BACKOFF_SECONDS, MIN_BACKOFF_SECONDS, LeaseKeeper
-from vkprovider.node.podstatus import format_time
+from vkprovider.semantics.gpus import GPU_RESOURCE
+from vkprovider.semantics.timefmt import format_time
 
 __all__ = [
     "GPU_PRODUCTS_ANNOTATION",
@@ -70,7 +71,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-GPU_RESOURCE = "nvidia.com/gpu"
 TAINT_KEY = "virtual-kubelet.io/provider"
 TAINT_VALUE = "vkprovider"
 TAINT_EFFECT = "NoSchedule"
