@@ -165,4 +165,8 @@ async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str,
         if source is not None:
             await source.aclose()
         await controller.aclose()
+        if lost is not None and lost.is_set():
+            events.abort()  # a replica that lost leadership writes nothing more
+        else:
+            await events.aclose()
     return 1 if lost is not None and lost.is_set() else 0

@@ -74,5 +74,6 @@ async def run_companion(
                 return 1
     finally:
         with contextlib.suppress(Exception):
+            await events.aclose()  # what was decided reaches `kubectl describe`
             await client.aclose()
     return 0

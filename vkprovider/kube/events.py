@@ -1,45 +1,76 @@
 """Kubernetes Events: what the service decided and why, where ``kubectl describe`` shows it.
 
 Why it exists: users debug with ``kubectl describe pod``; every decision they would want to see
-(rejected, created on which cloud, no capacity, deleted) is an Event with a reason. Repeats of the
-same (object, reason, message) are folded into one Event whose count grows, as the kubelet does,
-so a retry loop cannot flood etcd. Posting an Event never fails the caller.
+(rejected, created on which cloud, no capacity, deleted) is an Event with a reason. Two rules
+keep Events from costing what they explain:
+
+* **Off the caller's path.** :meth:`EventRecorder.emit` only queues; one sender task writes. A
+  reconcile never waits for an Event write, and a slow API server slows Events, not pods.
+* **Correlated** (:mod:`vkprovider.kube.eventcorrelator`, the kubelet's rules): repeats bump one
+  Event's count, many similar messages fold into one, and a per-object token bucket drops a
+  flood. Bumps of an Event still waiting to be written are merged into that one write.
+
+Posting an Event never fails the caller. The queue is bounded (``max_pending`` objects to
+write); past that, new Events are dropped and counted in :attr:`EventRecorder.dropped`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import contextlib
 import logging
-import secrets
-import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from vkprovider.kube.client import KubeClient
 from vkprovider.kube.errors import APIError, NotFoundError
+from vkprovider.kube.eventcorrelator import DedupKey, EventCorrelator
 from vkprovider.logs import kv
+from vkprovider.semantics.timefmt import format_time
 
 log = logging.getLogger(__name__)
 
 
 def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return format_time(datetime.now(UTC))
 
 
 @dataclass
-class _Seen:
+class _Pending:
+    """One Event object to write: created (``new``) or its count and message brought up to date."""
+
     namespace: str
     name: str
+    body: dict[str, Any]  # the whole Event, for a create
     count: int
+    message: str
+    last: str  # lastTimestamp
+    new: bool
 
 
 class EventRecorder:
     def __init__(self, *, client: KubeClient, component: str, host: str = "",
-                 cache_size: int = 4096) -> None:
+                 cache_size: int = 4096, max_pending: int = 10_000,
+                 correlator: EventCorrelator | None = None) -> None:
         self._client = client
         self._component = component
         self._host = host
-        self._seen: dict[tuple[str, str, str, str], _Seen] = {}
-        self._cache_size = cache_size
+        self._correlator = correlator or EventCorrelator(cache_size=cache_size)
+        self._max_pending = max_pending
+        self._pending: collections.OrderedDict[DedupKey, _Pending] = collections.OrderedDict()
+        self._wake = asyncio.Event()
+        self._sender: asyncio.Task[None] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.dropped_queue_full = 0
+        self.written = 0  # API writes made (creates + patches)
+
+    @property
+    def dropped(self) -> int:
+        """Events not written: refused by the spam filter or by a full queue."""
+        return self._correlator.dropped + self.dropped_queue_full
 
     async def emit(
         self,
@@ -49,51 +80,110 @@ class EventRecorder:
         message: str,
         type_: str = "Normal",
     ) -> None:
-        """Record an Event about ``obj`` (a Pod, Node, Deployment, ... as a dict)."""
+        """Queue an Event about ``obj`` (a Pod, Node, Deployment, ... as a dict); never waits."""
+        self.record(obj=obj, reason=reason, message=message, type_=type_)
+
+    def record(self, *, obj: dict[str, Any], reason: str, message: str,
+               type_: str = "Normal") -> None:
         meta = obj.get("metadata") or {}
-        namespace = meta.get("namespace") or "default"
         uid = str(meta.get("uid", ""))
-        message = message[:1024]
-        key = (uid, reason, type_, message)
+        decision = self._correlator.observe(uid=uid, obj_name=str(meta.get("name") or ""),
+                                            type_=type_, reason=reason, message=message[:1024])
+        if decision is None:
+            return
+        now = _now()
+        pending = self._pending.get(decision.key)
+        if pending is not None:  # not written yet: one write carries every repeat
+            pending.count, pending.message, pending.last = decision.count, decision.message, now
+            return
+        if len(self._pending) >= self._max_pending:
+            self.dropped_queue_full += 1
+            if self.dropped_queue_full % 1000 == 1:
+                log.warning("event queue full; dropping events",
+                            extra=kv(pending=len(self._pending), dropped=self.dropped))
+            return
+        namespace = meta.get("namespace") or "default"
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": decision.name, "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion", "v1"),
+                "kind": obj.get("kind", "Pod"),
+                "name": meta.get("name"),
+                "namespace": meta.get("namespace"),
+                "uid": uid,
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "reason": reason,
+            "type": type_,
+            "firstTimestamp": now,
+            "source": {"component": self._component, "host": self._host},
+            "reportingComponent": self._component,
+            "reportingInstance": self._host,
+        }
+        self._pending[decision.key] = _Pending(
+            namespace=namespace, name=decision.name, body=body, count=decision.count,
+            message=decision.message, last=now, new=decision.new)
+        self._idle.clear()
+        self._wake.set()
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.get_running_loop().create_task(self._send_all(),
+                                                                  name="events")
+
+    async def flush(self, *, timeout: float = 5.0) -> bool:
+        """Wait until every queued Event is written (or ``timeout``); True if all were."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._idle.wait()
+                return True
+        return False
+
+    async def aclose(self, *, timeout: float = 2.0) -> None:
+        """Write what is queued (bounded by ``timeout``), then stop the sender."""
+        await self.flush(timeout=timeout)
+        if self._sender is not None:
+            self._sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sender
+
+    def abort(self) -> None:
+        """Stop writing at once and drop what is queued (a replica that lost leadership)."""
+        self._pending.clear()
+        if self._sender is not None:
+            self._sender.cancel()
+
+    async def _send_all(self) -> None:
+        while True:
+            if not self._pending:
+                self._idle.set()
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            key, item = self._pending.popitem(last=False)
+            await self._write(key, item)
+
+    async def _write(self, key: DedupKey, item: _Pending) -> None:
         try:
-            seen = self._seen.get(key)
-            if seen is not None:
-                seen.count += 1
+            if not item.new:
                 try:
                     await self._client.patch(
-                        f"/api/v1/namespaces/{seen.namespace}/events/{seen.name}",
-                        {"count": seen.count, "lastTimestamp": _now()},
-                    )
+                        f"/api/v1/namespaces/{item.namespace}/events/{item.name}",
+                        {"count": item.count, "message": item.message,
+                         "lastTimestamp": item.last})
+                    self.written += 1
                     return
-                except NotFoundError:
-                    del self._seen[key]  # expired by its TTL: post a new one
-            name = f"{meta.get('name', 'object')}.{secrets.token_hex(8)}"
-            now = _now()
-            await self._client.create(f"/api/v1/namespaces/{namespace}/events", {
-                "apiVersion": "v1",
-                "kind": "Event",
-                "metadata": {"name": name, "namespace": namespace},
-                "involvedObject": {
-                    "apiVersion": obj.get("apiVersion", "v1"),
-                    "kind": obj.get("kind", "Pod"),
-                    "name": meta.get("name"),
-                    "namespace": meta.get("namespace"),
-                    "uid": uid,
-                    "resourceVersion": meta.get("resourceVersion"),
-                },
-                "reason": reason,
-                "message": message,
-                "type": type_,
-                "count": 1,
-                "firstTimestamp": now,
-                "lastTimestamp": now,
-                "source": {"component": self._component, "host": self._host},
-                "reportingComponent": self._component,
-                "reportingInstance": self._host,
-            })
-            if len(self._seen) >= self._cache_size:
-                self._seen.pop(next(iter(self._seen)))
-            self._seen[key] = _Seen(namespace=namespace, name=name, count=1)
+                except NotFoundError:  # expired by its TTL: write it anew
+                    self._correlator.forget(key)
+            body = dict(item.body, message=item.message, count=item.count,
+                        lastTimestamp=item.last)
+            await self._client.create(f"/api/v1/namespaces/{item.namespace}/events", body)
+            self.written += 1
         except APIError as exc:
+            self._correlator.forget(key)  # the next repeat tries a new object
             log.warning("could not record event",
-                        extra=kv(reason=reason, object=meta.get("name"), error=str(exc)))
+                        extra=kv(reason=item.body.get("reason"),
+                                 object=item.body["involvedObject"].get("name"),
+                                 error=str(exc)))
+        except Exception:  # the sender must outlive any bug in one write
+            log.exception("event write crashed")
