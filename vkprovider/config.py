@@ -54,6 +54,9 @@ class PodSettings(_Frozen):
     max_backoff_seconds: float = Field(default=60.0, gt=0)
     spend_record_seconds: float = Field(default=15.0, gt=0)  # persist the spend book this often
     require_policy: bool = False  # issue 6: only pods an OverflowPolicy selects
+    # "minimal": one Normal Event per pod on the happy path (Started; ProviderCreated only while
+    # an instance boots); "verbose" adds ProviderCreated always and Killing. Warnings: always.
+    lifecycle_events: Literal["minimal", "verbose"] = "minimal"
 
 
 class KubeletAPISettings(_Frozen):

@@ -34,6 +34,7 @@ class Placed:
     provider: str
     instance: Instance
     seen_at: float  # clock() of the list (or create) that reported it
+    listed: bool = True  # False: known from our create call only, no list has shown it yet
 
     @property
     def key(self) -> InstanceKey:

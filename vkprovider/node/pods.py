@@ -85,6 +85,7 @@ from vkprovider.node.workqueue import ShutDown, WorkQueue
 from vkprovider.placement import policy as pol
 from vkprovider.placement.blocks import ANY_TYPE, Blocks
 from vkprovider.placement.budget import Usage, pod_policy
+from vkprovider.semantics.timefmt import TimeFormatError, parse_time
 
 POLICIES_PATH = "/apis/vkprovider.io/v1alpha1/overflowpolicies"
 
@@ -108,8 +109,8 @@ def _parse_time(value: str | None) -> datetime | None:
     if not value:
         return None
     try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
+        return parse_time(value)
+    except TimeFormatError:
         return None
 
 
@@ -156,6 +157,8 @@ class PodController:
         self.told_blind: set[str] = set()  # pods told (event) that they wait for a provider
         self.told_no_capacity: dict[str, str] = {}  # uid -> the NoCapacity summary last told
         self.unplaced_tries: dict[str, int] = {}  # uid -> placements that found no provider
+        self.told_created: set[str] = set()  # pods whose ProviderCreated Event was recorded
+        self.verbose_events = settings.pods.lifecycle_events == "verbose"
         self.cooldown: dict[str, float] = {}  # provider -> clock() until which it said 429
         self.ns_labels: dict[str, tuple[float, dict[str, str]]] = {}  # ns -> (read at, labels)
         self.unsure: dict[str, tuple[str, float]] = {}  # uid -> (provider, since): create unknown
@@ -171,6 +174,7 @@ class PodController:
         self.reserved: dict[str, Held] = {}  # creates in flight, counted against the caps
         self.inflight: dict[str, int] = {}  # provider -> creates in flight
         self.spend = SpendRecorder(client=client, node=self.node, metrics=metrics,
+                                   namespace=settings.leader_election.namespace,
                                    every=settings.pods.spend_record_seconds, clock=clock)
         # called with (provider, operation, error or None) after each cloud call
         self.observer: Callable[[str, str, Exception | None], None] | None = None
@@ -709,6 +713,7 @@ class PodController:
         self.told_blind.discard(uid)
         self.told_no_capacity.pop(uid, None)
         self.unplaced_tries.pop(uid, None)
+        self.told_created.discard(uid)
         self.inherited.discard(uid)
         if placed is None or self._delete_in_progress(placed):
             self.placed.pop(uid)
@@ -727,9 +732,10 @@ class PodController:
         if placed is not None and not self._delete_in_progress(placed):
             if await self._delete_instance(placed.provider, placed.instance.id,
                                            why="pod terminating"):
-                await self.events.emit(obj=_pod_ref(pod), reason="Killing",
-                                       message=f"Stopping instance {placed.instance.id} on "
-                                               f"{placed.provider}")
+                if self.verbose_events:
+                    await self.events.emit(obj=_pod_ref(pod), reason="Killing",
+                                           message=f"Stopping instance {placed.instance.id} on "
+                                                   f"{placed.provider}")
             else:
                 deadline = _parse_time(meta.get("deletionTimestamp"))
                 if deadline is None or datetime.now(UTC) < deadline:
@@ -895,14 +901,14 @@ class PodController:
             self.unsure.pop(uid, None)
             self.told_no_capacity.pop(uid, None)
             self.unplaced_tries.pop(uid, None)
-            self.placed.set(uid, Placed(provider=name, instance=inst, seen_at=self.clock()))
+            self.placed.set(uid, Placed(provider=name, instance=inst, seen_at=self.clock(),
+                                        listed=False))
             self.metrics.create_latency.labels(name).observe(
                 self.clock() - self.first_seen.get(uid, started))
-            await self.events.emit(
-                obj=_pod_ref(pod), reason="ProviderCreated",
-                message=f"Created instance {inst.id} on {name} ({_describe(inst)})")
             log.info("instance created", extra=kv(pod=object_key(pod), uid=uid, provider=name,
                                                   instance=inst.id))
+            if self.verbose_events:
+                self._tell_created(pod, uid, self.placed[uid])
             await self._sync(pod, uid, self.placed[uid])
             return
 
@@ -977,6 +983,11 @@ class PodController:
 
     async def _sync(self, pod: Body, uid: str, placed: Placed) -> None:
         inst = placed.instance
+        if not placed.listed and inst.state == InstanceState.PENDING:
+            # Just created, booting as far as we know: the next list tells its state, and
+            # writing "booting" now would often cost a write that "Running" replaces seconds
+            # later (bench/burst.py counts writes per pod). A long boot is written then.
+            return
         annotations = podstatus.instance_annotations(inst)
         current = pod["metadata"].get("annotations") or {}
         stale = {k: v for k, v in annotations.items() if current.get(k) != v}
@@ -991,13 +1002,17 @@ class PodController:
             # reset there), so the instance annotations ride along with the status.
             await self._patch_status(pod, status, annotations=stale or None)
         if changed:
+            if inst.state == InstanceState.PENDING:
+                self._tell_created(pod, uid, placed)  # a boot users may wait minutes for
             if status.get("phase") == "Running" and old.get("phase") != "Running":
                 seen = self.running_seen.get(uid)
                 if seen is not None:
                     self.metrics.status_latency.labels(placed.provider).observe(
                         max(0.0, time.time() - seen))
+                what = ("running" if uid in self.told_created
+                        else f"created and running ({_describe(inst)})")
                 await self.events.emit(obj=_pod_ref(pod), reason="Started",
-                                       message=f"Instance {inst.id} running on {placed.provider}")
+                                       message=f"Instance {inst.id} on {placed.provider} {what}")
             if inst.state == InstanceState.FAILED:
                 await self.events.emit(obj=_pod_ref(pod), reason="InstanceFailed",
                                        type_="Warning",
@@ -1005,6 +1020,15 @@ class PodController:
                                                f"{inst.message or 'no reason given'}")
         if inst.state in _DONE_STATES:
             await self._stop_spend(placed)
+
+    def _tell_created(self, pod: Body, uid: str, placed: Placed) -> None:
+        if uid in self.told_created:
+            return
+        self.told_created.add(uid)
+        inst = placed.instance
+        self.events.record(obj=_pod_ref(pod), reason="ProviderCreated",
+                           message=f"Created instance {inst.id} on {placed.provider} "
+                                   f"({_describe(inst)})")
 
     async def _patch_status(self, pod: Body, status: Body, *,
                             annotations: dict[str, str] | None = None) -> None:
