@@ -2,7 +2,7 @@
 
 Shared by every chaos test so that each profile is judged by the same rules:
 * never two live instances for one pod UID at any moment (``overlapping_live_instances``);
-* the spend the provider counted (``vkprovider_spend_dollars_total``, persisted on the Node)
+* the spend the provider counted (``vkprovider_spend_dollars_total``, persisted in its Lease)
   equals the ledger's, within the documented bound (``check_spend``).
 """
 
@@ -17,7 +17,8 @@ from datetime import datetime
 from typing import Any
 
 from vkprovider.kube import KubeClient
-from vkprovider.node.spend import SPEND_ANNOTATION, decode
+from vkprovider.kube.errors import NotFoundError
+from vkprovider.node.spend import SPEND_ANNOTATION, decode, spend_lease_path
 from vkprovider.testing.waiting import eventually
 
 #: Per instance, how much of its end the provider may miss: the sweep interval in these tests is
@@ -64,7 +65,8 @@ def exported_spend(metrics_text: str) -> float:
 
 
 async def check_spend(*, kube: KubeClient, node: str, ledger: list[dict[str, Any]],
-                      total_cost: float, metrics: Any) -> SpendCheck:
+                      total_cost: float, metrics: Any,
+                      namespace: str = "vkprovider-system") -> SpendCheck:
     """Wait for the provider's record to cover the last release, then compare it to the bill.
 
     ``ledger`` must be final (every instance stopped); ``metrics`` is an async callable that
@@ -73,7 +75,10 @@ async def check_spend(*, kube: KubeClient, node: str, ledger: list[dict[str, Any
     assert all(e["stopped_at"] for e in ledger), "compare spend only once all have stopped"
 
     async def record() -> dict[str, Any]:
-        body = await kube.get(f"/api/v1/nodes/{node}")
+        try:
+            body = await kube.get(spend_lease_path(namespace=namespace, node=node))
+        except NotFoundError:
+            return {}
         value = (body["metadata"].get("annotations") or {}).get(SPEND_ANNOTATION)
         return decode(value) if value else {}
 

@@ -3,7 +3,7 @@
 Why it exists: the cloud's invoice arrives days later; a platform team wants to alert on spend as
 it happens, and to cross-check the invoice (a leak shows as the cloud billing more than we
 counted). The counter must survive what the provider survives: a kill -9, a restart, a leader
-hand-over. So it is computed from the cloud's own listing and persisted on the Node.
+hand-over. So it is computed from the cloud's own listing and persisted in a Lease.
 
 How it counts. Every sweep lists each provider's instances (one call; see pods.py). For each
 listed instance that has started (billing runs from ``started_at``, as on the clouds and the mock)
@@ -13,13 +13,19 @@ book never counts a moment the cloud had not yet billed: the count is a lower bo
 short by at most one sweep interval per instance (the time between the last list that showed it
 and its release).
 
-Why it survives restarts. The book is persisted as JSON in the Node annotation
-``vkprovider.io/spend``: per provider, the dollars counted and the time they were counted until
+Why it survives restarts. The book is persisted as JSON in the annotation ``vkprovider.io/spend``
+of the Lease ``vkprovider-spend-<node>`` in the provider's namespace (``leader_election.
+namespace``): per provider, the dollars counted and the time they were counted until
 (the list time of the last sweep). A new process (or a new leader) loads it and counts each
 instance only from ``max(started_at, counted until)``: nothing is counted twice and nothing
 still running is lost. Only the metric of what was persisted is exported, so the exported counter
 never goes backwards across a restart (a Prometheus counter that shrinks reads as a reset and
 ``increase()`` would count it all again).
+
+Why a Lease and not the Node (where older versions kept it): every write to a Node wakes every
+Node watcher in the cluster (scheduler, controller-manager, kube-proxy and CNI agents on every
+node); nothing but this project reads this Lease. A record found only on the Node is read once at
+start (an upgrade loses nothing) and removed from the Node after the first write to the Lease.
 
 What can be lost: spend of an instance that was released between the last persisted record and a
 crash (at most ``spend_record_seconds`` of it). docs/operations.md explains the metric.
@@ -39,14 +45,19 @@ from typing import Any
 
 from providers.base import Instance
 from vkprovider.kube import KubeClient
-from vkprovider.kube.errors import APIError, NotFoundError
+from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
 from vkprovider.logs import kv
 from vkprovider.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-#: The Node annotation that holds the persisted book.
+#: The annotation (on the spend Lease; on the Node before) that holds the persisted book.
 SPEND_ANNOTATION = "vkprovider.io/spend"
+
+
+def spend_lease_path(*, namespace: str, node: str) -> str:
+    """The Lease that holds ``node``'s spend record."""
+    return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/vkprovider-spend-{node}"
 _VERSION = 1
 
 
@@ -159,16 +170,20 @@ def decode(value: str) -> dict[str, Counted]:
 
 
 class SpendRecorder:
-    """Loads the book from the Node at start, persists it every ``every`` seconds, exports it.
+    """Loads the book at start, persists it every ``every`` seconds in its Lease, exports it.
 
     The exported ``vkprovider_spend_dollars_total`` only ever moves to a value that has been
     persisted, so it continues where the previous process (or leader) left off.
     """
 
-    def __init__(self, *, client: KubeClient, node: str, metrics: Metrics, every: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, *, client: KubeClient, node: str, namespace: str, metrics: Metrics,
+                 every: float, clock: Callable[[], float] = time.monotonic) -> None:
         self._client = client
-        self._path = f"/api/v1/nodes/{node}"
+        self._node_path = f"/api/v1/nodes/{node}"
+        self._path = spend_lease_path(namespace=namespace, node=node)
+        self._namespace = namespace
+        self._lease_exists = False
+        self._legacy_on_node = False  # a record of an older version sits on the Node
         self._node = node
         self._metrics = metrics
         self._every = every
@@ -178,23 +193,32 @@ class SpendRecorder:
         self._recorded: dict[str, tuple[float, int]] = {}  # provider -> (dollars, open)
         self._exported: dict[str, float] = {}
 
-    async def load(self) -> None:
-        """Resume from the Node's record. Retries API errors: starting afresh over an existing
-        record would move the exported counter backwards."""
+    async def _read(self, path: str) -> str | None:
+        """The record annotation of the object at ``path`` (None if absent). Retries API
+        errors: starting afresh over an existing record would move the exported counter back."""
         delay = 0.5
         while True:
             try:
-                node = await self._client.get(self._path)
+                obj = await self._client.get(path)
             except NotFoundError:
-                return  # a new node: nothing spent yet
+                return None
             except APIError as exc:
                 log.warning("cannot read the spend record; retrying",
                             extra=kv(node=self._node, error=str(exc), retry_in=delay))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
                 continue
-            break
-        value = ((node.get("metadata") or {}).get("annotations") or {}).get(SPEND_ANNOTATION)
+            if path == self._path:
+                self._lease_exists = True
+            value = ((obj.get("metadata") or {}).get("annotations") or {}).get(SPEND_ANNOTATION)
+            return None if value is None else str(value)
+
+    async def load(self) -> None:
+        """Resume from the Lease's record, or from the Node's (written by older versions)."""
+        value = await self._read(self._path)
+        if value is None:
+            value = await self._read(self._node_path)
+            self._legacy_on_node = value is not None
         if value is None:
             return
         try:
@@ -218,17 +242,53 @@ class SpendRecorder:
         record = self.book.record()
         if _essence(record) == self._recorded:
             return
-        patch = {"metadata": {"annotations": {SPEND_ANNOTATION: encode(record)}}}
         try:
-            await self._client.patch(self._path, patch, patch_type="merge")
+            await self._write(encode(record))
         except APIError as exc:  # the next sweep tries again; nothing is lost meanwhile
             log.warning("cannot persist the spend record",
                         extra=kv(node=self._node, error=str(exc)))
             return
-        self._metrics.kube_writes.labels("node_spend").inc()
+        self._metrics.kube_writes.labels("spend_record").inc()
         self._recorded_at = now
         self._recorded = _essence(record)
         self._export(record)
+
+    async def _write(self, value: str) -> None:
+        annotations = {"metadata": {"annotations": {SPEND_ANNOTATION: value}}}
+        if not self._lease_exists:
+            try:
+                await self._client.create(
+                    f"/apis/coordination.k8s.io/v1/namespaces/{self._namespace}/leases",
+                    {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                     "metadata": {"name": self._path.rsplit("/", 1)[1],
+                                  "namespace": self._namespace,
+                                  "labels": {"app.kubernetes.io/managed-by": "vkprovider"},
+                                  "annotations": {SPEND_ANNOTATION: value}},
+                     "spec": {}})
+            except ConflictError:  # created meanwhile (a predecessor): patch it below
+                self._lease_exists = True
+            else:
+                self._lease_exists = True
+                await self._drop_legacy()
+                return
+        await self._client.patch(self._path, annotations, patch_type="merge")
+        await self._drop_legacy()
+
+    async def _drop_legacy(self) -> None:
+        """Once the Lease holds the record, the Node's copy (an older version's) goes."""
+        if not self._legacy_on_node:
+            return
+        try:
+            await self._client.patch(self._node_path,
+                                     {"metadata": {"annotations": {SPEND_ANNOTATION: None}}},
+                                     patch_type="merge")
+        except NotFoundError:
+            pass
+        except APIError as exc:
+            log.warning("cannot remove the old spend record from the Node; will retry",
+                        extra=kv(node=self._node, error=str(exc)))
+            return
+        self._legacy_on_node = False
 
     def _export(self, record: Mapping[str, Counted]) -> None:
         for provider, counted in record.items():
