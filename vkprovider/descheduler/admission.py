@@ -155,6 +155,9 @@ class OverflowAdmission:
         return out
 
     async def pass_once(self) -> None:
+        live = {p["metadata"].get("uid") for p in self.pending.store.values()}
+        for uid in [u for u in self._refused if u not in live]:
+            del self._refused[uid]  # scheduled or gone: forget what it was told (bounded)
         policies = self.parsed_policies()
         candidates = [p for p in self.pending.store.values()
                       if not tolerates_virtual_node(p) and unschedulable_since(p) is not None

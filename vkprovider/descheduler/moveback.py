@@ -23,6 +23,11 @@ surge first and remove the cloud replica only once an internal one serves:
    ReplicaSet removes an unscheduled or not-ready pod before any ready one), unmark the virtual
    pod, and back the workload off (the cooldown doubles each time it fails).
 
+Reads come from watches (informers of Nodes, Pods, ReplicaSets, Deployments and HPAs), never a
+GET per pod per pass nor a poll of the API server per second; a move waits for its Deployment or
+pods to change. What is remembered per workload or pod is pruned when the object is gone, so no
+map grows without bound.
+
 Restart safety: steps 6 and 7 are the same action, "scale back to the recorded N", so a restarted
 companion finishes every recorded move by doing it: whether that rolls forward or back is decided
 by the ReplicaSet's own ranking (not-ready first, then deletion cost). Ready replicas never drop
@@ -32,6 +37,7 @@ below N because nothing is removed before the surge pod is ready.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -103,23 +109,46 @@ class MoveBack:
         self.headroom_gpus = headroom_gpus
         self.poll = poll
         self.clock = clock
+        self.changed = asyncio.Event()  # a watched Deployment or pod changed: moves look again
         self.nodes = Informer(client=client, path="/api/v1/nodes", name="nodes",
                               transform=slim_node)
         self.pods = Informer(client=client, path="/api/v1/pods", name="all-pods",
-                             transform=slim_pod)
+                             transform=slim_pod, handler=self._poke)
+        self.replicasets = Informer(client=client, path="/apis/apps/v1/replicasets",
+                                    name="replicasets", transform=_slim_owned)
+        self.deployments = Informer(client=client, path="/apis/apps/v1/deployments",
+                                    name="deployments", handler=self._poke)
+        self.hpas = Informer(client=client, path="/apis/autoscaling/v2/horizontalpodautoscalers",
+                             name="hpas", transform=_slim_hpa, missing_ok=True)
         self.fit_since: dict[str, float] = {}
         self.cooldown_until: dict[str, float] = {}
         self.failures: dict[str, int] = {}
         self.in_flight: dict[str, asyncio.Task[MoveResult]] = {}
-        self.results: list[MoveResult] = []
+        self.results: collections.deque[MoveResult] = collections.deque(maxlen=_KEEP_RESULTS)
         self._skipped: dict[str, str] = {}
+
+    def _poke(self, _event: str, _obj: Body) -> None:
+        self.changed.set()
+
+    async def _changed(self, timeout: float) -> None:
+        """Wait until a watched Deployment or pod changes, or ``timeout``."""
+        self.changed.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self.changed.wait()
+
+    def _deployment(self, dep: Body) -> Body:
+        """The cached Deployment (fresh from the watch), or ``dep`` if it is gone."""
+        return self.deployments.store.get(_key(dep), dep)
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(self.nodes.run())
-            tg.create_task(self.pods.run())
-            await self.nodes.synced.wait()
-            await self.pods.synced.wait()
+            for informer in (self.nodes, self.pods, self.replicasets, self.deployments,
+                             self.hpas):
+                tg.create_task(informer.run(), name=f"informer {informer.name}")
+            for informer in (self.nodes, self.pods, self.replicasets, self.deployments,
+                             self.hpas):
+                await informer.synced.wait()
             await self.admission.policies.synced.wait()
             await self.recover()
             while True:
@@ -132,8 +161,7 @@ class MoveBack:
     # ---- restart: finish what a previous process recorded ------------------------------------
 
     async def recover(self) -> None:
-        body = await self.client.get("/apis/apps/v1/deployments")
-        for dep in body.get("items") or []:
+        for dep in list(self.deployments.store.values()):
             raw = (dep["metadata"].get("annotations") or {}).get(INTENT)
             if not raw:
                 continue
@@ -156,6 +184,7 @@ class MoveBack:
 
     async def pass_once(self) -> None:
         self._reap()
+        self._prune()
         policies = self._policies()
         now = self.clock()
         seen: set[str] = set()
@@ -167,7 +196,7 @@ class MoveBack:
             policy = policies.get(pod_policy(pod) or "")
             if policy is None or not policy.spec.move_back.enabled:
                 continue
-            dep = await self._deployment_of(pod)
+            dep = self._deployment_of(pod)
             if dep is None:
                 continue
             key = _key(dep)
@@ -211,38 +240,41 @@ class MoveBack:
                 if exc is not None:
                     log.error("move crashed", extra=kv(deployment=key, error=repr(exc)))
 
-    async def _deployment_of(self, pod: Body) -> Body | None:
+    def _deployment_of(self, pod: Body) -> Body | None:
+        """The Deployment that owns ``pod`` through its ReplicaSet, from the watch caches."""
         meta = pod["metadata"]
         owners = meta["ownerReferences"]
-        name = f"{meta['namespace']}/{meta['name']}"
         if not owners or owners[0].get("kind") != "ReplicaSet":
-            await self._skip(pod, "not owned by a ReplicaSet of a Deployment")
+            self._skip(pod, "not owned by a ReplicaSet of a Deployment")
             return None
-        try:
-            rs = await self.client.get(
-                f"/apis/apps/v1/namespaces/{meta['namespace']}/replicasets/{owners[0]['name']}")
-        except NotFoundError:
-            return None
+        rs = self.replicasets.store.get(f"{meta['namespace']}/{owners[0]['name']}")
+        if rs is None:
+            return None  # not in the cache yet (or gone): the next pass sees it
         dep_owner = next((o for o in rs["metadata"].get("ownerReferences") or []
                           if o.get("controller") and o.get("kind") == "Deployment"), None)
         if dep_owner is None:
-            await self._skip(pod, "its ReplicaSet is not owned by a Deployment")
+            self._skip(pod, "its ReplicaSet is not owned by a Deployment")
             return None
-        try:
-            return await self.client.get(f"/apis/apps/v1/namespaces/{meta['namespace']}/"
-                                         f"deployments/{dep_owner['name']}")
-        except NotFoundError:
-            log.info("deployment gone", extra=kv(pod=name))
-            return None
+        return self.deployments.store.get(f"{meta['namespace']}/{dep_owner['name']}")
 
-    async def _skip(self, pod: Body, why: str) -> None:
+    def _skip(self, pod: Body, why: str) -> None:
         uid = pod["metadata"]["uid"]
         if self._skipped.get(uid) == why:
             return
         self._skipped[uid] = why
         self.metrics.skipped.labels(why).inc()
-        await self.events.emit(obj=_pod_ref(pod), reason="MoveBackSkipped", type_="Warning",
-                               message=f"Not moved back: {why} (only Deployments are moved)")
+        self.events.record(obj=_pod_ref(pod), reason="MoveBackSkipped", type_="Warning",
+                           message=f"Not moved back: {why} (only Deployments are moved)")
+
+    def _prune(self) -> None:
+        """Forget what belongs to pods and Deployments that are gone (bounded memory)."""
+        live_pods = {p["metadata"]["uid"] for p in self.pods.store.values()}
+        for uid in [u for u in self._skipped if u not in live_pods]:
+            del self._skipped[uid]
+        live = set(self.deployments.store) | set(self.in_flight)
+        for table in (self.fit_since, self.cooldown_until, self.failures):
+            for key in [k for k in table if k not in live]:
+                del table[key]
 
     # ---- the move ------------------------------------------------------------------------------
 
@@ -250,7 +282,7 @@ class MoveBack:
         ns = dep["metadata"]["namespace"]
         key = _key(dep)
         n = int(dep["spec"].get("replicas") or 0)
-        hpa = await self._hpa_for(dep)
+        hpa = self._hpa_for(dep)
         intent = Intent(pod=pod["metadata"]["name"], pod_uid=pod["metadata"]["uid"], replicas=n,
                         started=self.clock(), policy=policy.name,
                         hpa=hpa["metadata"]["name"] if hpa else None,
@@ -283,9 +315,10 @@ class MoveBack:
             ok = False
             reason = "timed out waiting for the internal replica"
             unschedulable_since: float | None = None
+            cur = dep
             while self.clock() < deadline:
-                await asyncio.sleep(self.poll)
-                cur = await self.client.get(_dep_path(dep))
+                await self._changed(self.poll)
+                cur = self._deployment(dep)
                 status = cur.get("status") or {}
                 min_ready = min(min_ready, int(status.get("readyReplicas") or 0))
                 fresh = [p for p in self.pods.store.values()
@@ -308,8 +341,7 @@ class MoveBack:
                         break
                 else:
                     unschedulable_since = None
-            return await self._finish(cur if "cur" in locals() else dep, intent, ok=ok,
-                                      reason=reason, min_ready=min_ready)
+            return await self._finish(cur, intent, ok=ok, reason=reason, min_ready=min_ready)
         finally:
             self.admission.hold.discard(rs_uid)
 
@@ -329,16 +361,18 @@ class MoveBack:
         deadline = self.clock() + 120
         virtual_gone = False
         while self.clock() < deadline:
-            cur = await self.client.get(_dep_path(dep))
+            cur = self._deployment(dep)
             status = cur.get("status") or {}
             min_ready = min(min_ready, int(status.get("readyReplicas") or 0))
             pod_exists = any(p["metadata"]["uid"] == intent.pod_uid
                              and not p["metadata"]["deletionTimestamp"]
                              for p in self.pods.store.values())
-            if int(status.get("replicas") or 0) <= n:
+            if int(status.get("replicas") or 0) <= n and (
+                    int(status.get("observedGeneration") or 0)
+                    >= int(cur["metadata"].get("generation") or 0)):
                 virtual_gone = not pod_exists
                 break
-            await asyncio.sleep(self.poll)
+            await self._changed(self.poll)
         moved = virtual_gone if ok is None else ok and virtual_gone
         if not virtual_gone:
             with contextlib.suppress(NotFoundError):  # it stays: unmark it
@@ -382,18 +416,34 @@ class MoveBack:
         with contextlib.suppress(NotFoundError):
             await self.client.patch(_dep_path(dep), {"metadata": {"annotations": {INTENT: None}}})
 
-    async def _hpa_for(self, dep: Body) -> Body | None:
-        ns = dep["metadata"]["namespace"]
-        try:
-            body = await self.client.get(
-                f"/apis/autoscaling/v2/namespaces/{ns}/horizontalpodautoscalers")
-        except NotFoundError:
-            return None
-        for hpa in body.get("items") or []:
+    def _hpa_for(self, dep: Body) -> Body | None:
+        ns, name = dep["metadata"]["namespace"], dep["metadata"]["name"]
+        for hpa in self.hpas.store.values():
             ref = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
-            if ref.get("kind") == "Deployment" and ref.get("name") == dep["metadata"]["name"]:
-                return dict(hpa)
+            if (hpa["metadata"].get("namespace") == ns and ref.get("kind") == "Deployment"
+                    and ref.get("name") == name):
+                return hpa
         return None
+
+
+_KEEP_RESULTS = 256  # recent moves kept in memory (bench and tests read them)
+
+
+def _slim_owned(obj: Body) -> Body:
+    """A ReplicaSet as move-back needs it: who owns it."""
+    meta = obj.get("metadata") or {}
+    return {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
+                         "uid": meta.get("uid"),
+                         "ownerReferences": meta.get("ownerReferences") or []}}
+
+
+def _slim_hpa(obj: Body) -> Body:
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    return {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
+                         "uid": meta.get("uid")},
+            "spec": {"scaleTargetRef": spec.get("scaleTargetRef") or {},
+                     "minReplicas": spec.get("minReplicas")}}
 
 
 def _mid_rollout(dep: Body) -> bool:
