@@ -11,7 +11,8 @@ Retries: :class:`~providers.base.TransientError` (timeouts, connection errors, 5
 ``max_attempts`` times in all with exponential backoff and jitter; a
 :class:`~providers.base.RateLimited` is retried after its ``Retry-After`` when that is at most
 ``retry_after_cap`` seconds (with backoff when the cloud gave none) and raised at once when it
-asks for longer, so that the caller can back off as a whole. Nothing else is retried.
+asks for longer, so that the caller can back off as a whole. Nothing else is retried. The
+defaults are :data:`providers.options.DEFAULT_RETRY`, the same for every adapter.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from providers.base import (
     RateLimited,
     TransientError,
 )
+from providers.options import DEFAULT_RETRY
 
 __all__ = [
     "MAX_SERVER_MESSAGE",
@@ -116,10 +118,10 @@ class RetryOptions(Protocol):
 class RetryPolicy:
     """When and how long to retry a call at the HTTP edge (see the module docstring)."""
 
-    max_attempts: int = 4
-    backoff_initial: float = 0.1
-    backoff_max: float = 2.0
-    retry_after_cap: float = 5.0
+    max_attempts: int = DEFAULT_RETRY.max_attempts  # one set of defaults for every adapter
+    backoff_initial: float = DEFAULT_RETRY.backoff_initial
+    backoff_max: float = DEFAULT_RETRY.backoff_max
+    retry_after_cap: float = DEFAULT_RETRY.retry_after_cap
 
     @classmethod
     def of(cls, options: RetryOptions) -> RetryPolicy:

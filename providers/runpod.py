@@ -45,7 +45,9 @@ Status mapping: ``PROVISIONING``/``STARTING`` -> PENDING, ``RUNNING`` -> RUNNING
 leaves ``TERMINATED`` pods out, as RunPod does once the delete completes, so the service sees
 them as gone.
 
-Options (``options=`` mapping; unknown keys are a ``ValueError``):
+Options (``options=`` mapping; read by :mod:`providers.options`, so a number may be a decimal
+string, seconds may be written ``"30s"``, and an unknown key or a bad value is a ``ValueError``
+naming the option):
 
 ``gpu_types`` (mapping, default ``{}``)
     The cluster's GPU name -> RunPod GPU type id, e.g. ``{"H100": "NVIDIA H100 80GB HBM3"}``;
@@ -106,7 +108,7 @@ import json
 import math
 import re
 import shlex
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -114,6 +116,7 @@ from urllib.parse import quote
 
 import httpx
 
+from providers import options as opt
 from providers.base import (
     TAG_NODE,
     CapacityError,
@@ -214,110 +217,57 @@ class _Options:
     )
     log_source: str = "container"
     logs_idle_seconds: float = 2.0
-    max_attempts: int = 4
-    backoff_initial: float = 0.1
-    backoff_max: float = 2.0
-    retry_after_cap: float = 5.0
-
-
-def _bad(key: str, why: str) -> ValueError:
-    return ValueError(f"options.{key}: {why}")
-
-
-def _opt_string(raw: Mapping[str, Any], key: str) -> str | None:
-    value = raw.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value:
-        raise _bad(key, "must be a non-empty string")
-    return value
-
-
-def _opt_strings(raw: Mapping[str, Any], key: str) -> tuple[str, ...]:
-    value = raw.get(key)
-    if value is None:
-        return ()
-    if isinstance(value, str) or not isinstance(value, Sequence):
-        raise _bad(key, "must be a list of strings")
-    if not all(isinstance(v, str) and v for v in value):
-        raise _bad(key, "must be a list of non-empty strings")
-    return tuple(value)
-
-
-def _opt_number(raw: Mapping[str, Any], key: str, default: float, *, minimum: float) -> float:
-    value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
-        raise _bad(key, f"must be a number >= {minimum}")
-    return float(value)
-
-
-def _opt_count(raw: Mapping[str, Any], key: str, *, minimum: int) -> int | None:
-    value = raw.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise _bad(key, f"must be an integer >= {minimum}")
-    return value
+    max_attempts: int = opt.DEFAULT_RETRY.max_attempts
+    backoff_initial: float = opt.DEFAULT_RETRY.backoff_initial
+    backoff_max: float = opt.DEFAULT_RETRY.backoff_max
+    retry_after_cap: float = opt.DEFAULT_RETRY.retry_after_cap
 
 
 def _parse_options(raw: Mapping[str, Any] | None) -> _Options:
     raw = raw or {}
-    unknown = sorted(set(raw) - _OPTION_KEYS)
-    if unknown:
-        known = ", ".join(sorted(_OPTION_KEYS))
-        raise ValueError(f"options: unknown option(s) {', '.join(unknown)}; known: {known}")
-    gpu_types = raw.get("gpu_types") or {}
-    if not isinstance(gpu_types, Mapping) or not all(
-        isinstance(k, str) and k and isinstance(v, str) and v for k, v in gpu_types.items()
-    ):
-        raise _bad("gpu_types", "must map GPU names to RunPod GPU type ids (strings)")
+    opt.reject_unknown(raw, _OPTION_KEYS)
+    gpu_types = opt.mapping(raw, "gpu_types") or {}
+    if not all(isinstance(v, str) and v for v in gpu_types.values()) or not all(gpu_types):
+        raise opt.InvalidOption("gpu_types", "must map GPU names to RunPod GPU type ids (strings)")
     if len(set(gpu_types.values())) != len(gpu_types):
-        raise _bad("gpu_types", "must be one-to-one (two names map to one RunPod GPU type)")
-    cloud = raw.get("cloud", "SECURE")
-    if cloud not in ("SECURE", "COMMUNITY"):
-        raise _bad("cloud", "must be SECURE or COMMUNITY")
-    volume_gb = _opt_count(raw, "volume_gb", minimum=10)
-    volume_path = _opt_string(raw, "volume_path") or "/workspace"
-    cuda = _opt_strings(raw, "allowed_cuda_versions")
-    min_cuda = _opt_string(raw, "min_cuda_version")
-    for key, versions in (("allowed_cuda_versions", cuda), ("min_cuda_version", (min_cuda,))):
-        if any(v is not None and not _CUDA_VERSION.match(v) for v in versions):
-            raise _bad(key, 'CUDA versions are "major.minor", e.g. "12.8"')
+        raise opt.InvalidOption(
+            "gpu_types", "must be one-to-one (two names map to one RunPod GPU type)")
+    cuda = opt.strings(raw, "allowed_cuda_versions", pattern=_CUDA_VERSION,
+                       hint='CUDA versions are "major.minor", e.g. "12.8"')
+    min_cuda = opt.optional_string(raw, "min_cuda_version", pattern=_CUDA_VERSION,
+                                   hint='CUDA versions are "major.minor", e.g. "12.8"')
     if cuda and min_cuda:
-        raise _bad("min_cuda_version", "cannot be combined with allowed_cuda_versions")
+        raise opt.InvalidOption("min_cuda_version", "cannot be combined with allowed_cuda_versions")
     levels = dict(_Options().availability_gpus)
-    given = raw.get("availability_gpus") or {}
-    if not isinstance(given, Mapping):
-        raise _bad("availability_gpus", "must map NONE/LOW/MEDIUM/HIGH to GPU counts")
+    given = opt.mapping(raw, "availability_gpus") or {}
     for level, count in given.items():
-        if level not in _LEVELS or isinstance(count, bool) or not isinstance(count, int):
-            raise _bad("availability_gpus", "must map NONE/LOW/MEDIUM/HIGH to GPU counts")
-        if count < 0:
-            raise _bad("availability_gpus", "counts must be >= 0")
-        levels[level] = count
-    log_source = raw.get("log_source", "container")
-    if log_source not in ("container", "system", "all"):
-        raise _bad("log_source", "must be container, system or all")
-    max_attempts = _opt_count(raw, "max_attempts", minimum=1)
+        if level not in _LEVELS:
+            raise opt.InvalidOption("availability_gpus",
+                                    "must map NONE/LOW/MEDIUM/HIGH to GPU counts")
+        key = f"availability_gpus.{level}"
+        levels[level] = opt.integer({key: count}, key, default=levels[level], minimum=0)
+    retry = opt.retry_options(raw)
     return _Options(
         gpu_types=dict(gpu_types),
-        default_gpu_type=_opt_string(raw, "default_gpu_type"),
-        cloud=cloud,
-        data_center_ids=_opt_strings(raw, "data_center_ids"),
-        disk_gb=_opt_count(raw, "disk_gb", minimum=1),
-        volume_gb=volume_gb,
-        volume_path=volume_path,
-        registry_id=_opt_string(raw, "registry_id"),
+        default_gpu_type=opt.optional_string(raw, "default_gpu_type"),
+        cloud=opt.choice(raw, "cloud", choices=("SECURE", "COMMUNITY"), default="SECURE"),
+        data_center_ids=opt.strings(raw, "data_center_ids"),
+        disk_gb=opt.optional_integer(raw, "disk_gb", minimum=1),
+        volume_gb=opt.optional_integer(raw, "volume_gb", minimum=10),
+        volume_path=opt.string(raw, "volume_path", default="/workspace"),
+        registry_id=opt.optional_string(raw, "registry_id"),
         allowed_cuda_versions=cuda,
         min_cuda_version=min_cuda,
-        cpu_flavor=_opt_string(raw, "cpu_flavor"),
+        cpu_flavor=opt.optional_string(raw, "cpu_flavor"),
         availability_gpus=levels,
-        log_source=log_source,
-        logs_idle_seconds=_opt_number(raw, "logs_idle_seconds", 2.0, minimum=0.001),
-        max_attempts=max_attempts if max_attempts is not None else 4,
-        backoff_initial=_opt_number(raw, "backoff_initial", 0.1, minimum=0.0),
-        backoff_max=_opt_number(raw, "backoff_max", 2.0, minimum=0.0),
-        retry_after_cap=_opt_number(raw, "retry_after_cap", 5.0, minimum=0.0),
+        log_source=opt.choice(raw, "log_source", choices=("container", "system", "all"),
+                              default="container"),
+        logs_idle_seconds=opt.duration(raw, "logs_idle_seconds", default=2.0, minimum=0,
+                                       above=True),
+        max_attempts=retry.max_attempts,
+        backoff_initial=retry.backoff_initial,
+        backoff_max=retry.backoff_max,
+        retry_after_cap=retry.retry_after_cap,
     )
 
 

@@ -27,7 +27,10 @@ never adopted). A create that races another answers 409, and the group is then r
 Groups are created with ``autostart_policy: true``; a group found ``stopped`` by ``create`` is
 started (``POST .../start``).
 
-Options (the ``options`` mapping):
+Options (the ``options`` mapping; read by :mod:`providers.options`, so a boolean is
+``true``/``false`` (also ``"true"``/``"false"``, ``"yes"``/``"no"``, ``1``/``0``), a number may be
+a decimal string, seconds may be written ``"30s"``, and an unknown key or a bad value is a
+``ValueError`` naming the option):
 
 ``organization``, ``project`` (str, required)
     Where the container groups live (both must already exist).
@@ -62,8 +65,8 @@ Options (the ``options`` mapping):
     How long the GPU class list is cached.
 ``log_poll_interval`` (float seconds, default 2.0)
     How often ``logs(follow=True)`` asks for new entries.
-``max_attempts`` (int, default 4), ``backoff_initial`` (default 0.2), ``backoff_max``
-(default 5.0), ``retry_after_cap`` (default 5.0)
+``max_attempts`` (int >= 1, default 4), ``backoff_initial`` (default 0.1), ``backoff_max``
+(default 2.0), ``retry_after_cap`` (default 5.0)
     Retries at the HTTP edge: timeouts, connection errors and 5xx are retried; a 429 after its
     ``Retry-After`` when at most ``retry_after_cap`` (Salad documents no ``Retry-After``; without
     one, backoff is exponential).
@@ -94,6 +97,7 @@ from typing import Any
 
 import httpx
 
+from providers import options as opt
 from providers.base import (
     TAG_NODE,
     CapacityError,
@@ -184,67 +188,55 @@ class _Conflict(ProviderError):
     """HTTP 409: the name is taken (create raced another create)."""
 
 
+_OPTION_KEYS = frozenset({
+    "organization", "project", "gpu_types", "priority", "restart_policy", "default_cpu",
+    "default_memory_mb", "storage_gb", "country_codes", "region", "networking_auth",
+    "check_availability", "registry_authentication", "gpu_classes_ttl", "log_poll_interval",
+    *opt.RETRY_KEYS,
+})  # fmt: skip
+
+
 class _Options:
-    """The parsed, checked ``options``; a wrong value is a configuration error (ValueError)."""
+    """The parsed, checked ``options``; a bad value is an :class:`~providers.options.InvalidOption`
+    (a ValueError) naming the option."""
 
     def __init__(self, raw: Mapping[str, Any]) -> None:
-        known = {
-            "organization", "project", "gpu_types", "priority", "restart_policy", "default_cpu",
-            "default_memory_mb", "storage_gb", "country_codes", "region", "networking_auth",
-            "check_availability", "registry_authentication", "gpu_classes_ttl",
-            "log_poll_interval", "max_attempts", "backoff_initial", "backoff_max",
-            "retry_after_cap",
-        }  # fmt: skip
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise ValueError(f"options: unknown SaladCloud option(s) {', '.join(unknown)}")
-        self.organization = str(raw.get("organization") or "")
-        self.project = str(raw.get("project") or "")
-        for key, value in (("organization", self.organization), ("project", self.project)):
-            if not _NAME.match(value):
-                raise ValueError(
-                    f"options.{key} is required and must match {_NAME.pattern} (got {value!r})"
-                )
-        self.gpu_types: dict[str, tuple[str, ...]] = {}
-        for key, value in dict(raw.get("gpu_types") or {}).items():
-            names = (value,) if isinstance(value, str) else tuple(value)
-            if not names or not all(isinstance(n, str) and n for n in names):
-                raise ValueError(f"options.gpu_types[{key!r}] must be a name or a list of names")
-            self.gpu_types[str(key)] = names
-        self.priority = str(raw.get("priority", "high"))
-        if self.priority not in _PRIORITIES:
-            raise ValueError(f"options.priority must be one of {', '.join(_PRIORITIES)}")
-        self.restart_policy = str(raw.get("restart_policy", "never"))
-        if self.restart_policy not in _RESTART_POLICIES:
-            raise ValueError(
-                f"options.restart_policy must be one of {', '.join(_RESTART_POLICIES)}"
-            )
-        self.default_cpu = int(raw.get("default_cpu", 1))
-        self.default_memory_mb = int(raw.get("default_memory_mb", 1024))
-        storage = raw.get("storage_gb")
-        self.storage_gb = None if storage is None else int(storage)
-        if self.default_cpu < 1 or self.default_memory_mb < 1024 or (
-            self.storage_gb is not None and self.storage_gb < 1
-        ):
-            raise ValueError(
-                "options: default_cpu must be >= 1, default_memory_mb >= 1024, storage_gb >= 1"
-            )
-        self.country_codes = tuple(str(c).lower() for c in raw.get("country_codes") or ())
+        opt.reject_unknown(raw, _OPTION_KEYS, cloud="SaladCloud")
+        names: dict[str, str] = {}
+        for key in ("organization", "project"):
+            value = opt.optional_string(raw, key, pattern=_NAME,
+                                        hint=f"must match {_NAME.pattern}")
+            if value is None:
+                raise opt.InvalidOption(key, f"is required and must match {_NAME.pattern}")
+            names[key] = value
+        self.organization = names["organization"]
+        self.project = names["project"]
+        self.gpu_types: dict[str, tuple[str, ...]] = opt.name_map(raw, "gpu_types")
+        self.priority = opt.choice(raw, "priority", choices=_PRIORITIES, default="high")
+        self.restart_policy = opt.choice(raw, "restart_policy", choices=_RESTART_POLICIES,
+                                         default="never")
+        self.default_cpu = opt.integer(raw, "default_cpu", default=1, minimum=1)
+        self.default_memory_mb = opt.integer(raw, "default_memory_mb", default=1024,
+                                             minimum=1024)
+        self.storage_gb = opt.optional_integer(raw, "storage_gb", minimum=1)
+        codes = opt.strings(raw, "country_codes",
+                            hint="must be a list of ISO 3166-1 alpha-2 codes (e.g. [us, de])")
+        self.country_codes = tuple(c.lower() for c in codes)
         if not all(_COUNTRY.match(c) for c in self.country_codes):
-            raise ValueError("options.country_codes must be ISO 3166-1 alpha-2 codes")
-        self.region = str(raw.get("region", "global"))
-        self.networking_auth = bool(raw.get("networking_auth", False))
-        self.check_availability = bool(raw.get("check_availability", True))
-        registry = raw.get("registry_authentication")
-        self.registry_authentication = None if registry is None else dict(registry)
-        self.gpu_classes_ttl = float(raw.get("gpu_classes_ttl", 300.0))
-        self.log_poll_interval = float(raw.get("log_poll_interval", 2.0))
-        self.max_attempts = int(raw.get("max_attempts", 4))
-        self.backoff_initial = float(raw.get("backoff_initial", 0.2))
-        self.backoff_max = float(raw.get("backoff_max", 5.0))
-        self.retry_after_cap = float(raw.get("retry_after_cap", 5.0))
-        if self.max_attempts < 1:
-            raise ValueError("options.max_attempts must be at least 1")
+            bad = next(c for c in codes if not _COUNTRY.match(c.lower()))
+            raise opt.InvalidOption(
+                "country_codes", f"must be ISO 3166-1 alpha-2 codes (got {bad!r} in the list)")
+        self.region = opt.string(raw, "region", default="global")
+        self.networking_auth = opt.boolean(raw, "networking_auth", default=False)
+        self.check_availability = opt.boolean(raw, "check_availability", default=True)
+        self.registry_authentication = opt.mapping(raw, "registry_authentication", secret=True)
+        self.gpu_classes_ttl = opt.duration(raw, "gpu_classes_ttl", default=300.0, minimum=0)
+        self.log_poll_interval = opt.duration(raw, "log_poll_interval", default=2.0, minimum=0)
+        retry = opt.retry_options(raw)
+        self.max_attempts = retry.max_attempts
+        self.backoff_initial = retry.backoff_initial
+        self.backoff_max = retry.backoff_max
+        self.retry_after_cap = retry.retry_after_cap
 
 
 class SaladProvider(HTTPAdapter):

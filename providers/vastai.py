@@ -23,14 +23,17 @@ Retries: timeouts, connection errors and 5xx are retried (except the rent, above
 retried after its ``Retry-After`` when at most ``retry_after_cap`` seconds, as in the mock
 adapter. Vast.ai documents no ``Retry-After``; without one, backoff is exponential.
 
-Options (the ``options`` mapping; every key is optional):
+Options (the ``options`` mapping; every key is optional; read by :mod:`providers.options`, so a
+boolean is ``true``/``false`` (also ``"true"``/``"false"``, ``"yes"``/``"no"``, ``1``/``0``), a
+number may be a decimal string, seconds may be written ``"30s"``, and an unknown key or a bad value
+is a ``ValueError`` naming the option):
 
 ``gpu_types`` (mapping str -> str or list of str, default empty)
     Cluster GPU name -> Vast.ai ``gpu_name`` value(s), e.g. ``{"H100": ["H100_SXM", "H100_PCIE"]}``.
     A GPU type without an entry is passed through with spaces replaced by underscores
     (``"RTX 4090"`` -> ``"RTX_4090"``). With a non-empty map, ``capacity()`` reports only mapped
     types, under their cluster names.
-``disk_gb`` (float, default 20)
+``disk_gb`` (float > 0, default 20)
     Local disk of every instance (create ``disk``; search ``disk_space >= disk_gb``).
 ``offer_type`` (``"ondemand"`` | ``"bid"``, default ``"ondemand"``)
     Search ``type``. With ``"bid"`` (interruptible) offers are ranked and capped by ``min_bid``
@@ -38,16 +41,16 @@ Options (the ``options`` mapping; every key is optional):
     when set, else the offer's ``min_bid``.
 ``verified`` (bool, default true)
     Only verified machines (search ``verified``).
-``min_reliability`` (float, default none)
+``min_reliability`` (float 0..1, default none)
     Search ``reliability >= min_reliability``.
 ``offer_filters`` (mapping, default empty)
     Raw search filters merged over the defaults above, e.g. ``{"cuda_max_good": {"gte": 12.1}}``;
     the filters the spec implies (GPU, count, region, ports, CPU, memory, price) still win.
-``offer_limit`` (int, default 20)
+``offer_limit`` (int >= 1, default 20)
     Offers fetched per create.
-``max_offer_attempts`` (int, default 3)
+``max_offer_attempts`` (int >= 1, default 3)
     Offers tried (cheapest first) before giving up with CapacityError when they are taken.
-``capacity_limit`` (int, default 200)
+``capacity_limit`` (int >= 1, default 200)
     Offers fetched by ``capacity()``.
 ``env_format`` (``"string"`` | ``"dict"``, default ``"string"``)
     How ``env`` is sent. The spec declares a Docker-flag string (``"-e K=V -p 8000:8000"``);
@@ -61,10 +64,10 @@ Options (the ``options`` mapping; every key is optional):
     exit when the command does.
 ``image_login`` (str, default none)
     Registry credentials for private images (``image_login``, Docker login flags). Secret.
-``log_poll_attempts`` (int, default 10), ``log_poll_interval`` (float seconds, default 1.0)
+``log_poll_attempts`` (int >= 1, default 10), ``log_poll_interval`` (float seconds, default 1.0)
     How long ``logs()`` waits for the log file Vast.ai uploads to ``result_url``.
-``max_attempts`` (int, default 4), ``backoff_initial`` (default 0.2), ``backoff_max``
-(default 5.0), ``retry_after_cap`` (default 5.0)
+``max_attempts`` (int >= 1, default 4), ``backoff_initial`` (default 0.1), ``backoff_max``
+(default 2.0), ``retry_after_cap`` (default 5.0)
     Retries at the HTTP edge (see above).
 
 Not supported, and said so rather than ignored: ``command`` in ``"reject"`` mode, pods without
@@ -87,6 +90,7 @@ from urllib.parse import parse_qsl, urlencode
 
 import httpx
 
+from providers import options as opt
 from providers.base import (
     TAG_NODE,
     AuthError,
@@ -188,60 +192,45 @@ def _epoch(value: Any) -> datetime | None:
     return None
 
 
+_OPTION_KEYS = frozenset({
+    "gpu_types", "disk_gb", "offer_type", "verified", "min_reliability", "offer_filters",
+    "offer_limit", "max_offer_attempts", "capacity_limit", "env_format", "command_mode",
+    "image_login", "log_poll_attempts", "log_poll_interval", *opt.RETRY_KEYS, "regions",
+})  # fmt: skip
+
+
 class _Options:
-    """The parsed, checked ``options``; a wrong type is a configuration error (ValueError)."""
+    """The parsed, checked ``options``; a bad value is an :class:`~providers.options.InvalidOption`
+    (a ValueError) naming the option."""
 
     def __init__(self, raw: Mapping[str, Any]) -> None:
-        known = {
-            "gpu_types", "disk_gb", "offer_type", "verified", "min_reliability", "offer_filters",
-            "offer_limit", "max_offer_attempts", "capacity_limit", "env_format", "command_mode",
-            "image_login", "log_poll_attempts", "log_poll_interval", "max_attempts",
-            "backoff_initial", "backoff_max", "retry_after_cap", "regions",
-        }  # fmt: skip
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise ValueError(f"options: unknown Vast.ai option(s) {', '.join(unknown)}")
-        self.gpu_types: dict[str, tuple[str, ...]] = {}
-        for key, value in dict(raw.get("gpu_types") or {}).items():
-            names = (value,) if isinstance(value, str) else tuple(value)
-            if not names or not all(isinstance(n, str) and n for n in names):
-                raise ValueError(f"options.gpu_types[{key!r}] must be a name or a list of names")
-            self.gpu_types[str(key)] = names
-        regions = raw.get("regions") or ()
-        if isinstance(regions, str) or not all(isinstance(r, str) and r.strip()
-                                               for r in regions):
-            raise ValueError("options.regions must be a list of country codes (e.g. [DE, FR])")
+        opt.reject_unknown(raw, _OPTION_KEYS, cloud="Vast.ai")
+        self.gpu_types: dict[str, tuple[str, ...]] = opt.name_map(raw, "gpu_types")
+        regions = opt.strings(raw, "regions",
+                              hint="must be a list of country codes (e.g. [DE, FR])")
         # A GPUProvider's spec.regions: rent only in these countries (data residency)
         self.regions: tuple[str, ...] = tuple(r.strip().upper() for r in regions)
-        self.disk_gb = float(raw.get("disk_gb", 20.0))
-        self.offer_type = str(raw.get("offer_type", "ondemand"))
-        if self.offer_type not in ("ondemand", "bid"):
-            raise ValueError("options.offer_type must be 'ondemand' or 'bid'")
-        self.verified = bool(raw.get("verified", True))
-        reliability = raw.get("min_reliability")
-        self.min_reliability = None if reliability is None else float(reliability)
-        self.offer_filters: dict[str, Any] = dict(raw.get("offer_filters") or {})
-        self.offer_limit = int(raw.get("offer_limit", 20))
-        self.max_offer_attempts = int(raw.get("max_offer_attempts", 3))
-        self.capacity_limit = int(raw.get("capacity_limit", 200))
-        self.env_format = str(raw.get("env_format", "string"))
-        if self.env_format not in ("string", "dict"):
-            raise ValueError("options.env_format must be 'string' or 'dict'")
-        self.command_mode = str(raw.get("command_mode", "reject"))
-        if self.command_mode not in ("reject", "onstart"):
-            raise ValueError("options.command_mode must be 'reject' or 'onstart'")
-        login = raw.get("image_login")
-        self.image_login = None if login is None else str(login)
-        self.log_poll_attempts = int(raw.get("log_poll_attempts", 10))
-        self.log_poll_interval = float(raw.get("log_poll_interval", 1.0))
-        self.max_attempts = int(raw.get("max_attempts", 4))
-        self.backoff_initial = float(raw.get("backoff_initial", 0.2))
-        self.backoff_max = float(raw.get("backoff_max", 5.0))
-        self.retry_after_cap = float(raw.get("retry_after_cap", 5.0))
-        if min(self.offer_limit, self.max_offer_attempts, self.capacity_limit) < 1:
-            raise ValueError("options offer_limit, max_offer_attempts, capacity_limit must be >= 1")
-        if self.max_attempts < 1 or self.log_poll_attempts < 1:
-            raise ValueError("options.max_attempts and log_poll_attempts must be at least 1")
+        self.disk_gb = opt.number(raw, "disk_gb", default=20.0, minimum=0, above=True)
+        self.offer_type = opt.choice(raw, "offer_type", choices=("ondemand", "bid"),
+                                     default="ondemand")
+        self.verified = opt.boolean(raw, "verified", default=True)
+        self.min_reliability = opt.optional_number(raw, "min_reliability", minimum=0, maximum=1)
+        self.offer_filters: dict[str, Any] = opt.mapping(raw, "offer_filters") or {}
+        self.offer_limit = opt.integer(raw, "offer_limit", default=20, minimum=1)
+        self.max_offer_attempts = opt.integer(raw, "max_offer_attempts", default=3, minimum=1)
+        self.capacity_limit = opt.integer(raw, "capacity_limit", default=200, minimum=1)
+        self.env_format = opt.choice(raw, "env_format", choices=("string", "dict"),
+                                     default="string")
+        self.command_mode = opt.choice(raw, "command_mode", choices=("reject", "onstart"),
+                                       default="reject")
+        self.image_login = opt.optional_string(raw, "image_login", secret=True)
+        self.log_poll_attempts = opt.integer(raw, "log_poll_attempts", default=10, minimum=1)
+        self.log_poll_interval = opt.duration(raw, "log_poll_interval", default=1.0, minimum=0)
+        retry = opt.retry_options(raw)
+        self.max_attempts = retry.max_attempts
+        self.backoff_initial = retry.backoff_initial
+        self.backoff_max = retry.backoff_max
+        self.retry_after_cap = retry.retry_after_cap
 
 
 class VastAIProvider(HTTPAdapter):

@@ -3,18 +3,252 @@
 Why it exists: one package and one image serve every process (virtual kubelet, companion, mock
 cloud, local development); the command picks which. Parsing stays here, the work lives in the
 modules each command calls.
+
+What a user typed wrong is reported here, before any work starts, as exactly one line on stderr
+that names it, with exit status 2 and no traceback: a bad flag value (``--log-level``, a port, an
+interval), a settings file that does not parse or validate (naming the field), a missing or
+malformed kubeconfig (naming the path). ``--log-level``/``--log-format``/``--kubeconfig`` are
+accepted before or after the command. ``run`` and ``descheduler`` then check that the API server
+answers, for at most ``api_server_timeout_seconds``; if it never does they exit 1 with one line.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import logging
 import os
+import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from vkprovider import logs
-from vkprovider.errors import ConfigError
+from vkprovider import __version__, logs
+from vkprovider.errors import ConfigError, VKError
+
+if TYPE_CHECKING:
+    from vkprovider.kube import KubeClient
+
+log = logging.getLogger(__name__)
+
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_PROBE_TIMEOUT = 10.0  # seconds one reachability probe may take
+
+
+class APIServerUnreachable(VKError):
+    """The API server did not answer within the start-up timeout (exit status 1)."""
+
+
+def one_line(text: str) -> str:
+    """``text`` with every run of whitespace (newlines included) made one space."""
+    return " ".join(text.split())
+
+
+# -- flag types: each refusal is "argument --flag: <why>" -----------------------------------------
+
+
+def _log_level(value: str) -> str:
+    level = value.strip().upper()
+    if level == "WARN":
+        level = "WARNING"
+    if level not in _LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a log level ({', '.join(x.lower() for x in _LOG_LEVELS)})")
+    return level
+
+
+def _number(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if number != number or number in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a finite number")
+    return number
+
+
+def _positive_seconds(value: str) -> float:
+    number = _number(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number of seconds")
+    return number
+
+
+def _non_negative_seconds(value: str) -> float:
+    number = _number(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative (seconds, >= 0)")
+    return number
+
+
+def _integer(value: str, *, minimum: int) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    if number < minimum:
+        raise argparse.ArgumentTypeError(f"{value} is less than {minimum}")
+    return number
+
+
+def _any_integer(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+
+
+def _count(value: str) -> int:
+    return _integer(value, minimum=0)
+
+
+def _positive_count(value: str) -> int:
+    return _integer(value, minimum=1)
+
+
+def _port_type(*, allow_zero: bool) -> Callable[[str], int]:
+    low = 0 if allow_zero else 1
+
+    def port(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a port number") from None
+        if not low <= number <= 65535:
+            raise argparse.ArgumentTypeError(f"{value} is out of range ({low}-65535)")
+        return number
+
+    return port
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (``vkprovider run: error: ...``), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
+
+
+# -- kubeconfig and the API server ---------------------------------------------------------------
+
+
+def _default_kubeconfig_problem() -> str | None:
+    """Why no credentials can be found when no kubeconfig path is given (None: they can)."""
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return None  # in-cluster
+    env = os.environ.get("KUBECONFIG")
+    if env:
+        paths = [p for p in env.split(os.pathsep) if p]
+        if paths and not any(Path(p).expanduser().is_file() for p in paths):
+            return f"KUBECONFIG={env}: no such file"
+        return None
+    if not Path("~/.kube/config").expanduser().is_file():
+        return ("no Kubernetes credentials: not running in a cluster, no --kubeconfig, "
+                "no KUBECONFIG and no ~/.kube/config")
+    return None
+
+
+def _credentials_name(*, kubeconfig: str | None, source: str) -> str:
+    """How errors name the credentials in use: ``--kubeconfig PATH``, ``FILE: kubeconfig PATH``."""
+    if kubeconfig is not None:
+        return f"{source} {kubeconfig}"
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return "in-cluster credentials"
+    return "default kubeconfig"
+
+
+def _kube_client(*, kubeconfig: str | None, source: str, user_agent: str) -> KubeClient:
+    """A :class:`~vkprovider.kube.KubeClient`; a missing or malformed kubeconfig is a
+    :class:`ConfigError` naming ``source`` (e.g. ``--kubeconfig``) and the path.
+
+    The loader's own errors are turned into one line here; a YAML error is reported by line and
+    column only, never with the text around it (a kubeconfig holds tokens and keys).
+    """
+    import yaml
+
+    from vkprovider.kube import KubeClient
+
+    if kubeconfig is None:
+        problem = _default_kubeconfig_problem()
+        if problem:
+            raise ConfigError(problem)
+        named = _credentials_name(kubeconfig=None, source=source)
+    else:
+        path = Path(kubeconfig).expanduser()
+        named = _credentials_name(kubeconfig=kubeconfig, source=source)
+        if not path.exists():
+            raise ConfigError(f"{named}: no such file")
+        if not path.is_file():
+            raise ConfigError(f"{named}: not a file")
+        if not os.access(path, os.R_OK):
+            raise ConfigError(f"{named}: not readable")
+    try:
+        return KubeClient.from_kubeconfig(kubeconfig=kubeconfig, user_agent=user_agent)
+    except ConfigError as exc:
+        raise ConfigError(f"{named}: {one_line(str(exc))}") from exc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"{named}: not a valid kubeconfig: not valid YAML{where}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{named}: not a valid kubeconfig: not UTF-8 text") from exc
+    except ValueError as exc:  # its text may quote a value: name the kind of problem only
+        raise ConfigError(f"{named}: not a valid kubeconfig ({type(exc).__name__})") from exc
+    except (TypeError, KeyError, AttributeError, IndexError) as exc:  # structure: no values
+        raise ConfigError(f"{named}: not a valid kubeconfig ({type(exc).__name__}: "
+                          f"{one_line(str(exc))[:200]})") from exc
+
+
+async def wait_for_api_server(*, client: KubeClient, timeout: float, named: str) -> None:
+    """Return once the API server answers ``GET /version``; give up after ``timeout`` seconds.
+
+    Any HTTP answer but 401, 429 and 5xx counts as reachable (RBAC problems are reported by
+    whoever makes the call). 401 means the credentials are wrong: a :class:`ConfigError`. No
+    answer in time: :class:`APIServerUnreachable`. Attempts are logged at debug level only, so
+    a failure is one line.
+    """
+    from vkprovider.kube import APIError, UnauthorizedError
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    pause, last = 0.2, "no answer"
+    while True:
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            raise APIServerUnreachable(
+                f"the API server at {client.host} did not answer within {timeout:g}s "
+                f"({one_line(last)}); giving up (set --api-server-timeout or "
+                f"api_server_timeout_seconds to wait longer)")
+        try:
+            await asyncio.wait_for(client.request("GET", "/version", retry=False),
+                                   timeout=min(remaining, _PROBE_TIMEOUT))
+            return
+        except UnauthorizedError as exc:
+            raise ConfigError(f"{named}: the API server at {client.host} rejected the "
+                              f"credentials (401 Unauthorized)") from exc
+        except APIError as exc:
+            if exc.status and exc.status != 429 and exc.status < 500:
+                return  # it answered
+            last = str(exc)
+        except TimeoutError:
+            last = "GET /version timed out"
+        log.debug("API server not reachable yet", extra=logs.kv(error=one_line(last)))
+        await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
+        pause = min(pause * 2, 5.0)
+
+
+async def _checked_start(*, client: KubeClient, timeout: float, named: str,
+                         start: Callable[[], Awaitable[int]]) -> int:
+    try:
+        await wait_for_api_server(client=client, timeout=timeout, named=named)
+    finally:
+        with contextlib.suppress(Exception):
+            await client.aclose()
+    return await start()
+
+
+# -- commands --------------------------------------------------------------------------------
 
 
 def _dev_up(args: argparse.Namespace) -> int:
@@ -24,15 +258,41 @@ def _dev_up(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from vkprovider.config import load_settings
+    from vkprovider.api.tls import self_signed_files, server_context
+    from vkprovider.config import Settings, load_model
     from vkprovider.service import run_virtual_kubelet
 
-    settings = load_settings(args.config, kubeconfig=args.kubeconfig)
+    overrides: dict[str, Any] = {"kubeconfig": args.kubeconfig,
+                                 "api_server_timeout_seconds": args.api_server_timeout}
+    settings = load_model(Settings, args.config, overrides=overrides)
     ip = os.environ.get("VKP_NODE_INTERNAL_IP")
     if ip:
         settings = settings.model_copy(
             update={"node": settings.node.model_copy(update={"internal_ip": ip})})
-    return asyncio.run(run_virtual_kubelet(settings=settings))
+    node = settings.node
+    hosts = (node.name, node.internal_ip, "localhost", "127.0.0.1")
+    generated = None
+    if not settings.tls_cert_file and not settings.tls_key_file:
+        # written now (and only to kubelet_api.cert_dir or $TMPDIR), served from files
+        generated = self_signed_files(cert_dir=settings.kubelet_api.cert_dir,
+                                      common_name=node.name, hosts=hosts)
+        settings = settings.model_copy(update={"tls_cert_file": generated.cert_file,
+                                               "tls_key_file": generated.key_file})
+    try:
+        # a bad certificate or client CA fails now, also on a standby
+        server_context(cert_file=settings.tls_cert_file, key_file=settings.tls_key_file,
+                       client_ca_file=settings.kubelet_api.client_ca_file,
+                       common_name=node.name, hosts=hosts)
+        source = "--kubeconfig" if args.kubeconfig else f"{args.config}: kubeconfig"
+        client = _kube_client(kubeconfig=settings.kubeconfig, source=source,
+                              user_agent=f"vkprovider/{__version__}")
+        named = _credentials_name(kubeconfig=settings.kubeconfig, source=source)
+        return asyncio.run(_checked_start(
+            client=client, timeout=settings.api_server_timeout_seconds, named=named,
+            start=lambda: run_virtual_kubelet(settings=settings)))
+    finally:
+        if generated is not None:
+            generated.remove()
 
 
 def parse_inventory(text: str) -> list[tuple[str, str, int, float]]:
@@ -82,14 +342,51 @@ def _mock_cloud(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_port_free(port: int, *, named: str) -> None:
+    """A port the companion will listen on (all interfaces) must be free now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError as exc:
+            raise ConfigError(f"{named} {port}: cannot listen: {exc.strerror}") from exc
+
+
+def _one_or_many(names: list[str]) -> str | list[str]:
+    return names[0] if len(names) == 1 else names
+
+
 def _descheduler(args: argparse.Namespace) -> int:
+    from vkprovider.config import load_companion_settings
     from vkprovider.descheduler.service import run_companion
 
-    return asyncio.run(run_companion(
-        kubeconfig=args.kubeconfig, node_name=args.node_name, interval=args.interval,
-        move_back_interval=args.move_back_interval, headroom_gpus=args.headroom_gpus,
-        metrics_port=args.metrics_port, leader_elect=args.leader_elect,
-        leader_namespace=args.leader_namespace))
+    leader: dict[str, Any] = {"enabled": args.leader_elect, "namespace": args.leader_namespace}
+    overrides: dict[str, Any] = {  # flags given win over the file; None: not given
+        "kubeconfig": args.kubeconfig,
+        "node_name": None if not args.node_name else (
+            args.node_name[0] if len(args.node_name) == 1 else tuple(args.node_name)),
+        "interval_seconds": args.interval, "move_back_interval_seconds": args.move_back_interval,
+        "headroom_gpus": args.headroom_gpus, "metrics_port": args.metrics_port,
+        "api_server_timeout_seconds": args.api_server_timeout, "leader_election": leader,
+    }
+    settings = load_companion_settings(args.config, overrides=overrides)
+    if settings.metrics_port:
+        named = "--metrics-port" if args.metrics_port is not None else "metrics_port"
+        _check_port_free(settings.metrics_port, named=named)
+    from_file = args.kubeconfig is None and args.config is not None
+    source = f"{args.config}: kubeconfig" if from_file else "--kubeconfig"
+    client = _kube_client(kubeconfig=settings.kubeconfig, source=source,
+                          user_agent=f"vkprovider-companion/{__version__}")
+    named = _credentials_name(kubeconfig=settings.kubeconfig, source=source)
+    return asyncio.run(_checked_start(
+        client=client, timeout=settings.api_server_timeout_seconds, named=named,
+        start=lambda: run_companion(
+            kubeconfig=settings.kubeconfig, node_name=_one_or_many(settings.node_names()),
+            interval=settings.interval_seconds,
+            move_back_interval=settings.move_back_interval_seconds,
+            headroom_gpus=settings.headroom_gpus, metrics_port=settings.metrics_port,
+            leader_elect=settings.leader_election.enabled,
+            leader_namespace=settings.leader_election.namespace)))
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -98,70 +395,126 @@ def _demo(args: argparse.Namespace) -> int:
     return asyncio.run(run_demo(keep=args.keep))
 
 
+# -- the parser ------------------------------------------------------------------------------
+
+
+def _global_flags(*, kubeconfig: bool) -> _Parser:
+    """The flags accepted before and after the command (defaults are applied in :func:`main`)."""
+    flags = _Parser(add_help=False)
+    flags.add_argument("--log-level", type=_log_level, default=argparse.SUPPRESS,
+                       help="debug, info (default), warning, error or critical")
+    flags.add_argument("--log-format", choices=("json", "text"), default=argparse.SUPPRESS,
+                       help="text (default; with timestamps) or json (one object per line)")
+    if kubeconfig:
+        flags.add_argument("--kubeconfig", default=argparse.SUPPRESS,
+                           help="default: in-cluster, else $KUBECONFIG or ~/.kube/config")
+    return flags
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vkprovider", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--log-level", default="INFO")
-    parser.add_argument("--log-format", choices=("json", "text"), default="text")
+    with_kube, without_kube = _global_flags(kubeconfig=True), _global_flags(kubeconfig=False)
+    parser = _Parser(prog="vkprovider", description=__doc__.split("\n\n")[0],
+                     parents=[with_kube])
+    parser.add_argument("--version", action="version", version=f"vkprovider {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run the virtual kubelet (one virtual node)")
+    run = sub.add_parser("run", help="run the virtual kubelet (one virtual node)",
+                         parents=[with_kube])
     run.add_argument("--config", required=True, help="settings YAML (see docs/configuration.md)")
-    run.add_argument("--kubeconfig", help="default: in-cluster, else ~/.kube/config")
-    run.set_defaults(func=_run)
+    run.add_argument("--api-server-timeout", type=_positive_seconds,
+                     help="seconds to wait for the API server at start, then exit 1 "
+                          "(default: the file's api_server_timeout_seconds, else 60)")
+    run.set_defaults(func=_run, takes_kubeconfig=True)
 
-    mock = sub.add_parser("mock-cloud", help="run the mock GPU cloud (tests, demos, your CI)")
+    mock = sub.add_parser("mock-cloud", help="run the mock GPU cloud (tests, demos, your CI)",
+                          parents=[without_kube])
     mock.add_argument("--host", default="127.0.0.1")
-    mock.add_argument("--port", type=int, default=8080)
-    mock.add_argument("--boot-delay", type=float,
+    mock.add_argument("--port", type=_port_type(allow_zero=False), default=8080)
+    mock.add_argument("--boot-delay", type=_non_negative_seconds,
                       help="seconds pending -> running (default: the scenario's, else 1.0)")
-    mock.add_argument("--delete-delay", type=float,
+    mock.add_argument("--delete-delay", type=_non_negative_seconds,
                       help="seconds terminating -> gone (default: the scenario's, else 0)")
     mock.add_argument("--api-key-env", help="require this env var's value as the API key")
-    mock.add_argument("--seed", type=int, help="default: the scenario's, else 0")
+    mock.add_argument("--seed", type=_any_integer,
+                      help="default: the scenario's, else 0")
     mock.add_argument("--inventory", help="TYPE:REGION:COUNT:PRICE[,...]; default: the "
                       "scenario's, else a small mix")
     mock.add_argument("--scenario", help="scenario YAML: inventory, delays, seed, faults "
                       "(docs/testing-with-the-mock-cloud.md); flags given here win")
     mock.set_defaults(func=_mock_cloud)
 
-    comp = sub.add_parser("descheduler", help="run the companion: overflow admission by policy")
-    comp.add_argument("--kubeconfig", help="default: in-cluster, else ~/.kube/config")
-    comp.add_argument("--node-name", default="vk-gpu-burst", help="the virtual node's name")
-    comp.add_argument("--interval", type=float, default=2.0,
-                      help="seconds between admission passes")
-    comp.add_argument("--move-back-interval", type=float, default=30.0,
-                      help="seconds between move-back passes")
-    comp.add_argument("--headroom-gpus", type=int, default=0,
-                      help="GPUs to keep free inside when judging whether a pod fits")
-    comp.add_argument("--metrics-port", type=int, default=0, help="Prometheus port; 0: off")
-    comp.add_argument("--leader-elect", action="store_true",
+    comp = sub.add_parser("descheduler", help="run the companion: overflow admission by policy",
+                          parents=[with_kube])
+    comp.add_argument("--config", help="companion settings YAML (docs/configuration.md); "
+                      "flags given here win over it")
+    comp.add_argument("--node-name", action="append",
+                      help="the virtual node's name (default: vk-gpu-burst); repeat it to "
+                           "serve several virtual nodes")
+    comp.add_argument("--interval", type=_positive_seconds,
+                      help="seconds between admission passes (default: 2)")
+    comp.add_argument("--move-back-interval", type=_positive_seconds,
+                      help="seconds between move-back passes (default: 30)")
+    comp.add_argument("--headroom-gpus", type=_count,
+                      help="GPUs to keep free inside when judging whether a pod fits (default 0)")
+    comp.add_argument("--metrics-port", type=_port_type(allow_zero=True),
+                      help="Prometheus port; 0: off (default)")
+    comp.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=None,
                       help="Lease-based leader election (run two replicas for HA)")
-    comp.add_argument("--leader-namespace", default="vkprovider-system")
-    comp.set_defaults(func=_descheduler)
+    comp.add_argument("--leader-namespace", help="default: vkprovider-system")
+    comp.add_argument("--api-server-timeout", type=_positive_seconds,
+                      help="seconds to wait for the API server at start, then exit 1 "
+                           "(default: 60)")
+    comp.set_defaults(func=_descheduler, takes_kubeconfig=True)
 
-    demo = sub.add_parser("demo", help="play the burst story on a local cluster, narrated")
+    demo = sub.add_parser("demo", help="play the burst story on a local cluster, narrated",
+                          parents=[without_kube])
     demo.add_argument("--keep", action="store_true", help="keep everything running at the end")
     demo.set_defaults(func=_demo)
 
-    dev = sub.add_parser("dev", help="local development helpers")
+    dev = sub.add_parser("dev", help="local development helpers", parents=[without_kube])
     dev_sub = dev.add_subparsers(dest="dev_command", required=True)
-    up = dev_sub.add_parser("up", help="start a local control plane with simulated GPU nodes")
-    up.add_argument("--gpu-nodes", type=int, default=2)
-    up.add_argument("--gpus", type=int, default=4, help="GPUs per simulated node")
+    up = dev_sub.add_parser("up", help="start a local control plane with simulated GPU nodes",
+                            parents=[without_kube])
+    up.add_argument("--gpu-nodes", type=_count, default=2)
+    up.add_argument("--gpus", type=_positive_count, default=4, help="GPUs per simulated node")
     up.set_defaults(func=_dev_up)
     return parser
+
+
+def _config_error(exc: BaseException) -> ConfigError | None:
+    """The :class:`ConfigError` behind ``exc`` (also inside a TaskGroup's exception group)."""
+    if isinstance(exc, ConfigError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _config_error(inner)
+            if found is not None:
+                return found
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "kubeconfig", None) is not None and not getattr(args, "takes_kubeconfig",
+                                                                    False):
+        parser.error(f"argument --kubeconfig: not used by {args.command}")
+    for name in ("kubeconfig", "log_level", "log_format"):
+        if not hasattr(args, name):
+            setattr(args, name, {"log_level": "INFO", "log_format": "text"}.get(name))
     logs.setup(level=args.log_level, fmt=args.log_format)
     try:
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130
-    except ConfigError as exc:
-        sys.stderr.write(f"vkprovider: {exc}\n")
+    except APIServerUnreachable as exc:
+        sys.stderr.write(f"vkprovider: error: {one_line(str(exc))}\n")
+        return 1
+    except BaseException as exc:
+        found = _config_error(exc)
+        if found is None:
+            raise
+        sys.stderr.write(f"vkprovider: error: {one_line(str(found))}\n")
         return 2
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -22,6 +23,9 @@ from vkprovider.errors import ConfigError
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+_M = TypeVar("_M", bound=BaseModel)
 
 
 class NodeSettings(_Frozen):
@@ -34,7 +38,11 @@ class NodeSettings(_Frozen):
     memory: str = "8Ti"
     pods: int = Field(default=1000, ge=1)
     labels: dict[str, str] = Field(default_factory=dict)
-    taint: bool = True  # virtual-kubelet.io/provider=vkprovider:NoSchedule
+    taint: bool = True  # virtual-kubelet.io/provider=<taint_value>:NoSchedule
+    # The taint's value. Give each virtual node its own when OverflowPolicies name nodes
+    # (spec.nodes): the companion tolerates exactly the named nodes' taints (docs/operations.md).
+    taint_value: str = Field(default="vkprovider", min_length=1, max_length=63,
+                             pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
     lease_duration_seconds: int = Field(default=40, ge=10)
     lease_renew_seconds: float = Field(default=10.0, gt=0)
     status_interval_seconds: float = Field(default=60.0, gt=0)  # full status at least this often
@@ -74,6 +82,9 @@ class KubeletAPISettings(_Frozen):
     authz_allow_cache_ttl_seconds: float = Field(default=300.0, ge=0)  # SubjectAccessReview yes
     authz_deny_cache_ttl_seconds: float = Field(default=30.0, ge=0)  # ... no
     gpu_metrics_interval_seconds: float = Field(default=15.0, gt=0)  # per running instance
+    # where a self-signed serving certificate is written when tls_cert_file/tls_key_file are not
+    # set; None: a private directory under $TMPDIR (never the working directory)
+    cert_dir: str | None = None
 
 
 class ProviderSettings(_Frozen):
@@ -169,6 +180,8 @@ class Settings(_Frozen):
     kubelet_api: KubeletAPISettings = Field(default_factory=KubeletAPISettings)
     gpu_providers: GPUProviderSourceSettings = Field(default_factory=GPUProviderSourceSettings)
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
+    # how long start-up waits for the API server to answer before giving up (exit 1)
+    api_server_timeout_seconds: float = Field(default=60.0, gt=0)
 
     @field_validator("providers")
     @classmethod
@@ -202,3 +215,109 @@ def load_settings(path: str | Path | None, **overrides: Any) -> Settings:
             for err in exc.errors()
         )
         raise ConfigError(f"invalid settings: {problems}") from exc
+
+
+class CompanionLeaderElectionSettings(_Frozen):
+    """Lease-based leader election between replicas of the companion."""
+
+    enabled: bool = False
+    namespace: str = "vkprovider-system"
+
+
+class CompanionSettings(_Frozen):
+    """Settings of ``vkprovider descheduler`` (the companion): ``--config FILE`` and flags.
+
+    Each field has a flag (``--node-name``, ``--interval``, ...); a flag given on the command
+    line wins over the file. The values are handed to ``run_companion`` unchanged.
+    """
+
+    kubeconfig: str | None = None  # None: in-cluster, else the default kubeconfig
+    # the virtual node's name, or a list of names (one companion serving several nodes)
+    node_name: str | tuple[str, ...] = "vk-gpu-burst"
+    interval_seconds: float = Field(default=2.0, gt=0)  # between admission passes
+    move_back_interval_seconds: float = Field(default=30.0, gt=0)  # between move-back passes
+    headroom_gpus: int = Field(default=0, ge=0)  # GPUs kept free inside when judging a fit
+    metrics_port: int = Field(default=0, ge=0, le=65535)  # Prometheus; 0: off
+    api_server_timeout_seconds: float = Field(default=60.0, gt=0)  # start-up wait, then exit 1
+    leader_election: CompanionLeaderElectionSettings = Field(
+        default_factory=CompanionLeaderElectionSettings)
+
+    @field_validator("node_name")
+    @classmethod
+    def _names(cls, value: str | tuple[str, ...]) -> str | tuple[str, ...]:
+        names = (value,) if isinstance(value, str) else value
+        if not names or not all(names):
+            raise ValueError("needs at least one non-empty node name")
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"node names must be unique; repeated: {', '.join(dupes)}")
+        return value
+
+    def node_names(self) -> list[str]:
+        return [self.node_name] if isinstance(self.node_name, str) else list(self.node_name)
+
+
+def _merge(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``overrides`` on top (nested mappings merged; None values ignored)."""
+    out = dict(base)
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if isinstance(value, Mapping):
+            below = out.get(key)
+            merged = _merge(below if isinstance(below, dict) else {}, value)
+            if merged or isinstance(below, dict):
+                out[key] = merged
+        else:
+            out[key] = value
+    return out
+
+
+def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """The top-level mapping of a YAML settings file; errors are one line naming file and line."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read settings file {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a text file ({exc.reason})") from exc
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise ConfigError(f"{path}: not valid YAML: {where}{problem}") from exc
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    return loaded or {}
+
+
+def validation_problems(exc: ValidationError) -> str:
+    """``field.path: message; ...`` on one line."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {' '.join(err['msg'].split())}"
+        for err in exc.errors()
+    )
+
+
+def load_model(model: type[_M], path: str | Path | None, *,
+               overrides: Mapping[str, Any] | None = None) -> _M:
+    """A settings model from a YAML file (optional) with ``overrides`` (flags) on top.
+
+    Every error is one line that names the file and the field: ``FILE: invalid settings:
+    pods.workers: Input should be greater than or equal to 1``.
+    """
+    data = read_yaml_mapping(path) if path is not None else {}
+    data = _merge(data, overrides or {})
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        prefix = f"{path}: " if path is not None else ""
+        raise ConfigError(f"{prefix}invalid settings: {validation_problems(exc)}") from exc
+
+
+def load_companion_settings(path: str | Path | None, *,
+                            overrides: Mapping[str, Any] | None = None) -> CompanionSettings:
+    """The companion's settings: ``--config`` (optional), flags on top."""
+    return load_model(CompanionSettings, path, overrides=overrides)

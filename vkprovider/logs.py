@@ -3,6 +3,8 @@
 Why it exists: operators grep and ship logs; every message carries the fields that identify what it
 is about (pod, uid, provider, instance) as keys rather than prose. Callers pass context as
 ``log.info("msg", extra=kv(pod=..., uid=...))``. Never pass secrets: nothing here can tell.
+Both formats carry a UTC timestamp with milliseconds; the text format (for people at a terminal)
+reads ``2025-01-31T12:00:00.123Z I logger: msg key=value``.
 """
 
 from __future__ import annotations
@@ -21,11 +23,16 @@ def kv(**fields: Any) -> dict[str, Any]:
     return {_KV: fields}
 
 
+def timestamp(record: logging.LogRecord) -> str:
+    """RFC 3339 UTC with milliseconds, e.g. ``2025-01-31T12:00:00.123Z``."""
+    return (time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z")
+
+
 class JSONFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "ts": timestamp(record),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -40,7 +47,7 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         fields = getattr(record, _KV, {}) or {}
         extra = " ".join(f"{k}={v}" for k, v in fields.items())
-        base = f"{record.levelname[0]} {record.name}: {record.getMessage()}"
+        base = f"{timestamp(record)} {record.levelname[0]} {record.name}: {record.getMessage()}"
         text = f"{base} {extra}" if extra else base
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
