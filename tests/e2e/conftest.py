@@ -7,6 +7,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -79,6 +80,7 @@ class System:
     async def start(self, *, clouds: int = 1, boot_delay: float = 0.3,
                     pods: dict[str, object] | None = None,
                     node_labels: dict[str, str] | None = None,
+                    taint_value: str | None = None,
                     inventories: list[str] | None = None,
                     inventory: str = "H100:us-east:256:2.49,H100:eu-west:64:2.19,"
                                      "A100:us-east:64:1.29") -> ProviderProcess:
@@ -90,7 +92,9 @@ class System:
             self.clouds.append(cloud)
         self.provider = ProviderProcess(work_dir=self.work_dir, kubeconfig=self.kubeconfig,
                                         node_name=self.node_name, clouds=self.clouds, pods=pods,
-                                        node={"labels": node_labels or {}},
+                                        node={"labels": node_labels or {},
+                                              **({"taint_value": taint_value}
+                                                 if taint_value else {})},
                                         client_ca_file=self.client_ca)
         self.provider.start()
         return self.provider
@@ -126,6 +130,30 @@ async def system(kube: KubeClient, provider_kubeconfig: Path, tmp_path: Path,
             print("\n".join(sys_.provider.log_text().splitlines()[-60:]))
         with contextlib.suppress(Exception):
             await kube.delete(f"/api/v1/nodes/{sys_.node_name}")
+
+
+class Cluster:
+    """Cluster-scoped objects a test creates (policies, priority classes), deleted after it."""
+
+    def __init__(self, kube: KubeClient) -> None:
+        self.kube = kube
+        self.paths: list[str] = []
+
+    async def create(self, collection: str, body: dict[str, Any]) -> dict[str, Any]:
+        obj = await self.kube.create(collection, body)
+        self.paths.append(f"{collection}/{obj['metadata']['name']}")
+        return obj
+
+
+@pytest_asyncio.fixture
+async def cluster_objects(kube: KubeClient, crds: list[str]) -> AsyncIterator[Cluster]:
+    objs = Cluster(kube)
+    try:
+        yield objs
+    finally:
+        for path in reversed(objs.paths):
+            with contextlib.suppress(Exception):
+                await kube.delete(path)
 
 
 @pytest.hookimpl(wrapper=True)

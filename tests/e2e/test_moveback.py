@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +19,8 @@ from vkprovider.kube import KubeClient
 from vkprovider.testing.plugin import GPUNodeFactory
 from vkprovider.testing.waiting import eventually
 
-from .conftest import System
-from .test_overflow import POLICIES, PRIORITY, Cluster, gpu_deployment, pods, policy
+from .conftest import Cluster, System
+from .test_overflow import POLICIES, PRIORITY, gpu_deployment, pods, policy
 
 pytestmark = pytest.mark.cluster
 INTENT = "vkprovider.io/move-back"
@@ -55,14 +54,8 @@ class ReadyWatcher:
 
 
 @pytest_asyncio.fixture
-async def objects(kube: KubeClient, crds: list[str]) -> AsyncIterator[Cluster]:
-    objs = Cluster(kube)
-    try:
-        yield objs
-    finally:
-        for path in reversed(objs.paths):
-            with contextlib.suppress(Exception):
-                await kube.delete(path)
+async def objects(cluster_objects: Cluster) -> Cluster:
+    return cluster_objects
 
 
 def moveback_policy(name: str, namespace: str, **move_back: Any) -> dict[str, Any]:

@@ -7,20 +7,17 @@ as processes with the RBAC from manifests/.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from vkprovider.kube import KubeClient
 from vkprovider.testing.plugin import GPUNodeFactory
 from vkprovider.testing.waiting import eventually
 
-from .conftest import System
+from .conftest import Cluster, System
 
 pytestmark = pytest.mark.cluster
 
@@ -70,30 +67,6 @@ async def reasons(kube: KubeClient, ns: str, name: str) -> list[dict[str, Any]]:
     body = await kube.get(f"/api/v1/namespaces/{ns}/events",
                           params={"fieldSelector": f"involvedObject.name={name}"})
     return list(body["items"])
-
-
-class Cluster:
-    """Cluster-scoped objects a test creates (policies, priority classes), deleted after it."""
-
-    def __init__(self, kube: KubeClient) -> None:
-        self.kube = kube
-        self.paths: list[str] = []
-
-    async def create(self, collection: str, body: dict[str, Any]) -> dict[str, Any]:
-        obj = await self.kube.create(collection, body)
-        self.paths.append(f"{collection}/{obj['metadata']['name']}")
-        return obj
-
-
-@pytest_asyncio.fixture
-async def cluster_objects(kube: KubeClient, crds: list[str]) -> AsyncIterator[Cluster]:
-    objs = Cluster(kube)
-    try:
-        yield objs
-    finally:
-        for path in reversed(objs.paths):
-            with contextlib.suppress(Exception):
-                await kube.delete(path)
 
 
 POLICIES = "/apis/vkprovider.io/v1alpha1/overflowpolicies"

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from vkprovider.descheduler.admission import tolerates_virtual_node, unschedulable_since
+from vkprovider.descheduler.admission import (
+    node_tolerations,
+    tolerates_virtual_node,
+    unschedulable_since,
+)
 from vkprovider.placement.budget import Usage, budget_refusal, pod_gpus, usage_by_policy
 
 
@@ -81,3 +85,17 @@ def test_unschedulable_since_reads_the_scheduler_condition() -> None:
     bound = {"status": {"conditions": [{"type": "PodScheduled", "status": "True"}]}}
     assert unschedulable_since(bound) is None
     assert unschedulable_since({"status": {}}) is None
+
+
+def test_tolerations_follow_the_taints_of_the_nodes_a_policy_may_use() -> None:
+    eu = {"key": "virtual-kubelet.io/provider", "value": "vkprovider-eu", "effect": "NoSchedule"}
+    us = {"key": "virtual-kubelet.io/provider", "value": "vkprovider-us", "effect": "NoSchedule"}
+    tols = node_tolerations({"vk-eu": eu, "vk-us": us}, ["vk-eu"])
+    assert tols == [{"key": "virtual-kubelet.io/provider", "operator": "Equal",
+                     "value": "vkprovider-eu", "effect": "NoSchedule"}]
+    both = node_tolerations({"vk-eu": eu, "vk-us": None}, ["vk-eu", "vk-us"])
+    assert [t["value"] for t in both] == ["vkprovider-eu", "vkprovider"], "unregistered: default"
+    same = node_tolerations({"a": us, "b": us}, ["a", "b"])
+    assert len(same) == 1, "one toleration per distinct taint"
+    pod = {"spec": {"tolerations": tols}}
+    assert tolerates_virtual_node(pod, [eu]) and not tolerates_virtual_node(pod, [us])

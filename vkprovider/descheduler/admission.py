@@ -8,9 +8,17 @@ names the policy in an annotation; the scheduler then places it on the virtual n
 policy admits stays Pending, and one Event per change of mind says which policy came closest and
 why it said no.
 
-It watches only what it needs: unscheduled pods (``spec.nodeName=``), pods on the virtual node
-(for budgets), and OverflowPolicies. Budgets count admitted pods that are not bound yet, so a
-burst cannot overshoot a pod or GPU limit. A price is known only once a cloud accepted the pod
+It watches only what it needs: unscheduled pods (``spec.nodeName=``), pods on the virtual nodes
+it serves (for budgets, counted across all of them), those Nodes (for their taints), and
+OverflowPolicies.
+
+Several virtual nodes (one provider Deployment each, e.g. per cloud or region) are served by one
+companion. A pod is given a toleration for the taint of each node its policy may use
+(``spec.nodes``, or every served node); nodes that should be told apart carry their own taint
+value (``node.taint_value``), so the scheduler keeps a policy's pods to its nodes.
+
+Budgets count admitted pods that are not bound yet, so a burst cannot overshoot a pod or GPU
+limit. A price is known only once a cloud accepted the pod
 (the provider writes ``vkprovider.io/price-per-hour``), so under a $/h limit the companion admits
 the next pod only when every earlier one of that policy is priced: it never overshoots, at the
 cost of admitting one pod per cloud round trip under a price cap.
@@ -22,7 +30,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -51,20 +59,51 @@ log = logging.getLogger(__name__)
 Body = dict[str, Any]
 POLICIES_PATH = "/apis/vkprovider.io/v1alpha1/overflowpolicies"
 TAINT = {"key": "virtual-kubelet.io/provider", "value": "vkprovider", "effect": "NoSchedule"}
-TOLERATION = {"key": TAINT["key"], "operator": "Equal", "value": TAINT["value"],
-              "effect": TAINT["effect"]}
 
 
-def tolerates_virtual_node(pod: Mapping[str, Any]) -> bool:
-    """Whether one of the pod's tolerations names the virtual node's taint key and tolerates it.
+def tolerates_virtual_node(pod: Mapping[str, Any],
+                           taints: Sequence[Mapping[str, Any]] = (TAINT,)) -> bool:
+    """Whether one of the pod's tolerations names the virtual nodes' taint key and tolerates one
+    of ``taints`` (the served nodes' taints).
 
     A key-less toleration (``operator: Exists`` without a key tolerates every taint) does not
     count here: such a pod is still a candidate for admission, as it has always been.
     """
     return any(
-        tol.get("key") == TAINT["key"] and tolerates(tol, taint=TAINT)
+        tol.get("key") == TAINT["key"] and any(tolerates(tol, taint=t) for t in taints)
         for tol in (pod.get("spec") or {}).get("tolerations") or []
     )
+
+
+def node_tolerations(taints: Mapping[str, Mapping[str, Any] | None],
+                     nodes: Sequence[str]) -> list[dict[str, Any]]:
+    """Tolerations for the virtual-node taints of ``nodes`` (deduplicated, in order).
+
+    ``taints`` maps a node name to its taint (None: not registered yet, so the default
+    ``virtual-kubelet.io/provider=vkprovider:NoSchedule`` it will carry is assumed).
+    """
+    out: list[dict[str, Any]] = []
+    for node in nodes:
+        taint = taints.get(node) or TAINT
+        toleration = {"key": TAINT["key"], "operator": "Equal", "value": taint.get("value"),
+                      "effect": taint.get("effect", TAINT["effect"])}
+        if toleration not in out:
+            out.append(toleration)
+    return out
+
+
+def virtual_taint(node: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A Node's ``virtual-kubelet.io/provider`` taint, if it has one."""
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        if taint.get("key") == TAINT["key"]:
+            return dict(taint)
+    return None
+
+
+def _slim_node_taints(obj: Body) -> Body:
+    meta = obj.get("metadata") or {}
+    return {"metadata": {"name": meta.get("name"), "uid": meta.get("uid")},
+            "spec": {"taints": (obj.get("spec") or {}).get("taints") or []}}
 
 
 def unschedulable_since(pod: Mapping[str, Any]) -> float | None:
@@ -95,21 +134,29 @@ class OverflowAdmission:
         *,
         client: KubeClient,
         events: EventRecorder,
-        node_name: str,
+        node_names: Sequence[str],
         interval: float = 2.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        if not node_names:
+            raise ValueError("the companion needs at least one virtual node")
         self.client = client
         self.events = events
-        self.node_name = node_name
+        self.node_names = tuple(dict.fromkeys(node_names))
         self.interval = interval
         self.clock = clock
         self.pending = Informer(client=client, path="/api/v1/pods",
                                 params={"fieldSelector": "spec.nodeName="}, name="unscheduled",
                                 handler=self._poke)
-        self.external = Informer(client=client, path="/api/v1/pods",
-                                 params={"fieldSelector": f"spec.nodeName={node_name}"},
-                                 name="external")
+        # one watch per served virtual node: the field selector takes one node name
+        self.external_by_node = {
+            node: Informer(client=client, path="/api/v1/pods",
+                           params={"fieldSelector": f"spec.nodeName={node}"},
+                           name=f"external {node}")
+            for node in self.node_names}
+        self.virtual_nodes = Informer(client=client, path="/api/v1/nodes",
+                                      params={"labelSelector": "type=virtual-kubelet"},
+                                      name="virtual-nodes", transform=_slim_node_taints)
         self.policies = Informer(client=client, path=POLICIES_PATH, name="policies",
                                  handler=self._poke)
         self.namespaces = Informer(client=client, path="/api/v1/namespaces", name="namespaces")
@@ -128,8 +175,8 @@ class OverflowAdmission:
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:
-            informers = (self.pending, self.external, self.policies, self.namespaces,
-                         self.gpu_providers)
+            informers = (self.pending, *self.external_by_node.values(), self.virtual_nodes,
+                         self.policies, self.namespaces, self.gpu_providers)
             for informer in informers:
                 tg.create_task(informer.run())
             for informer in informers:
@@ -143,6 +190,21 @@ class OverflowAdmission:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=self.interval)
                 await asyncio.sleep(0.2)  # coalesce bursts of events into one pass
+
+    def external(self) -> list[Body]:
+        """Pods on every served virtual node (budgets count all of them)."""
+        return [p for informer in self.external_by_node.values() for p in informer.store.values()]
+
+    def served_taints(self) -> list[dict[str, Any]]:
+        """The taint of every served virtual node (the default for one not registered yet)."""
+        return [virtual_taint(self.virtual_nodes.store.get(n) or {}) or dict(TAINT)
+                for n in self.node_names]
+
+    def tolerations_for(self, policy: pol.OverflowPolicy) -> list[dict[str, Any]]:
+        """What to add to a pod admitted under ``policy``: the taints of the nodes it may use."""
+        nodes = [n for n in self.node_names if not policy.spec.nodes or n in policy.spec.nodes]
+        taints = {n: virtual_taint(self.virtual_nodes.store.get(n) or {}) for n in nodes}
+        return node_tolerations(taints, nodes)
 
     def parsed_policies(self) -> list[pol.OverflowPolicy]:
         out = []
@@ -159,15 +221,17 @@ class OverflowAdmission:
         for uid in [u for u in self._refused if u not in live]:
             del self._refused[uid]  # scheduled or gone: forget what it was told (bounded)
         policies = self.parsed_policies()
+        taints = self.served_taints()
         candidates = [p for p in self.pending.store.values()
-                      if not tolerates_virtual_node(p) and unschedulable_since(p) is not None
+                      if not tolerates_virtual_node(p, taints)
+                      and unschedulable_since(p) is not None
                       and not p["metadata"].get("deletionTimestamp")
                       and not any(o.get("uid") in self.hold
                                   for o in p["metadata"].get("ownerReferences") or [])]
         in_flight = [p for p in self.pending.store.values() if pod_policy(p)]
-        usage = usage_by_policy([*self.external.store.values(), *in_flight])
+        usage = usage_by_policy([*self.external(), *in_flight])
         per_gpu = self._price_per_gpu()
-        self._unpriced = {pod_policy(p) for p in [*self.external.store.values(), *in_flight]
+        self._unpriced = {pod_policy(p) for p in [*self.external(), *in_flight]
                           if pod_policy(p) and not pod_price(p) and is_live(p)}
         now = self.clock()
         for pod in sorted(candidates, key=lambda p: p["metadata"].get("creationTimestamp", "")):
@@ -182,7 +246,7 @@ class OverflowAdmission:
 
     def _price_per_gpu(self) -> dict[str, float]:
         spent: dict[str, tuple[float, int]] = {}
-        for pod in self.external.store.values():
+        for pod in self.external():
             name = pod_policy(pod)
             price = pod_price(pod)
             if name and price:
@@ -228,7 +292,11 @@ class OverflowAdmission:
                 return await self._record(pod, Decision(
                     pod=key, decision="WouldAdmit", policy=policy.name,
                     reason="dry run: would add the virtual node's toleration"))
-            if await self._admit(pod, policy.name):
+            if not self.tolerations_for(policy):
+                refusals.append((policy.name, "spec.nodes names no virtual node this companion "
+                                              f"serves ({', '.join(self.node_names)})"))
+                continue
+            if await self._admit(pod, policy):
                 self._refused.pop(meta["uid"], None)
                 return await self._record(pod, Decision(
                     pod=key, decision="Admitted", policy=policy.name,
@@ -263,7 +331,7 @@ class OverflowAdmission:
         replicas = int((rs.get("spec") or {}).get("replicas") or 0)
         if replicas <= 0:
             return None
-        external = sum(1 for p in [*self.external.store.values(), *self.pending.store.values()]
+        external = sum(1 for p in [*self.external(), *self.pending.store.values()]
                        if pod_policy(p) and any(o.get("uid") == owner.get("uid") for o in
                                                 p["metadata"].get("ownerReferences") or []))
         if (external + 1) / replicas > limit:
@@ -271,11 +339,11 @@ class OverflowAdmission:
                     f"({external + 1} of {replicas} replicas external)")
         return None
 
-    async def _admit(self, pod: Body, policy: str) -> bool:
+    async def _admit(self, pod: Body, policy: pol.OverflowPolicy) -> bool:
         meta = pod["metadata"]
-        tolerations = [*(pod["spec"].get("tolerations") or []), TOLERATION]
+        tolerations = [*(pod["spec"].get("tolerations") or []), *self.tolerations_for(policy)]
         patch = {"metadata": {"resourceVersion": meta["resourceVersion"],
-                              "annotations": {POLICY_ANNOTATION: policy}},
+                              "annotations": {POLICY_ANNOTATION: policy.name}},
                  "spec": {"tolerations": tolerations}}
         try:
             await self.client.patch(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
@@ -283,7 +351,7 @@ class OverflowAdmission:
         except (ConflictError, NotFoundError):
             return False  # changed or gone since we looked: the next pass decides again
         log.info("admitted to overflow", extra=kv(pod=f"{meta['namespace']}/{meta['name']}",
-                                                  policy=policy))
+                                                  policy=policy.name))
         return True
 
     async def _record(self, pod: Body, decision: Decision) -> Decision:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,7 +144,7 @@ def find_fit(
     pod_spec: Mapping[str, Any],
     nodes: Iterable[Body],
     pods: Iterable[Body],
-    exclude_nodes: set[str],
+    exclude_nodes: AbstractSet[str],
     headroom_gpus: int = 0,
 ) -> Fit:
     """The first internal node the pod fits on, after pending demand and headroom."""

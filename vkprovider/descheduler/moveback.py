@@ -42,7 +42,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -92,7 +92,7 @@ class MoveBack:
         *,
         client: KubeClient,
         events: EventRecorder,
-        node_name: str,
+        node_names: Sequence[str],
         admission: OverflowAdmission,
         interval: float = 30.0,
         headroom_gpus: int = 0,
@@ -103,7 +103,7 @@ class MoveBack:
         self.metrics = metrics or CompanionMetrics()
         self.client = client
         self.events = events
-        self.node_name = node_name
+        self.virtual = frozenset(node_names)  # the virtual nodes served (every one is "outside")
         self.admission = admission
         self.interval = interval
         self.headroom_gpus = headroom_gpus
@@ -189,7 +189,8 @@ class MoveBack:
         now = self.clock()
         seen: set[str] = set()
         for pod in list(self.pods.store.values()):
-            if pod["spec"]["nodeName"] != self.node_name or pod["metadata"]["deletionTimestamp"]:
+            if (pod["spec"]["nodeName"] not in self.virtual
+                    or pod["metadata"]["deletionTimestamp"]):
                 continue
             if not pod["status"]["ready"]:
                 continue
@@ -213,7 +214,7 @@ class MoveBack:
                 continue
             fit = find_fit(pod_spec=dep["spec"]["template"]["spec"],
                            nodes=self.nodes.store.values(), pods=self.pods.store.values(),
-                           exclude_nodes={self.node_name}, headroom_gpus=self.headroom_gpus)
+                           exclude_nodes=self.virtual, headroom_gpus=self.headroom_gpus)
             if fit.node is None:
                 self.fit_since.pop(key, None)
                 continue
@@ -327,7 +328,7 @@ class MoveBack:
                          and p["metadata"]["uid"] not in before
                          and not p["metadata"]["deletionTimestamp"]]
                 if any(p["status"]["ready"] and p["spec"]["nodeName"]
-                       and p["spec"]["nodeName"] != self.node_name for p in fresh) and int(
+                       and p["spec"]["nodeName"] not in self.virtual for p in fresh) and int(
                         status.get("availableReplicas") or 0) >= n + 1:
                     ok, reason = True, "the internal replica is ready"
                     break
@@ -335,7 +336,7 @@ class MoveBack:
                     unschedulable_since = unschedulable_since or self.clock()
                     fit = find_fit(pod_spec=dep["spec"]["template"]["spec"],
                                    nodes=self.nodes.store.values(), pods=[],
-                                   exclude_nodes={self.node_name})
+                                   exclude_nodes=self.virtual)
                     if fit.node is None and self.clock() - unschedulable_since > 5 * self.poll:
                         reason = f"internal capacity vanished: {fit.reason}"
                         break

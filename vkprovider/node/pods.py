@@ -365,8 +365,19 @@ class PodController:
                     gpus=placed.instance.gpu_count, price_per_hour=placed.instance.price_per_hour)
         return usage
 
+    def may_use_this_node(self, policy: pol.OverflowPolicy) -> bool:
+        """Whether pods of ``policy`` may run here: its ``nodes`` allow this node (or name none)
+        and it names at least one provider this node serves."""
+        return ((not policy.spec.nodes or self.node in policy.spec.nodes)
+                and any(p in self.providers for p in policy.spec.providers))
+
     def _budget_gpus(self, offers: list[Offer]) -> int | None:
-        """GPUs the policies may still buy (None: no policy, or no policy limits GPUs/$)."""
+        """GPUs the policies that may use this node may still buy here (None: no policy, or no
+        such policy limits GPUs or $).
+
+        A per-node upper bound: usage is what this node runs. With several virtual nodes the
+        companion's admission is the gate that counts every node (docs/operations.md).
+        """
         policies = self.parsed_policies()
         if not policies:
             return None
@@ -374,6 +385,8 @@ class PodController:
         cheapest = min((o.price_per_gpu_hour for o in offers if o.available > 0), default=0.0)
         total = 0
         for policy in policies.values():
+            if not self.may_use_this_node(policy):
+                continue  # its pods never come here: its budget is not this node's to sell
             limits = policy.spec.limits
             used = usage.get(policy.name, Usage())
             left: int | None = None
@@ -425,11 +438,17 @@ class PodController:
 
         named = pod_policy(pod)
         if named in policies:
-            selected, why = await selects(policies[named])
+            policy = policies[named]
+            if policy.spec.nodes and self.node not in policy.spec.nodes:
+                return None, (f"it names OverflowPolicy {named}, whose spec.nodes "
+                              f"[{', '.join(policy.spec.nodes)}] do not include {self.node}")
+            selected, why = await selects(policy)
             if selected:
-                return policies[named], ""
+                return policy, ""
             return None, f"it names OverflowPolicy {named}, which does not select it: {why}"
         for policy in policies.values():
+            if policy.spec.nodes and self.node not in policy.spec.nodes:
+                continue
             selected, _ = await selects(policy)
             if selected:
                 return policy, ""

@@ -119,10 +119,10 @@ def node_labels(settings: NodeSettings) -> dict[str, str]:
 
 
 def our_taints(settings: NodeSettings) -> list[dict[str, str]]:
-    """The taints we own: ``virtual-kubelet.io/provider=vkprovider:NoSchedule`` if enabled."""
+    """The taints we own: ``virtual-kubelet.io/provider=<taint_value>:NoSchedule`` if enabled."""
     if not settings.taint:
         return []
-    return [{"key": TAINT_KEY, "value": TAINT_VALUE, "effect": TAINT_EFFECT}]
+    return [{"key": TAINT_KEY, "value": settings.taint_value, "effect": TAINT_EFFECT}]
 
 
 def _taint_id(taint: Mapping[str, Any]) -> tuple[str, str]:

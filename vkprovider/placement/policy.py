@@ -308,6 +308,7 @@ class OverflowPolicySpec(_Frozen):
 
     selector: PolicySelector = Field(default_factory=PolicySelector)
     providers: tuple[DNSSubdomain, ...] = Field(min_length=1, max_length=16)
+    nodes: tuple[DNSSubdomain, ...] = Field(default=(), max_length=64)
     gpu_types: tuple[GPUName, ...] = Field(default=(), max_length=64)
     limits: Limits = Field(default_factory=Limits)
     overflow_after: Duration = "0s"
@@ -316,7 +317,8 @@ class OverflowPolicySpec(_Frozen):
 
     @model_validator(mode="after")
     def _unique_lists(self) -> OverflowPolicySpec:
-        for name, items in (("providers", self.providers), ("gpuTypes", self.gpu_types)):
+        for name, items in (("providers", self.providers), ("nodes", self.nodes),
+                            ("gpuTypes", self.gpu_types)):
             seen: set[str] = set()
             for i, item in enumerate(items):
                 if item in seen:

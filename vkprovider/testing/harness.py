@@ -12,6 +12,7 @@ import contextlib
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -205,16 +206,18 @@ class ProviderProcess(_Process):
 
 
 class CompanionProcess(_Process):
-    """``vkprovider descheduler`` for one virtual node."""
+    """``vkprovider descheduler`` for one virtual node, or several (``node_name`` a list)."""
 
-    def __init__(self, *, work_dir: Path, kubeconfig: Path, node_name: str,
+    def __init__(self, *, work_dir: Path, kubeconfig: Path, node_name: str | Sequence[str],
                  interval: float = 1.0, move_back_interval: float = 1.0) -> None:
+        nodes = [node_name] if isinstance(node_name, str) else list(node_name)
         self.component = Component(
-            name=f"companion-{node_name}",
+            name=f"companion-{nodes[0]}",
             argv=[sys.executable, "-m", "vkprovider", "--log-format=json", "descheduler",
-                  "--kubeconfig", str(kubeconfig), "--node-name", node_name,
+                  "--kubeconfig", str(kubeconfig),
+                  *(arg for node in nodes for arg in ("--node-name", node)),
                   "--interval", str(interval), "--move-back-interval", str(move_back_interval)],
-            log_path=work_dir / f"companion-{node_name}.log",
+            log_path=work_dir / f"companion-{nodes[0]}.log",
         )
 
     def start(self) -> None:
