@@ -71,6 +71,7 @@ from vkprovider.logs import kv
 from vkprovider.metrics import Metrics
 from vkprovider.node import podstatus
 from vkprovider.node.placements import InstanceKey, Placed, Placements
+from vkprovider.node.policygate import PolicyGate
 from vkprovider.node.providercaps import (
     Held,
     ProviderCaps,
@@ -93,7 +94,6 @@ log = logging.getLogger(__name__)
 
 Body = dict[str, Any]
 _TERMINAL = ("Succeeded", "Failed")
-_NS_LABELS_TTL = 30.0  # seconds a namespace's labels are trusted for policy checks
 _DONE_STATES = (InstanceState.SUCCEEDED, InstanceState.FAILED)
 
 
@@ -146,6 +146,8 @@ class PodController:
         )
         self.policies = Informer(client=client, path=POLICIES_PATH, name="policies",
                                  missing_ok=True, handler=lambda _e, _o: None)
+        self.gate = PolicyGate(client=client, node=self.node, policies=self.policies,
+                               require_policy=settings.pods.require_policy, clock=clock)
         self.pod_keys: dict[str, str] = {}  # uid -> namespace/name
         self.first_seen: dict[str, float] = {}  # uid -> clock() the watch first showed it
         self.placed = Placements()  # uid -> instance, from sweeps and creates; held totals
@@ -160,7 +162,6 @@ class PodController:
         self.told_created: set[str] = set()  # pods whose ProviderCreated Event was recorded
         self.verbose_events = settings.pods.lifecycle_events == "verbose"
         self.cooldown: dict[str, float] = {}  # provider -> clock() until which it said 429
-        self.ns_labels: dict[str, tuple[float, dict[str, str]]] = {}  # ns -> (read at, labels)
         self.unsure: dict[str, tuple[str, float]] = {}  # uid -> (provider, since): create unknown
         self.orphans: dict[InstanceKey, float] = {}  # (provider, id) -> first sighting
         self.running_seen: dict[str, float] = {}  # uid -> wall time the instance was running
@@ -208,7 +209,8 @@ class PodController:
                 self.largest_offer[offer.gpu_type] = size
         free = fold_capacity(offers, caps=self.caps, held=self.held_by_provider())
         held = self.placed.total_gpus()
-        budget = self._budget_gpus(offers)
+        budget = self.gate.budget_gpus(offers=offers, usage=self.policy_usage(),
+                                       providers=self.providers)
         if budget is not None:
             free = min(free, budget)
         return NodeCapacity(gpus=free + held,
@@ -340,21 +342,13 @@ class PodController:
                 return key
         return default
 
-    # ---- policies: money is only spent on purpose -------------------------------------------
+    # ---- policies: money is only spent on purpose (node/policygate.py) ---------------------
 
     def parsed_policies(self) -> dict[str, pol.OverflowPolicy]:
-        out: dict[str, pol.OverflowPolicy] = {}
-        for obj in self.policies.store.values():
-            try:
-                parsed = pol.parse_overflow_policy(obj)
-            except pol.PolicyError as exc:
-                log.warning("ignoring invalid policy",
-                            extra=kv(policy=obj["metadata"].get("name"), error=str(exc)))
-                continue
-            out[parsed.name] = parsed
-        return out
+        return self.gate.parsed()
 
     def policy_usage(self) -> dict[str, Usage]:
+        """GPUs and $/h this node runs per policy (from the pods' policy annotations)."""
         usage: dict[str, Usage] = {}
         for uid, placed in self.placed.items():
             key = self.pod_keys.get(uid)
@@ -364,103 +358,6 @@ class PodController:
                 usage[name] = usage.get(name, Usage()).plus(
                     gpus=placed.instance.gpu_count, price_per_hour=placed.instance.price_per_hour)
         return usage
-
-    def may_use_this_node(self, policy: pol.OverflowPolicy) -> bool:
-        """Whether pods of ``policy`` may run here: its ``nodes`` allow this node (or name none)
-        and it names at least one provider this node serves."""
-        return ((not policy.spec.nodes or self.node in policy.spec.nodes)
-                and any(p in self.providers for p in policy.spec.providers))
-
-    def _budget_gpus(self, offers: list[Offer]) -> int | None:
-        """GPUs the policies that may use this node may still buy here (None: no policy, or no
-        such policy limits GPUs or $).
-
-        A per-node upper bound: usage is what this node runs. With several virtual nodes the
-        companion's admission is the gate that counts every node (docs/operations.md).
-        """
-        policies = self.parsed_policies()
-        if not policies:
-            return None
-        usage = self.policy_usage()
-        cheapest = min((o.price_per_gpu_hour for o in offers if o.available > 0), default=0.0)
-        total = 0
-        for policy in policies.values():
-            if not self.may_use_this_node(policy):
-                continue  # its pods never come here: its budget is not this node's to sell
-            limits = policy.spec.limits
-            used = usage.get(policy.name, Usage())
-            left: int | None = None
-            if limits.max_gpus is not None:
-                left = max(0, limits.max_gpus - used.gpus)
-            if limits.max_price_per_hour is not None and cheapest > 0:
-                dollars = max(0.0, limits.max_price_per_hour - used.price_per_hour)
-                by_price = int(dollars // cheapest)
-                left = by_price if left is None else min(left, by_price)
-            if left is None:
-                return None  # an unlimited policy: the clouds' capacity is the only cap
-            total += left
-        return total
-
-    async def _namespace_labels(self, namespace: str) -> dict[str, str]:
-        """The labels of ``namespace`` (cached for ``_NS_LABELS_TTL``; one GET per namespace)."""
-        now = self.clock()
-        cached = self.ns_labels.get(namespace)
-        if cached is not None and now - cached[0] < _NS_LABELS_TTL:
-            return cached[1]
-        try:
-            obj = await self.client.get(f"/api/v1/namespaces/{namespace}")
-        except NotFoundError:
-            labels: dict[str, str] = {}
-        else:
-            labels = dict((obj.get("metadata") or {}).get("labels") or {})
-        self.ns_labels[namespace] = (now, labels)
-        return labels
-
-    async def _admitting_policy(self, pod: Body) -> tuple[pol.OverflowPolicy | None, str]:
-        """The policy this pod was admitted under, or why none admits it.
-
-        The ``vkprovider.io/overflow-policy`` annotation is a claim, not a proof: anyone who can
-        create pods can write it. Money is spent here, so the named policy's selector
-        (namespaces, namespaceSelector, podSelector, minPriority) is checked again.
-        """
-        policies = self.parsed_policies()
-        if not policies and not self.settings.pods.require_policy:
-            return None, ""
-        meta = pod.get("metadata") or {}
-        namespace = str(meta.get("namespace") or "default")
-        labels: dict[str, str] | None = None
-
-        async def selects(policy: pol.OverflowPolicy) -> tuple[bool, str]:
-            nonlocal labels
-            if policy.spec.selector.namespace_selector is not None and labels is None:
-                labels = await self._namespace_labels(namespace)
-            return pol.policy_selects(policy, pod=pod, namespace_labels=labels)
-
-        named = pod_policy(pod)
-        if named in policies:
-            policy = policies[named]
-            if policy.spec.nodes and self.node not in policy.spec.nodes:
-                return None, (f"it names OverflowPolicy {named}, whose spec.nodes "
-                              f"[{', '.join(policy.spec.nodes)}] do not include {self.node}")
-            selected, why = await selects(policy)
-            if selected:
-                return policy, ""
-            return None, f"it names OverflowPolicy {named}, which does not select it: {why}"
-        for policy in policies.values():
-            if policy.spec.nodes and self.node not in policy.spec.nodes:
-                continue
-            selected, _ = await selects(policy)
-            if selected:
-                return policy, ""
-        if named:
-            return None, f"it names OverflowPolicy {named}, which does not exist"
-        if labels is None and any(p.spec.selector.namespace_selector is not None
-                                  for p in policies.values()):
-            labels = await self._namespace_labels(namespace)
-        closest = pol.closest_refusal(list(policies.values()), pod, namespace_labels=labels)
-        if closest is not None:
-            return None, f"no OverflowPolicy selects it (closest: {closest[0]}: {closest[1]})"
-        return None, "no OverflowPolicy selects it"
 
     def _unrunnable(self, spec: InstanceSpec) -> str | None:
         """Why no configured cloud could ever run ``spec`` (checked before any create call)."""
@@ -773,7 +670,7 @@ class PodController:
     async def _create(self, pod: Body, uid: str) -> None:
         meta = pod["metadata"]
         # Policy first: a pod no policy admits never has its Secrets read.
-        policy, refusal = await self._admitting_policy(pod)
+        policy, refusal = await self.gate.admitting(pod)
         if refusal:
             await self._reject(pod, reason="NotAdmitted",
                                message=f"not sent to any cloud: {refusal}")
