@@ -6,6 +6,8 @@ still holds a record written by an older version is resumed from, then cleaned.
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -16,6 +18,7 @@ from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import NotFoundError
 from vkprovider.metrics import Metrics
 from vkprovider.node.spend import (
+    BLOCKS_ANNOTATION,
     SPEND_ANNOTATION,
     Counted,
     SpendRecorder,
@@ -23,6 +26,7 @@ from vkprovider.node.spend import (
     encode,
     spend_lease_path,
 )
+from vkprovider.placement.blocks import Blocks
 
 pytestmark = pytest.mark.cluster
 
@@ -84,3 +88,29 @@ async def test_an_older_versions_record_on_the_node_is_resumed_then_removed(
         assert SPEND_ANNOTATION not in (annotations or {}), "the old copy is gone from the Node"
     finally:
         await kube.delete(f"/api/v1/nodes/{node}")
+
+
+async def test_blocked_offers_survive_a_restart(kube: KubeClient, namespace: str) -> None:
+    """A restarted provider must not ask a cloud it already knows is full (issue: pod engine)."""
+    node = f"vk-spend-{uuid.uuid4().hex[:6]}"
+    blocks = Blocks()
+    first = SpendRecorder(client=kube, node=node, namespace=namespace, metrics=Metrics(),
+                          every=0, blocks=blocks)
+    await first.load()
+    blocks.block(provider="cloud0", region="us-east", gpu_type="H100", seconds=120,
+                 reason="no capacity")
+    blocks.block(provider="cloud1", region=None, gpu_type=None, seconds=0.5,
+                 reason="credentials rejected")
+    await first.maybe_record()
+    lease = await kube.get(spend_lease_path(namespace=namespace, node=node))
+    assert BLOCKS_ANNOTATION in lease["metadata"]["annotations"]
+    await asyncio.sleep(1.0)  # cloud1's block expires meanwhile
+
+    restored = Blocks()
+    second = SpendRecorder(client=kube, node=node, namespace=namespace, metrics=Metrics(),
+                           every=0, blocks=restored)
+    await second.load()
+    block = restored.blocked(provider="cloud0", region="us-east", gpu_type="H100")
+    assert block is not None and block.reason == "no capacity"
+    assert 100 < block.until - time.monotonic() <= 120
+    assert restored.blocked(provider="cloud1", region=None, gpu_type="H100") is None, "expired"

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import random
+import re
 from datetime import UTC, datetime, timedelta
+
+import pytest
 
 from providers.base import Instance, InstanceState
 from vkprovider.node.placements import Placed, Placements
 from vkprovider.node.providercaps import Held
 from vkprovider.node.spend import SpendBook
-from vkprovider.placement.blocks import ANY_TYPE, Blocks
+from vkprovider.placement.blocks import ANY_TYPE, BadBlocks, Blocks, decode_blocks, encode_blocks
 
 
 def placed(uid: str, provider: str, *, inst_id: str | None = None, gpus: int = 1,
@@ -124,3 +127,21 @@ def test_a_retired_account_is_not_counted_again_under_its_alias() -> None:
     book.rename("a", "a~1")
     added = book.observe(provider="a~1", instances=[inst], at=t0 + timedelta(seconds=12))
     assert added == 2.0, "only the 2 s since the last listing; 12 would count 10 s twice"
+
+
+def test_blocks_round_trip_through_wall_clock_records_and_bad_records_are_named() -> None:
+    now = [100.0]
+    blocks = Blocks(clock=lambda: now[0])
+    blocks.block(provider="a", region="us", gpu_type="H100", seconds=60, reason="no capacity")
+    wall = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+    records = decode_blocks(encode_blocks(blocks.snapshot(wall_now=wall)))
+    assert records[0]["until"] == "2026-12-03T12:01:00+00:00"
+    later = Blocks(clock=lambda: 0.0)
+    assert later.restore(records, wall_now=wall + timedelta(seconds=20)) == 1
+    block = later.blocked(provider="a", region="us", gpu_type="H100")
+    assert block is not None and block.until == 40.0
+    assert later.restore(records, wall_now=wall + timedelta(seconds=61)) == 0, "expired"
+    for bad, named in (("nope", "not JSON"), ('{"v": 2, "blocks": []}', '"v": 1'),
+                       ('{"v": 1, "blocks": [{"provider": "a"}]}', "blocks[0]")):
+        with pytest.raises(BadBlocks, match=re.escape(named)):
+            decode_blocks(bad)

@@ -176,6 +176,7 @@ class PodController:
         self.inflight: dict[str, int] = {}  # provider -> creates in flight
         self.spend = SpendRecorder(client=client, node=self.node, metrics=metrics,
                                    namespace=settings.leader_election.namespace,
+                                   blocks=self.blocks,
                                    every=settings.pods.spend_record_seconds, clock=clock)
         # called with (provider, operation, error or None) after each cloud call
         self.observer: Callable[[str, str, Exception | None], None] | None = None

@@ -48,11 +48,14 @@ from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
 from vkprovider.logs import kv
 from vkprovider.metrics import Metrics
+from vkprovider.placement.blocks import BadBlocks, Blocks, decode_blocks, encode_blocks
 
 log = logging.getLogger(__name__)
 
 #: The annotation (on the spend Lease; on the Node before) that holds the persisted book.
 SPEND_ANNOTATION = "vkprovider.io/spend"
+#: The annotation on the same Lease that holds the blocked offers (placement/blocks.py).
+BLOCKS_ANNOTATION = "vkprovider.io/blocks"
 
 
 def spend_lease_path(*, namespace: str, node: str) -> str:
@@ -177,8 +180,11 @@ class SpendRecorder:
     """
 
     def __init__(self, *, client: KubeClient, node: str, namespace: str, metrics: Metrics,
-                 every: float, clock: Callable[[], float] = time.monotonic) -> None:
+                 every: float, clock: Callable[[], float] = time.monotonic,
+                 blocks: Blocks | None = None) -> None:
         self._client = client
+        self._blocks = blocks  # persisted beside the spend, so a restart skips full clouds
+        self._recorded_blocks: list[tuple[str, ...]] = []
         self._node_path = f"/api/v1/nodes/{node}"
         self._path = spend_lease_path(namespace=namespace, node=node)
         self._namespace = namespace
@@ -193,8 +199,8 @@ class SpendRecorder:
         self._recorded: dict[str, tuple[float, int]] = {}  # provider -> (dollars, open)
         self._exported: dict[str, float] = {}
 
-    async def _read(self, path: str) -> str | None:
-        """The record annotation of the object at ``path`` (None if absent). Retries API
+    async def _read(self, path: str) -> dict[str, str] | None:
+        """The annotations of the object at ``path`` (None if it does not exist). Retries API
         errors: starting afresh over an existing record would move the exported counter back."""
         delay = 0.5
         while True:
@@ -210,14 +216,16 @@ class SpendRecorder:
                 continue
             if path == self._path:
                 self._lease_exists = True
-            value = ((obj.get("metadata") or {}).get("annotations") or {}).get(SPEND_ANNOTATION)
-            return None if value is None else str(value)
+            annotations = (obj.get("metadata") or {}).get("annotations") or {}
+            return {str(k): str(v) for k, v in annotations.items()}
 
     async def load(self) -> None:
         """Resume from the Lease's record, or from the Node's (written by older versions)."""
-        value = await self._read(self._path)
+        annotations = await self._read(self._path) or {}
+        self._load_blocks(annotations.get(BLOCKS_ANNOTATION))
+        value = annotations.get(SPEND_ANNOTATION)
         if value is None:
-            value = await self._read(self._node_path)
+            value = (await self._read(self._node_path) or {}).get(SPEND_ANNOTATION)
             self._legacy_on_node = value is not None
         if value is None:
             return
@@ -233,17 +241,41 @@ class SpendRecorder:
         log.info("spend record resumed", extra=kv(
             node=self._node, dollars=round(sum(c.dollars for c in resumed.values()), 6)))
 
+    def _load_blocks(self, value: str | None) -> None:
+        if self._blocks is None or not value:
+            return
+        try:
+            restored = self._blocks.restore(decode_blocks(value), wall_now=datetime.now(UTC))
+        except BadBlocks as exc:
+            log.error("unreadable blocks record; starting without", extra=kv(
+                node=self._node, error=f"{BLOCKS_ANNOTATION}: {exc}"))
+            return
+        if restored:
+            log.info("blocked offers restored", extra=kv(node=self._node, blocks=restored))
+
+    def _blocks_now(self) -> tuple[list[dict[str, Any]], list[tuple[str, ...]]]:
+        if self._blocks is None:
+            return [], []
+        records = self._blocks.snapshot(wall_now=datetime.now(UTC))
+        return records, [tuple(str(r.get(k)) for k in ("provider", "region", "gpu_type",
+                                                          "until")) for r in records]
+
     async def maybe_record(self) -> None:
-        """Persist the book if it changed (dollars, or instances still billing) and ``every``
-        seconds have passed since the last write. An idle node writes nothing."""
+        """Persist the book (and the blocked offers) if they changed and ``every`` seconds have
+        passed since the last write. An idle node writes nothing."""
         now = self._clock()
         if self._recorded_at is not None and now - self._recorded_at < self._every:
             return
         record = self.book.record()
-        if _essence(record) == self._recorded:
+        blocks, blocks_key = self._blocks_now()
+        spend_changed = _essence(record) != self._recorded
+        if not spend_changed and blocks_key == self._recorded_blocks:
             return
+        values = {SPEND_ANNOTATION: encode(record)} if spend_changed or record else {}
+        if self._blocks is not None:
+            values[BLOCKS_ANNOTATION] = encode_blocks(blocks)
         try:
-            await self._write(encode(record))
+            await self._write(values)
         except APIError as exc:  # the next sweep tries again; nothing is lost meanwhile
             log.warning("cannot persist the spend record",
                         extra=kv(node=self._node, error=str(exc)))
@@ -251,10 +283,11 @@ class SpendRecorder:
         self._metrics.kube_writes.labels("spend_record").inc()
         self._recorded_at = now
         self._recorded = _essence(record)
+        self._recorded_blocks = blocks_key
         self._export(record)
 
-    async def _write(self, value: str) -> None:
-        annotations = {"metadata": {"annotations": {SPEND_ANNOTATION: value}}}
+    async def _write(self, values: Mapping[str, str]) -> None:
+        annotations = {"metadata": {"annotations": dict(values)}}
         if not self._lease_exists:
             try:
                 await self._client.create(
@@ -263,7 +296,7 @@ class SpendRecorder:
                      "metadata": {"name": self._path.rsplit("/", 1)[1],
                                   "namespace": self._namespace,
                                   "labels": {"app.kubernetes.io/managed-by": "vkprovider"},
-                                  "annotations": {SPEND_ANNOTATION: value}},
+                                  "annotations": dict(values)},
                      "spec": {}})
             except ConflictError:  # created meanwhile (a predecessor): patch it below
                 self._lease_exists = True
