@@ -198,9 +198,22 @@ class Placements:
             self._held[share.provider] = held
 
     def _rebuild(self) -> None:
+        """Recount everything in one pass (a sweep's new view): plain sums, one Held each."""
         self._share.clear()
-        self._held.clear()
         self._by_offer.clear()
         self._uid_of.clear()
+        gpus: dict[str, int] = {}
+        dollars: dict[str, float] = {}
         for uid, placed in self._by_uid.items():
-            self._add(uid, placed)
+            inst = placed.instance
+            provider = placed.provider
+            key = (provider, inst.id)
+            self._uid_of[key] = uid
+            offer = (provider, inst.gpu_type, inst.region)
+            self._by_offer[offer] = self._by_offer.get(offer, 0) + inst.gpu_count
+            if key in self._deleting or inst.state == InstanceState.TERMINATING:
+                continue
+            self._share[uid] = _Share(provider, inst.gpu_count, inst.price_per_hour)
+            gpus[provider] = gpus.get(provider, 0) + inst.gpu_count
+            dollars[provider] = dollars.get(provider, 0.0) + inst.price_per_hour
+        self._held = {p: Held(gpus=gpus[p], price_per_hour=dollars[p]) for p in gpus}
