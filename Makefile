@@ -24,6 +24,7 @@ test: venv controlplane
 	$(BIN)/python -m pytest
 
 lint: venv
+	bash tools/image/lint.sh
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
