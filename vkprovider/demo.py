@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from vkprovider.kube import KubeClient
-from vkprovider.node.spend import SPEND_ANNOTATION, decode
+from vkprovider.kube.errors import NotFoundError
+from vkprovider.node.spend import SPEND_ANNOTATION, decode, spend_lease_path
 from vkprovider.testing.cluster import LocalCluster
 from vkprovider.testing.fakekubelet import create_gpu_nodes
 from vkprovider.testing.harness import (
@@ -106,11 +107,15 @@ async def _pods(kube: KubeClient, app: str) -> list[dict[str, Any]]:
 
 
 async def _counted_spend(kube: KubeClient, *, timeout: float = 15.0) -> float | None:
-    """The provider's spend record on the Node once nothing is billing (None if it never is)."""
+    """The provider's spend record (its Lease) once nothing is billing (None if it never is)."""
     deadline = time.monotonic() + timeout
+    path = spend_lease_path(namespace="vkprovider-system", node=NODE)
     while time.monotonic() < deadline:
-        node = await kube.get(f"/api/v1/nodes/{NODE}")
-        value = (node["metadata"].get("annotations") or {}).get(SPEND_ANNOTATION)
+        try:
+            lease = await kube.get(path)
+        except NotFoundError:
+            lease = {"metadata": {}}
+        value = (lease["metadata"].get("annotations") or {}).get(SPEND_ANNOTATION)
         record = decode(value) if value else {}
         if record and all(c.open == 0 for c in record.values()):
             return round(sum(c.dollars for c in record.values()), 4)
@@ -239,7 +244,7 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
                 for p in ps:
                     if p["spec"].get("nodeName") == NODE:
                         name = (p["metadata"].get("annotations") or {}).get(
-                            "vkprovider.io/provider", "?")
+                            "vkprovider.io/provider", "placing")
                         clouds_used[name] = clouds_used.get(name, 0) + 1
                 where = ", ".join(f"{k} {v}" for k, v in sorted(clouds_used.items())) or "-"
                 return out == replicas and tr == replicas, (

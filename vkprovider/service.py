@@ -5,10 +5,14 @@ settings, runs them in one TaskGroup and shuts them down cleanly on SIGTERM.
 
 With ``leader_election.enabled`` (two replicas for HA), a replica first waits for the Lease;
 only the leader builds anything that acts (node registration, pod controller, cloud calls,
-kubelet API): a standby runs nothing but the elector. A leader that cannot renew in time exits
-at once with status 1, before another replica can take over (renew deadline < lease duration),
-so two replicas never act together; the Deployment restarts it as a standby. A clean SIGTERM
-releases the Lease, so the standby takes over within one retry period.
+kubelet API): a standby runs nothing but the elector, and answers ``/healthz`` (200, "standby")
+on the metrics port, so both replicas are Ready when healthy and ``kubectl rollout status``
+completes (readiness must not mean "is the leader"). The leader takes the port over.
+
+A leader that cannot renew in time exits at once with status 1, before another replica can take
+over (renew deadline < lease duration), so two replicas never act together; the Deployment
+restarts it as a standby. A clean SIGTERM releases the Lease, so the standby takes over within one
+retry period.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 from providers.base import Provider
 from vkprovider import __version__
 from vkprovider.api import APIServers
+from vkprovider.api.server import bind, serve
 from vkprovider.config import Settings
 from vkprovider.kube import KubeClient
 from vkprovider.kube.events import EventRecorder
@@ -75,9 +80,14 @@ async def _elect_and_serve(*, settings: Settings, client: KubeClient,
                                                 namespace=election.namespace,
                                                 identity=elector.identity))
     served: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    standby = _serve_standby_health(settings)
 
     async def lead() -> None:
         async with elector.leading() as lost:
+            if standby is not None:  # the leader's own servers take the port now
+                standby.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await standby
             served.set_result(await _serve(settings=settings, client=client,
                                            providers=providers, stop=stop, lost=lost))
         # leaving leading() hands the Lease over (bounded below)
@@ -107,6 +117,30 @@ async def _elect_and_serve(*, settings: Settings, client: KubeClient,
         stopping.cancel()
         if not leader.done():
             leader.cancel()
+        if standby is not None and not standby.done():
+            standby.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await standby
+
+
+async def _standby_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """A standby's metrics port: ``/healthz`` says it is alive and waiting; nothing else."""
+    if scope["type"] != "http":
+        return
+    found = scope.get("path") == "/healthz"
+    body = b"ok: standby, waiting for the leader Lease\n" if found else b"not found\n"
+    await send({"type": "http.response.start", "status": 200 if found else 404,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _serve_standby_health(settings: Settings) -> asyncio.Task[None] | None:
+    """Serve ``/healthz`` on the metrics port while this replica stands by (None: no port)."""
+    if not settings.metrics_port:
+        return None
+    sock = bind(host=settings.kubelet_api.bind_address, port=settings.metrics_port)
+    return asyncio.create_task(serve(app=_standby_app, sock=sock, name="standby-health"),
+                               name="standby-health")
 
 
 async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str, Provider],

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 import pytest_asyncio
 import yaml
@@ -121,6 +122,9 @@ async def test_one_replica_acts_and_the_standby_takes_over_after_kill_9(
     assert "waiting for leadership" in second.log_text()
     assert '"msg":"starting"' not in second.log_text(), "the standby must not act"
     assert await lease_holder(kube, node) == f"{node}-a"
+    async with httpx.AsyncClient() as http:  # both replicas Ready: a standby is healthy too
+        health = await http.get(f"http://127.0.0.1:{second.metrics_port}/healthz")
+    assert health.status_code == 200 and "standby" in health.text
 
     await asyncio.gather(*(kube.create(f"/api/v1/namespaces/{namespace}/pods", {
         "apiVersion": "v1", "kind": "Pod",
