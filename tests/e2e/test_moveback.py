@@ -170,6 +170,25 @@ async def test_training_ends_and_every_replica_comes_home_without_a_dip(
     events = (await kube.get(f"/api/v1/namespaces/{namespace}/events", params={
         "fieldSelector": "involvedObject.kind=Deployment"}))["items"]
     assert sum(1 for e in events if e["reason"] == "MovedBack") >= 1
+    # each move is in the policy's status.lastDecisions, next to the admissions
+    pol = await eventually(lambda: kube.get(f"{POLICIES}/{policy_name(objects)}"), timeout=30,
+                           until=lambda p: moved_back(p) >= 1,
+                           what="MovedBack in status.lastDecisions")
+    made = pol["status"]["lastDecisions"]
+    assert len(made) <= 20
+    assert {"Admitted", "MovedBack"} <= {d["decision"] for d in made}
+    moved = next(d for d in made if d["decision"] == "MovedBack")
+    assert moved["pod"].startswith(f"{namespace}/inference-")
+    assert moved["reason"].startswith(f"{namespace}/inference: ")
+
+
+def policy_name(objects: Cluster) -> str:
+    return next(p for p in reversed(objects.paths) if p.startswith(POLICIES)).rsplit("/", 1)[1]
+
+
+def moved_back(policy_obj: dict[str, Any]) -> int:
+    return sum(1 for d in (policy_obj.get("status") or {}).get("lastDecisions") or []
+               if d["decision"] in ("MovedBack", "MoveBackFailed"))
 
 
 async def test_with_an_hpa_min_replicas_is_raised_for_the_surge_and_restored(
@@ -267,3 +286,10 @@ async def test_kill_9_of_the_companion_mid_move_then_restart_loses_no_replica(
     assert dep["spec"]["replicas"] == 2
     await eventually(lambda: live_instances(system), until=lambda n: n == 0, timeout=60,
                      what="every cloud instance deleted")
+    # the admissions made by the killed process are still in the policy's status, next to the
+    # moves the restarted one finished (it read the list back instead of starting empty)
+    pol = await eventually(lambda: kube.get(f"{POLICIES}/{policy_name(objects)}"), timeout=30,
+                           until=lambda p: moved_back(p) >= 1,
+                           what="the finished moves in status.lastDecisions")
+    assert "Admitted" in {d["decision"] for d in pol["status"]["lastDecisions"]}, \
+        "decisions recorded before the kill were lost"

@@ -70,6 +70,12 @@ async def reasons(kube: KubeClient, ns: str, name: str) -> list[dict[str, Any]]:
 
 
 POLICIES = "/apis/vkprovider.io/v1alpha1/overflowpolicies"
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The ``kind`` condition in an object's status ({} if absent)."""
+    return next((dict(c) for c in (obj.get("status") or {}).get("conditions") or []
+                 if c["type"] == kind), {})
 PRIORITY = "/apis/scheduling.k8s.io/v1/priorityclasses"
 
 
@@ -193,6 +199,13 @@ async def test_budget_cap_keeps_further_pods_pending_and_lowers_allocatable(
                               timeout=30, what="an OverflowRefused event")
     refused = next(e for e in events if e["reason"] == "OverflowRefused")
     assert "maxPricePerHour" in refused["message"] and name in refused["message"]
+    # the policy says so too: $4/h outside, one more GPU at $2/h would pass $5/h
+    obj = await eventually(lambda: kube.get(f"{POLICIES}/{name}"), timeout=30,
+                           until=lambda o: condition(o, "BudgetExhausted").get("status") == "True",
+                           what="BudgetExhausted=True")
+    exhausted = condition(obj, "BudgetExhausted")
+    assert exhausted["reason"] == "MaxPricePerHour"
+    assert "maxPricePerHour $5.00 reached" in exhausted["message"]
     node = await eventually(
         lambda: kube.get(f"/api/v1/nodes/{system.node_name}"),
         until=lambda n: n["status"]["allocatable"].get("nvidia.com/gpu") == "2", timeout=30,
@@ -329,7 +342,12 @@ async def test_policy_naming_an_unknown_provider_is_flagged_with_the_field(
     assert cond["reason"] == "UnknownProvider"
     assert "spec.providers[1]" in cond["message"] and "nope" in cond["message"]
     assert "spec.gpuTypes[1]" in cond["message"] and "B300" in cond["message"]
+    assert (condition(flagged, "Ready")["status"], condition(flagged, "Ready")["reason"]) == (
+        "False", "Invalid")
     ok = await eventually(lambda: kube.get(f"{POLICIES}/{good}"),
                           until=lambda o: valid(o).get("status") == "True", timeout=30,
                           what="Valid=True on the good policy")
     assert valid(ok)["lastTransitionTime"]
+    # its only provider listens nowhere (port 9): never Ready=True
+    assert condition(ok, "Ready")["status"] in ("Unknown", "False")
+    assert condition(ok, "BudgetExhausted")["reason"] == "WithinLimits"

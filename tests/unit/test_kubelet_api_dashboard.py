@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from vkprovider.descheduler.metrics import CompanionMetrics
 from vkprovider.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,9 +25,11 @@ _KEYWORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_le
 
 
 def exported_names() -> set[str]:
-    """Every sample name the registry can expose, histogram and counter suffixes included."""
+    """Every sample name the two processes' registries can expose (the provider's and the
+    companion's: the dashboard shows both), histogram and counter suffixes included."""
     names: set[str] = set()
-    for family in Metrics().registry.collect():
+    families = [*Metrics().registry.collect(), *CompanionMetrics().registry.collect()]
+    for family in families:
         base = family.name
         if family.type == "counter":
             names |= {f"{base}_total", f"{base}_created"}

@@ -8,8 +8,8 @@ surge first and remove the cloud replica only once an internal one serves:
    nodeSelector, required affinity, taints, cordons) after pending pods' GPU demand and a
    headroom, continuously for ``stableFor``; the Deployment is not mid-rollout; no move of it is in
    flight; fewer than ``maxConcurrent`` moves run; the workload is out of its cooldown (which only
-   failed moves start, doubling each time; after a success the fit has held through a whole move,
-   so the workload's next replica may go at once);
+   failed moves start, ``moveBack.cooldown`` doubling with each further failure; after a success
+   the fit has held through a whole move, so the workload's next replica may go at once);
 2. record intent on the Deployment (annotation ``vkprovider.io/move-back``);
 3. mark the virtual pod ``controller.kubernetes.io/pod-deletion-cost: "-2147483648"``;
 4. surge N -> N+1 through the scale subresource, or raise the HPA's minReplicas when an HPA targets
@@ -27,6 +27,10 @@ Reads come from watches (informers of Nodes, Pods, ReplicaSets, Deployments and 
 GET per pod per pass nor a poll of the API server per second; a move waits for its Deployment or
 pods to change. What is remembered per workload or pod is pruned when the object is gone, so no
 map grows without bound.
+
+Every outcome (``MovedBack``, ``MoveBackFailed``, and ``WouldMoveBack`` under ``dryRun``) is an
+Event on the Deployment and a ``status.lastDecisions`` entry of the pod's OverflowPolicy, recorded
+through the admission loop, which owns the policy status.
 
 Restart safety: steps 6 and 7 are the same action, "scale back to the recorded N", so a restarted
 companion finishes every recorded move by doing it: whether that rolls forward or back is decided
@@ -46,7 +50,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from vkprovider.descheduler.admission import OverflowAdmission
+from vkprovider.descheduler.admission import Decision, OverflowAdmission
 from vkprovider.descheduler.fit import find_fit, slim_node, slim_pod
 from vkprovider.descheduler.metrics import CompanionMetrics
 from vkprovider.kube import KubeClient
@@ -126,6 +130,8 @@ class MoveBack:
         self.in_flight: dict[str, asyncio.Task[MoveResult]] = {}
         self.results: collections.deque[MoveResult] = collections.deque(maxlen=_KEEP_RESULTS)
         self._skipped: dict[str, str] = {}
+        self.informers = (self.nodes, self.pods, self.replicasets, self.deployments, self.hpas)
+        self.beat: float | None = None  # time.monotonic() of the loop's last sign of life
 
     def _poke(self, _event: str, _obj: Body) -> None:
         self.changed.set()
@@ -143,25 +149,43 @@ class MoveBack:
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:
-            for informer in (self.nodes, self.pods, self.replicasets, self.deployments,
-                             self.hpas):
+            for informer in self.informers:
                 tg.create_task(informer.run(), name=f"informer {informer.name}")
-            for informer in (self.nodes, self.pods, self.replicasets, self.deployments,
-                             self.hpas):
+            for informer in self.informers:
                 await informer.synced.wait()
             await self.admission.policies.synced.wait()
+            self.beat = time.monotonic()
             await self.recover()
             while True:
+                self.beat = time.monotonic()
                 try:
                     await self.pass_once()
                 except APIError as exc:
                     log.warning("move-back pass failed", extra=kv(error=str(exc)))
                 await asyncio.sleep(self.interval)
 
+    def problem(self, *, now: float, stale_after: float) -> str | None:
+        """Why this loop is not healthy (``/healthz``), or None: every watch has synced and the
+        loop showed life (a pass, or one recovered move) within ``stale_after`` seconds."""
+        unsynced = [i.name for i in self.informers if not i.synced.is_set()]
+        if unsynced:
+            return f"move-back: informers not synced: {', '.join(unsynced)}"
+        if self.beat is None:
+            return "move-back: starting"
+        if now - self.beat > stale_after:
+            return f"move-back: no pass for {now - self.beat:.0f}s"
+        return None
+
+    def _decide(self, *, policy: str, pod: str, decision: str, reason: str) -> None:
+        """Record a move-back decision in the policy's ``status.lastDecisions``."""
+        self.admission.record_decision(Decision(pod=pod, decision=decision, reason=reason,
+                                                policy=policy))
+
     # ---- restart: finish what a previous process recorded ------------------------------------
 
     async def recover(self) -> None:
         for dep in list(self.deployments.store.values()):
+            self.beat = time.monotonic()
             raw = (dep["metadata"].get("annotations") or {}).get(INTENT)
             if not raw:
                 continue
@@ -222,9 +246,12 @@ class MoveBack:
             if now - since < policy.spec.move_back.stable_for_seconds:
                 continue
             if policy.spec.dry_run:
+                message = (f"dry run: would move {pod['metadata']['name']} back inside "
+                           f"({fit.node} fits)")
                 await self.events.emit(obj=_dep_ref(dep), reason="WouldMoveBack",
-                                       message=f"dry run: would move {pod['metadata']['name']} "
-                                               f"back inside ({fit.node} fits)")
+                                       message=message)
+                self._decide(policy=policy.name, pod=_key(pod), decision="WouldMoveBack",
+                             reason=message)
                 self.cooldown_until[key] = now + policy.spec.move_back.cooldown_seconds
                 continue
             self.in_flight[key] = asyncio.get_running_loop().create_task(
@@ -388,19 +415,24 @@ class MoveBack:
         self.metrics.moves.labels(result.result).inc()
         self.metrics.move_seconds.observe(seconds)
         self.metrics.min_ready_ratio.set(min_ready / n if n else 1.0)
+        pod_key = f"{ns}/{intent.pod}"
         if moved:
             self.failures.pop(key, None)
             self.cooldown_until[key] = self.clock() + self._cooldown(intent, base=True)
-            await self.events.emit(obj=_dep_ref(dep), reason="MovedBack",
-                                   message=f"{intent.pod} replaced by an internal replica in "
-                                           f"{seconds:.0f}s; ready replicas never below "
-                                           f"{min_ready} (desired {n})")
+            message = (f"{intent.pod} replaced by an internal replica in {seconds:.0f}s; ready "
+                       f"replicas never below {min_ready} (desired {n})")
+            await self.events.emit(obj=_dep_ref(dep), reason="MovedBack", message=message)
+            self._decide(policy=intent.policy, pod=pod_key, decision="MovedBack",
+                         reason=f"{key}: {message}")
         else:
             self.failures[key] = self.failures.get(key, 0) + 1
             self.cooldown_until[key] = self.clock() + self._cooldown(intent, base=False,
                                                                      key=key)
+            message = f"Rolled back the move of {intent.pod}: {reason}"
             await self.events.emit(obj=_dep_ref(dep), reason="MoveBackFailed", type_="Warning",
-                                   message=f"Rolled back the move of {intent.pod}: {reason}")
+                                   message=message)
+            self._decide(policy=intent.policy, pod=pod_key, decision="MoveBackFailed",
+                         reason=f"{key}: {message}")
         log.info("move finished", extra=kv(**asdict(result)))
         return result
 

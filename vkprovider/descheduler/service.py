@@ -3,6 +3,13 @@
 Why it exists: the companion is its own process (and Deployment) so it can be scaled, upgraded and
 permission-scoped apart from the virtual kubelet; this wires its loops from a kubeconfig and the
 names of the virtual nodes it serves (one or several: budgets and move-back count them all).
+
+Its metrics port (``--metrics-port``) serves ``/metrics`` and ``/healthz`` from a small ASGI app
+run by uvicorn inside the companion's own event loop (a wedged loop cannot answer, so a probe
+notices it). ``/healthz`` is 200 when the replica is healthy: a standby under leader election is
+healthy while it waits for the Lease (readiness must not mean "is the leader", or a standby could
+never be Ready), the acting replica when every watch of its loops has synced and both loops
+(admission, move-back) showed life recently; otherwise 503 with the reason.
 """
 
 from __future__ import annotations
@@ -14,20 +21,125 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Callable, Generator, MutableMapping, Sequence
+from typing import Any
 
-from prometheus_client import start_http_server
+import uvicorn
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from vkprovider import __version__
 from vkprovider.descheduler.admission import OverflowAdmission
 from vkprovider.descheduler.metrics import CompanionMetrics
 from vkprovider.descheduler.moveback import MoveBack
+from vkprovider.errors import ConfigError
 from vkprovider.kube import KubeClient
 from vkprovider.kube.events import EventRecorder
 from vkprovider.kube.leader import LeaderElector
 from vkprovider.logs import kv
 
 log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+HealthCheck = Callable[[], tuple[bool, str]]
+
+
+class CompanionHealth:
+    """What ``/healthz`` answers for this replica.
+
+    ``standby`` (leader election on, the Lease held by another replica): healthy, since this
+    replica's only job is to wait, and the answer comes from its event loop. ``acting``: healthy
+    when both loops' watches have synced and each loop showed life within its bound: admission
+    passes every ``interval`` seconds (bound: 10 intervals, at least 60 s); move-back every
+    ``move_back_interval`` (bound: 4 intervals, at least 180 s, as finishing one move recorded
+    before a restart may wait up to 2 minutes).
+    """
+
+    def __init__(self, *, admission: OverflowAdmission, moveback: MoveBack, standby: bool,
+                 interval: float, move_back_interval: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.admission = admission
+        self.moveback = moveback
+        self.standby = standby
+        self.admission_stale_after = max(60.0, 10 * interval)
+        self.moveback_stale_after = max(180.0, 4 * move_back_interval)
+        self.clock = clock
+
+    def check(self) -> tuple[bool, str]:
+        if self.standby:
+            return True, "ok: standby, waiting for the leader Lease"
+        now = self.clock()
+        problems = [p for p in (
+            self.admission.problem(now=now, stale_after=self.admission_stale_after),
+            self.moveback.problem(now=now, stale_after=self.moveback_stale_after)) if p]
+        if problems:
+            return False, "; ".join(problems)
+        return True, "ok"
+
+
+def metrics_app(*, registry: CollectorRegistry, health: HealthCheck) -> ASGIApp:
+    """``GET /metrics`` (Prometheus text of ``registry``) and ``GET /healthz`` (200 ``ok``, or 503
+    and the reason); anything else is 404."""
+
+    async def app(scope: Scope, _receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        path = scope.get("path")
+        if path == "/metrics":
+            status, body, ctype = 200, generate_latest(registry), CONTENT_TYPE_LATEST
+        elif path == "/healthz":
+            ok, text = health()
+            status, body, ctype = (200 if ok else 503), f"{text}\n".encode(), "text/plain"
+        else:
+            status, body, ctype = 404, b"not found\n", "text/plain"
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", ctype.encode()),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield  # run_companion owns SIGINT/SIGTERM and cancels the server
+
+
+def _listen(port: int) -> socket.socket:
+    """The metrics port on every interface, bound before anything starts."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("0.0.0.0", port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"--metrics-port {port}: cannot listen: {exc.strerror}") from exc
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve_metrics(*, app: ASGIApp, sock: socket.socket) -> None:
+    """Serve ``app`` on ``sock`` in this event loop until cancelled."""
+    server = _Server(uvicorn.Config(app, lifespan="off", log_config=None, access_log=False,
+                                    server_header=False, ws="none",
+                                    timeout_graceful_shutdown=1))
+    log.info("listening", extra=kv(server="metrics", address=f"0.0.0.0:{sock.getsockname()[1]}"))
+    task = asyncio.ensure_future(server.serve(sockets=[sock]))
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        server.should_exit = True
+        server.force_exit = True
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await asyncio.wait_for(task, timeout=5)
+        raise
+    finally:
+        sock.close()
 
 
 def companion_lease_name(nodes: Sequence[str]) -> str:
@@ -54,13 +166,16 @@ async def run_companion(
                                         user_agent=f"vkprovider-companion/{__version__}")
     events = EventRecorder(client=client, component="vkprovider-companion")
     metrics = CompanionMetrics()
-    if metrics_port:
-        start_http_server(metrics_port, registry=metrics.registry)
     admission = OverflowAdmission(client=client, events=events, node_names=nodes,
-                                  interval=interval)
+                                  interval=interval, metrics=metrics)
     moveback = MoveBack(client=client, events=events, node_names=nodes, admission=admission,
                         interval=move_back_interval, headroom_gpus=headroom_gpus,
                         metrics=metrics)
+    sock = _listen(metrics_port) if metrics_port else None
+    health = CompanionHealth(admission=admission, moveback=moveback, standby=leader_elect,
+                             interval=interval, move_back_interval=move_back_interval)
+    server = None if sock is None else asyncio.ensure_future(serve_metrics(
+        app=metrics_app(registry=metrics.registry, health=health.check), sock=sock))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -73,7 +188,20 @@ async def run_companion(
         async with contextlib.AsyncExitStack() as stack:
             lost = asyncio.Event()
             if leader_elect:
-                lost = await stack.enter_async_context(elector.leading())
+                # A standby waits for the Lease or SIGTERM, whichever comes first (it used to
+                # ignore SIGTERM and be killed at the end of the grace period).
+                leading = asyncio.ensure_future(stack.enter_async_context(elector.leading()))
+                stopping = asyncio.ensure_future(stop.wait())
+                await asyncio.wait({leading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                stopping.cancel()
+                if not leading.done():
+                    leading.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await leading
+                    log.info("stopped while standing by")
+                    return 0
+                lost = leading.result()
+                health.standby = False  # now judged by its loops (informers synced, alive)
             async with asyncio.TaskGroup() as tg:
                 tasks = [tg.create_task(admission.run()), tg.create_task(moveback.run())]
                 waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(lost.wait())]
@@ -84,6 +212,10 @@ async def run_companion(
                 log.error("leadership lost; exiting so a fresh process can rejoin")
                 return 1
     finally:
+        if server is not None:
+            server.cancel()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await server
         with contextlib.suppress(Exception):
             await events.aclose()  # what was decided reaches `kubectl describe`
             await client.aclose()
