@@ -1,0 +1,147 @@
+{{/*
+Names. Every object is named after "vkprovider.fullname": the release name when it contains
+"vkprovider" (release "vkprovider" gives the names of manifests/base), else
+"<release>-vkprovider". Cut to 42 characters so that the longest suffix ("-companion-leader")
+still fits a 63-character name.
+*/}}
+{{- define "vkprovider.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 42 | trimSuffix "-" -}}
+{{- else if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 42 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 42 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels of every object; (dict "ctx" $ "component" "...") */}}
+{{- define "vkprovider.labels" -}}
+app.kubernetes.io/name: vkprovider
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+{{- with .component }}
+app.kubernetes.io/component: {{ . }}
+{{- end }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+{{- end -}}
+
+{{/* Selector labels of one component's pods; (dict "ctx" $ "component" "...") */}}
+{{- define "vkprovider.selector" -}}
+app.kubernetes.io/name: vkprovider
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "vkprovider.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{/* The container securityContext of every process: the restricted Pod Security level. */}}
+{{- define "vkprovider.securityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532  # the image's USER
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities: {drop: ["ALL"]}
+seccompProfile: {type: RuntimeDefault}
+{{- end -}}
+
+{{/* Pod placement shared by the Deployments; (dict "ctx" $ "component" "..." "values" ...) */}}
+{{- define "vkprovider.placement" -}}
+{{- with .values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .ctx.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if .ctx.Values.topologySpread.enabled }}
+# replicas on different nodes where possible, so one node going away takes at most one
+topologySpreadConstraints:
+  - maxSkew: 1
+    topologyKey: kubernetes.io/hostname
+    whenUnsatisfiable: ScheduleAnyway
+    labelSelector:
+      matchLabels:
+        {{- include "vkprovider.selector" . | nindent 8 }}
+{{- end }}
+{{- end -}}
+
+{{/* The environment variable holding the API key of a `providers:` entry. */}}
+{{- define "vkprovider.apiKeyEnv" -}}
+VKP_API_KEY_{{ . | upper | replace "-" "_" }}
+{{- end -}}
+
+{{/* The `providers:` list of config.yaml: the mock cloud's entry first, then .Values.providers. */}}
+{{- define "vkprovider.providers" -}}
+{{- $out := list -}}
+{{- if .Values.mockCloud.enabled -}}
+{{- $url := printf "http://%s-mock-cloud.%s.svc:%v" (include "vkprovider.fullname" .) .Release.Namespace .Values.mockCloud.port -}}
+{{- $out = append $out (dict "name" "mock" "type" "mock" "url" $url) -}}
+{{- end -}}
+{{- range .Values.providers -}}
+{{- $entry := omit . "apiKeySecret" -}}
+{{- if .apiKeySecret -}}
+{{- $_ := set $entry "api_key_env" (include "vkprovider.apiKeyEnv" .name) -}}
+{{- end -}}
+{{- $out = append $out $entry -}}
+{{- end -}}
+{{- toYaml (dict "providers" $out) -}}
+{{- end -}}
+
+{{- define "vkprovider.checks" -}}
+{{- if and (not .Values.leaderElection.enabled) (or (gt (int .Values.provider.replicas) 1) (gt (int .Values.companion.replicas) 1)) -}}
+{{- fail "leaderElection.enabled: false needs provider.replicas and companion.replicas of 1 (two replicas without leader election would both act)" -}}
+{{- end -}}
+{{- if and (eq (toString .Values.provider.probes) "true") (eq (int .Values.provider.metricsPort) 0) -}}
+{{- fail "provider.probes needs provider.metricsPort (the probes read /healthz there)" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Whether the provider's probes are rendered (see provider.probes in values.yaml). */}}
+{{- define "vkprovider.providerProbes" -}}
+{{- $p := toString .Values.provider.probes -}}
+{{- if and (ne (int .Values.provider.metricsPort) 0) (eq $p "true") -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* config.yaml of `vkprovider run` (docs/configuration.md), from the values. */}}
+{{- define "vkprovider.providerConfig" -}}
+{{- $ns := .Release.Namespace -}}
+{{- $node := dict "name" .Values.node.name "kubelet_port" .Values.provider.kubeletPort "taint_value" .Values.node.taintValue -}}
+{{- with .Values.node.labels }}{{ $_ := set $node "labels" . }}{{ end -}}
+{{- $provider := dict
+      "node" $node
+      "metrics_port" .Values.provider.metricsPort
+      "kubelet_api" (dict "client_ca_file" "/etc/vkprovider/cluster-ca/ca.crt")
+      "leader_election" (dict "enabled" .Values.leaderElection.enabled "namespace" $ns)
+      "gpu_providers" (dict "enabled" true) -}}
+{{- $provider = mustMergeOverwrite $provider (include "vkprovider.providers" . | fromYaml) -}}
+{{- $provider = mustMergeOverwrite $provider (deepCopy .Values.provider.settings) -}}
+{{- toYaml $provider -}}
+{{- end -}}
+
+{{/* companion.yaml of `vkprovider descheduler --config` (CompanionSettings), from the values. */}}
+{{- define "vkprovider.companionConfig" -}}
+{{- $companion := dict
+      "node_name" .Values.node.name
+      "interval_seconds" .Values.companion.intervalSeconds
+      "move_back_interval_seconds" .Values.companion.moveBackIntervalSeconds
+      "headroom_gpus" .Values.companion.headroomGPUs
+      "metrics_port" .Values.companion.metricsPort
+      "leader_election" (dict "enabled" .Values.leaderElection.enabled "namespace" .Release.Namespace) -}}
+{{- $companion = mustMergeOverwrite $companion (deepCopy .Values.companion.settings) -}}
+{{- toYaml $companion -}}
+{{- end -}}
