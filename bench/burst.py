@@ -1,29 +1,53 @@
-"""Burst benchmark: N pods bound to the virtual node at once, mock cloud with no boot delay.
+"""Burst benchmark: N pods bound to a virtual node at once, then deleted; one pod lifecycle each.
 
-Measures wall time until every pod is Running, p50/p99 of bind -> cloud create call and of
-cloud running -> pod Running (bench's own watch timestamps against the mock cloud's ledger, same
-machine clock), API server writes per pod (``apiserver_request_total`` before and after), and the
-provider's peak RSS and CPU seconds. Prints a table, writes ``bench/results/burst.json``.
+For each size N and each system, on one LocalCluster and with the same pods (same spec, created
+by 32 concurrent clients with ``spec.nodeName`` set, deleted by 32 concurrent clients with grace
+0 once all are Running), it measures:
 
-    .venv/bin/python -m bench.burst --pods 100 1000
+* wall time from the first create until the bench's watch saw every pod Running, and per pod the
+  time from its create call returning (it is created bound) to the watch seeing it Running,
+  p50/p99;
+* for vkprovider (mock cloud, no boot delay): bind -> cloud create call and cloud running -> pod
+  Running, p50/p99 (bench's watch timestamps against the mock cloud's ledger, same clock);
+* the system's own CPU seconds (``/proc``, the process alone) from the first create until all
+  are Running, and until the end of the deletion phase; its peak RSS (VmHWM);
+* API server writes (``apiserver_request_total``, write verbs) per pod, to Running and for the
+  whole lifecycle: the deletion phase ends when every pod is gone, the system is drained (no
+  live cloud instance) and no pod, pod status or event write has come for 3 s. The bench's own
+  creates and deletes and the node's heartbeats (leases, node status) are left out of the
+  per-pod figures and listed by kind.
+
+``--compare-go`` adds, beside vkprovider, the upstream Go virtual-kubelet (``tools/govk``: v1.14.1
+with an in-memory provider) twice: with the library's defaults and with its work-queue rate
+limiters and client QPS lifted. Each system gets its own node and namespace and runs alone; its
+process is stopped before the next starts. Prints a table, writes ``bench/results/burst.json``
+and the printed text to ``bench/results/burst.txt``.
+
+    .venv/bin/python -m bench.burst --pods 1000 3000 --compare-go
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.common import machine, pct, proc_usage, table, write
+from bench.common import RESULTS, machine, pct, proc_usage, table, write
+from bench.govk import GoVKProcess, govk_binary
 from vkprovider.kube import KubeClient
+from vkprovider.kube.errors import NotFoundError
 from vkprovider.kube.watching import Informer
 from vkprovider.testing.cluster import LocalCluster
 from vkprovider.testing.harness import MockCloudProcess, ProviderProcess, install_provider_rbac
@@ -31,11 +55,18 @@ from vkprovider.testing.harness import MockCloudProcess, ProviderProcess, instal
 TOLERATION = {"key": "virtual-kubelet.io/provider", "operator": "Equal", "value": "vkprovider",
               "effect": "NoSchedule"}
 WRITE_VERBS = {"POST", "PUT", "PATCH", "DELETE", "APPLY"}
+CREATE_CONCURRENCY = 32
+WORKERS = 10
+QUIET_SECONDS = 3.0
+HEARTBEAT_RESOURCES = {"leases", "nodes"}
+Writes = dict[tuple[str, str, str], float]
 
 
-async def apiserver_writes(kube: KubeClient) -> dict[tuple[str, str, str], float]:
+async def write_counts(kube: KubeClient) -> tuple[Writes, float]:
+    """API server writes by (verb, resource, subresource), and how many of all were not 2xx."""
     text = (await kube.request("GET", "/metrics"))["text"]
-    out: dict[tuple[str, str, str], float] = {}
+    out: Writes = {}
+    failed = 0.0
     for family in text_string_to_metric_families(text):
         if family.name != "apiserver_request":
             continue
@@ -47,146 +78,502 @@ async def apiserver_writes(kube: KubeClient) -> dict[tuple[str, str, str], float
                 continue
             key = (verb, sample.labels.get("resource", ""), sample.labels.get("subresource", ""))
             out[key] = out.get(key, 0.0) + sample.value
-    return out
+            if not sample.labels.get("code", "").startswith("2"):
+                failed += sample.value
+    return out, failed
+
+
+async def apiserver_writes(kube: KubeClient) -> Writes:
+    return (await write_counts(kube))[0]
 
 
 def ts(value: str | None) -> float | None:
     return datetime.fromisoformat(value).timestamp() if value else None
 
 
-async def run_one(*, cluster: LocalCluster, kube: KubeClient, kubeconfig: Path, work: Path,
-                  n: int) -> dict[str, Any]:
-    node = f"vk-bench-{uuid.uuid4().hex[:6]}"
-    ns = f"burst-{n}-{uuid.uuid4().hex[:4]}"
-    cloud = MockCloudProcess(work_dir=work, name=f"bench{n}", boot_delay=0.0,
-                             inventory=f"H100:us-east:{n * 2}:2.49")
-    await cloud.start()
-    provider = ProviderProcess(work_dir=work, kubeconfig=kubeconfig, node_name=node,
-                               clouds=[cloud], pods={"status_interval_seconds": 5,
-                                                     "orphan_grace_seconds": 30})
-    provider.start()
+# ---- the systems under test ------------------------------------------------------------------
+
+
+class System(Protocol):
+    label: str
+    node: str
+
+    async def start(self) -> None: ...
+
+    def pid(self) -> int: ...
+
+    def check_alive(self) -> None: ...
+
+    async def drained(self) -> bool: ...
+
+    async def extra(self, *, bound: dict[str, float],
+                    running: dict[str, float]) -> dict[str, Any]: ...
+
+    def stop(self) -> None: ...
+
+
+class Ours:
+    """vkprovider with a mock cloud that boots instantly."""
+
+    def __init__(self, *, work: Path, kubeconfig: Path, n: int) -> None:
+        self.label = "vkprovider"
+        self.node = f"vk-bench-{uuid.uuid4().hex[:6]}"
+        self.cloud = MockCloudProcess(work_dir=work, name=f"bench{n}", boot_delay=0.0,
+                                      inventory=f"H100:us-east:{n * 2}:2.49")
+        self.provider = ProviderProcess(work_dir=work, kubeconfig=kubeconfig, node_name=self.node,
+                                        clouds=[self.cloud],
+                                        pods={"status_interval_seconds": 5, "workers": WORKERS,
+                                              "orphan_grace_seconds": 30})
+
+    async def start(self) -> None:
+        await self.cloud.start()
+        self.provider.start()
+
+    def pid(self) -> int:
+        proc = self.provider.component.process
+        if proc is None:
+            raise RuntimeError("provider not started")
+        return proc.pid
+
+    def check_alive(self) -> None:
+        for part in (self.provider, self.cloud):
+            if not part.alive():
+                raise RuntimeError(f"{part.component.name} died:\n{part.component.tail()}")
+
+    async def drained(self) -> bool:
+        return int((await self.cloud.stats())["live_instances"]) == 0
+
+    async def extra(self, *, bound: dict[str, float],
+                    running: dict[str, float]) -> dict[str, Any]:
+        ledger = {e["uid"]: e for e in await self.cloud.ledger()}
+        to_create = [created - bound[u] for u in bound if u in ledger
+                     if (created := ts(ledger[u]["created_at"])) is not None]
+        to_running = [running[u] - started for u in running if u in ledger
+                      if (started := ts(ledger[u]["started_at"])) is not None]
+        return {"bind_to_create_p50_ms": ms(pct(to_create, 50)),
+                "bind_to_create_p99_ms": ms(pct(to_create, 99)),
+                "running_to_pod_running_p50_ms": ms(pct(to_running, 50)),
+                "running_to_pod_running_p99_ms": ms(pct(to_running, 99)),
+                "instances_created": len(ledger)}
+
+    def stop(self) -> None:
+        self.provider.stop()
+        self.cloud.stop()
+
+
+class GoVK:
+    """The upstream Go virtual-kubelet with an in-memory provider (``tools/govk``)."""
+
+    def __init__(self, *, binary: Path, work: Path, kubeconfig: Path, lift_limits: bool) -> None:
+        self.label = "go-vk lifted" if lift_limits else "go-vk default"
+        self.node = f"vk-go-{'lifted' if lift_limits else 'default'}-{uuid.uuid4().hex[:6]}"
+        self.process = GoVKProcess(binary=binary, work_dir=work, kubeconfig=kubeconfig,
+                                   node=self.node, lift_limits=lift_limits, workers=WORKERS)
+
+    async def start(self) -> None:
+        self.process.start()
+
+    def pid(self) -> int:
+        proc = self.process.component.process
+        if proc is None:
+            raise RuntimeError("govk not started")
+        return proc.pid
+
+    def check_alive(self) -> None:
+        if not self.process.alive():
+            raise RuntimeError(f"govk died:\n{self.process.component.tail()}")
+
+    async def drained(self) -> bool:
+        return True
+
+    async def extra(self, *, bound: dict[str, float],
+                    running: dict[str, float]) -> dict[str, Any]:
+        return {}
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+# ---- one burst -------------------------------------------------------------------------------
+
+
+@dataclass
+class PodWatch:
+    """When each pod's create call returned (it is created bound), and when the bench's watch
+    first saw it Running and gone. The watch shares the bench's event loop with the creating
+    clients, so a Running sighting can lag; every system gets the same lag."""
+
+    created: dict[str, float] = field(default_factory=dict)
+    running: dict[str, float] = field(default_factory=dict)
+    gone: set[str] = field(default_factory=set)
+
+    def on_pod(self, event: str, pod: dict[str, Any]) -> None:
+        uid = pod["metadata"]["uid"]
+        now = time.time()
+        if event == "DELETED":
+            self.gone.add(uid)
+            return
+        if pod.get("status", {}).get("phase") == "Running":
+            self.running.setdefault(uid, now)
+
+
+def ms(seconds: float) -> float:
+    return round(seconds * 1000, 1)
+
+
+def pod_body(*, node: str, i: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"p{i}", "annotations": {"vkprovider.io/gpu-type": "H100"}},
+        "spec": {"nodeName": node, "tolerations": [TOLERATION],
+                 "terminationGracePeriodSeconds": 5,
+                 "containers": [{"name": "main", "image": "vllm/vllm-openai:v0.6",
+                                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+    }
+
+
+async def bounded(n: int, job: Callable[[int], Any]) -> None:
+    """Run ``job(i)`` for i in range(n) with CREATE_CONCURRENCY clients at once."""
+    sem = asyncio.Semaphore(CREATE_CONCURRENCY)
+
+    async def one(i: int) -> None:
+        async with sem:
+            await job(i)
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+
+
+async def create_pods(*, kube: KubeClient, ns: str, node: str, n: int, watch: PodWatch) -> None:
+    async def create(i: int) -> None:
+        got = await kube.create(f"/api/v1/namespaces/{ns}/pods", pod_body(node=node, i=i))
+        watch.created[got["metadata"]["uid"]] = time.time()
+
+    await bounded(n, create)
+
+
+async def delete_pods(*, kube: KubeClient, ns: str, n: int) -> None:
+    async def delete(i: int) -> None:
+        with contextlib.suppress(NotFoundError):
+            await kube.delete(f"/api/v1/namespaces/{ns}/pods/p{i}", grace_period_seconds=0)
+
+    await bounded(n, delete)
+
+
+async def wait_node(*, kube: KubeClient, system: System, timeout: float = 120.0) -> None:
+    """Until the node is Ready and offers GPUs."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            got = await kube.get(f"/api/v1/nodes/{system.node}")
+            status = got.get("status", {})
+            ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                        for c in status.get("conditions", []))
+            if ready and status.get("allocatable", {}).get("nvidia.com/gpu", "0") != "0":
+                return
+        except NotFoundError:
+            pass
+        system.check_alive()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"node {system.node} not ready after {timeout:g} s")
+        await asyncio.sleep(0.2)
+
+
+async def wait_until(*, done: Callable[[], bool], system: System, deadline: float) -> bool:
+    """Poll ``done`` every 0.1 s until it holds (True) or the deadline passes (False)."""
+    while not done():
+        system.check_alive()
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.1)
+    return True
+
+
+def pod_writes(writes: Writes) -> float:
+    """Pod, pod status and event writes (what the quiet check watches)."""
+    return sum(v for (_, r, _), v in writes.items() if r not in HEARTBEAT_RESOURCES)
+
+
+async def wait_quiet(*, kube: KubeClient, check: Callable[[], None], deadline: float) -> bool:
+    """Until no pod, pod status or event write came for QUIET_SECONDS (False: deadline first)."""
+    last = pod_writes(await apiserver_writes(kube))
+    quiet_since = time.monotonic()
+    while time.monotonic() - quiet_since < QUIET_SECONDS:
+        await asyncio.sleep(0.5)
+        now = pod_writes(await apiserver_writes(kube))
+        if now != last:
+            last, quiet_since = now, time.monotonic()
+        check()
+        if time.monotonic() > deadline:
+            return False
+    return True
+
+
+async def wait_drained_and_quiet(*, kube: KubeClient, system: System, deadline: float) -> bool:
+    """Until the system has no live instance and no pod or event write came for QUIET_SECONDS."""
+    while not await system.drained():
+        system.check_alive()
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.5)
+    return await wait_quiet(kube=kube, check=system.check_alive, deadline=deadline)
+
+
+def writes_delta(after: Writes, before: Writes, *, n: int,
+                 deleted: bool) -> tuple[dict[str, float], float, float]:
+    """(writes by kind, the system's per-pod writes, heartbeat writes) between two readings."""
+    delta = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    delta = {k: v for k, v in delta.items() if v > 0}
+    heartbeats = sum(v for (_, r, _), v in delta.items() if r in HEARTBEAT_RESOURCES)
+    own = delta.get(("POST", "pods", ""), 0.0)  # the benchmark's creates
+    if deleted:
+        own += min(delta.get(("DELETE", "pods", ""), 0.0), n)  # and its deletes
+    system = sum(delta.values()) - heartbeats - own
+    by_kind = {f"{v} {r}{'/' + s if s else ''}": c for (v, r, s), c in sorted(delta.items())}
+    return by_kind, round(system / n, 2), heartbeats
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reading:
+    """What the bench reads at a phase boundary."""
+
+    at: float
+    cpu: float
+    writes: Writes
+    failed_writes: float
+
+
+async def reading(*, kube: KubeClient, system: System) -> Reading:
+    writes, failed = await write_counts(kube)
+    return Reading(at=time.time(), cpu=proc_usage(system.pid())[1], writes=writes,
+                   failed_writes=failed)
+
+
+async def burst_phase(*, kube: KubeClient, system: System, ns: str, n: int, watch: PodWatch,
+                      timeout: float) -> tuple[Reading, Reading, float, bool]:
+    """Create the pods; (reading before, reading at all Running, seconds to create, in time)."""
+    start = await reading(kube=kube, system=system)
+    await create_pods(kube=kube, ns=ns, node=system.node, n=n, watch=watch)
+    created = time.time() - start.at
+    in_time = await wait_until(done=lambda: len(watch.running) >= n, system=system,
+                               deadline=time.monotonic() + timeout)
+    return start, await reading(kube=kube, system=system), created, in_time
+
+
+async def delete_phase(*, kube: KubeClient, system: System, ns: str, n: int, watch: PodWatch,
+                       timeout: float) -> tuple[Reading, float, bool]:
+    """Delete the pods (grace 0); (reading at the end, seconds to drained and quiet, in time)."""
+    t0 = time.time()
+    deadline = time.monotonic() + timeout
+    await delete_pods(kube=kube, ns=ns, n=n)
+    in_time = await wait_until(done=lambda: len(watch.gone) >= len(watch.created), system=system,
+                               deadline=deadline)
+    in_time = in_time and await wait_drained_and_quiet(kube=kube, system=system,
+                                                       deadline=deadline)
+    seconds = time.time() - t0 - (QUIET_SECONDS if in_time else 0.0)
+    return await reading(kube=kube, system=system), seconds, in_time
+
+
+def result_row(*, system: System, n: int, watch: PodWatch, start: Reading, at_running: Reading,
+               end: Reading, created: float, timings: dict[str, Any]) -> dict[str, Any]:
+    to_running = [watch.running[u] - watch.created[u] for u in watch.running
+                  if u in watch.created]
+    by_kind_running, per_pod_running, _ = writes_delta(at_running.writes, start.writes, n=n,
+                                                       deleted=False)
+    by_kind, per_pod, heartbeats = writes_delta(end.writes, start.writes, n=n, deleted=True)
+    wall = max(watch.running.values()) - start.at if watch.running else float("nan")
+    return {
+        "system": system.label, "pods": n, "node": system.node,
+        "running_seen": len(watch.running), **timings,
+        "wall_seconds_to_all_running": round(wall, 2),
+        "create_all_pods_seconds": round(created, 2),
+        "create_to_running_p50_ms": ms(pct(to_running, 50)),
+        "create_to_running_p99_ms": ms(pct(to_running, 99)),
+        "cpu_seconds_to_running": round(at_running.cpu - start.cpu, 2),
+        "cpu_seconds_lifecycle": round(end.cpu - start.cpu, 2),
+        "apiserver_writes_per_pod_to_running": per_pod_running,
+        "apiserver_writes_per_pod_lifecycle": per_pod,
+        "heartbeat_writes_lifecycle": heartbeats,
+        "non_2xx_writes_lifecycle": end.failed_writes - start.failed_writes,
+        "apiserver_writes_by_kind_to_running": by_kind_running,
+        "apiserver_writes_by_kind_lifecycle": by_kind,
+    }
+
+
+async def cleanup(*, kube: KubeClient, ns: str, node: str, timeout: float = 120.0) -> None:
+    """Delete the namespace and node; wait until the namespace is gone (no spill-over)."""
+    for path in (f"/api/v1/namespaces/{ns}", f"/api/v1/nodes/{node}"):
+        with contextlib.suppress(NotFoundError):
+            await kube.delete(path)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            await kube.get(f"/api/v1/namespaces/{ns}")
+        except NotFoundError:
+            return
+        await asyncio.sleep(0.5)
+
+
+async def measure(*, kube: KubeClient, system: System, ns: str, n: int,
+                  timeout: float) -> dict[str, Any]:
+    watch = PodWatch()
+    informer = Informer(client=kube, path=f"/api/v1/namespaces/{ns}/pods", handler=watch.on_pod,
+                        name="bench")
+    task = asyncio.create_task(informer.run())
     try:
-        while True:
-            try:
-                got = await kube.get(f"/api/v1/nodes/{node}")
-                if got.get("status", {}).get("allocatable", {}).get("nvidia.com/gpu", "0") != "0":
-                    break
-            except Exception:
-                pass
-            await asyncio.sleep(0.2)
+        await informer.synced.wait()
+        start, at_running, created, running_in_time = await burst_phase(
+            kube=kube, system=system, ns=ns, n=n, watch=watch, timeout=timeout)
+        end, delete_seconds, quiet_in_time = await delete_phase(
+            kube=kube, system=system, ns=ns, n=n, watch=watch, timeout=timeout)
+        rss = proc_usage(system.pid())[0]
+        timings = {"all_running_in_time": running_in_time, "quiet_in_time": quiet_in_time,
+                   "delete_to_quiet_seconds": round(delete_seconds, 2)}
+        row = result_row(system=system, n=n, watch=watch, start=start, at_running=at_running,
+                         end=end, created=created, timings=timings)
+        row["peak_rss_mib"] = round(rss, 1)
+        row.update(await system.extra(bound=watch.created, running=watch.running))
+        return row
+    finally:
+        task.cancel()
+
+
+async def run_system(*, kube: KubeClient, system: System, n: int,
+                     timeout: float) -> dict[str, Any]:
+    ns = f"burst-{n}-{uuid.uuid4().hex[:4]}"
+    load = os.getloadavg()[0]
+    await system.start()
+    try:
+        await wait_node(kube=kube, system=system)
         await kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                  "metadata": {"name": ns}})
-        bound: dict[str, float] = {}
-        running: dict[str, float] = {}
-
-        def on_pod(event: str, pod: dict[str, Any]) -> None:
-            uid = pod["metadata"]["uid"]
-            now = time.time()
-            if pod["spec"].get("nodeName"):
-                bound.setdefault(uid, now)
-            if pod.get("status", {}).get("phase") == "Running":
-                running.setdefault(uid, now)
-
-        informer = Informer(client=kube, path=f"/api/v1/namespaces/{ns}/pods", handler=on_pod,
-                            name="bench")
-        watch = asyncio.create_task(informer.run())
-        await informer.synced.wait()
-        before = await apiserver_writes(kube)
-        sem = asyncio.Semaphore(32)
-
-        async def create(i: int) -> None:
-            async with sem:
-                await kube.create(f"/api/v1/namespaces/{ns}/pods", {
-                    "apiVersion": "v1", "kind": "Pod",
-                    "metadata": {"name": f"p{i}",
-                                 "annotations": {"vkprovider.io/gpu-type": "H100"}},
-                    "spec": {"nodeName": node, "tolerations": [TOLERATION],
-                             "terminationGracePeriodSeconds": 5,
-                             "containers": [{"name": "main", "image": "vllm/vllm-openai:v0.6",
-                                             "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
-                })
-
-        t0 = time.time()
-        await asyncio.gather(*(create(i) for i in range(n)))
-        created_all = time.time() - t0
-        while len(running) < n:
-            if not provider.component.alive():
-                raise RuntimeError(f"provider died:\n{provider.component.tail()}")
-            await asyncio.sleep(0.1)
-        wall = max(running.values()) - t0
-        after = await apiserver_writes(kube)
-        rss, cpu = proc_usage(provider.component.process.pid)  # type: ignore[union-attr]
-        ledger = {e["uid"]: e for e in await cloud.ledger()}
-        to_create = [ts(ledger[u]["created_at"]) - bound[u]  # type: ignore[operator]
-                     for u in bound if u in ledger]
-        to_running = [running[u] - ts(ledger[u]["started_at"]) for u in running  # type: ignore[operator]
-                      if u in ledger and ledger[u]["started_at"]]
-        delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-        delta = {k: v for k, v in delta.items() if v > 0}
-        total_writes = sum(delta.values())
-        bench_writes = delta.get(("POST", "pods", ""), 0.0)  # the benchmark's own pod creates
-        watch.cancel()
-        return {
-            "pods": n, "wall_seconds_to_all_running": round(wall, 2),
-            "create_all_pods_seconds": round(created_all, 2),
-            "bind_to_create_p50_ms": round(pct(to_create, 50) * 1000, 1),
-            "bind_to_create_p99_ms": round(pct(to_create, 99) * 1000, 1),
-            "running_to_pod_running_p50_ms": round(pct(to_running, 50) * 1000, 1),
-            "running_to_pod_running_p99_ms": round(pct(to_running, 99) * 1000, 1),
-            "apiserver_writes_per_pod_by_provider": round((total_writes - bench_writes) / n, 2),
-            "apiserver_writes_by_kind": {f"{v} {r}{'/' + s if s else ''}": c
-                                         for (v, r, s), c in sorted(delta.items())},
-            "provider_peak_rss_mib": round(rss, 1), "provider_cpu_seconds": round(cpu, 2),
-            "instances_created": len(ledger),
-        }
+        row = await measure(kube=kube, system=system, ns=ns, n=n, timeout=timeout)
+        row["load_average_1m_at_start"] = round(load, 2)
+        return row
     finally:
-        provider.stop()
-        cloud.stop()
-        try:
-            await kube.delete(f"/api/v1/namespaces/{ns}")
-            await kube.delete(f"/api/v1/nodes/{node}")
-        except Exception:
-            pass
+        system.stop()
+        await cleanup(kube=kube, ns=ns, node=system.node)
 
 
-async def main(sizes: list[int]) -> int:
+# ---- output ----------------------------------------------------------------------------------
+
+
+def pair(row: dict[str, Any], stem: str) -> str:
+    p50, p99 = row.get(f"{stem}_p50_ms"), row.get(f"{stem}_p99_ms")
+    return "" if p50 is None else f"{p50} / {p99}"
+
+
+def wall_cell(row: dict[str, Any]) -> str:
+    if row["all_running_in_time"]:
+        return str(row["wall_seconds_to_all_running"])
+    return f"timed out: {row['running_seen']}/{row['pods']} Running"
+
+
+def lifecycle_mark(row: dict[str, Any]) -> str:
+    return ("" if row["quiet_in_time"] else "*") + ("" if row["all_running_in_time"] else "†")
+
+
+def limits_note(timeouts: dict[int, float]) -> str:
+    return "each phase (to Running; deletion) limited to " + ", ".join(
+        f"{t:g} s at {n}" for n, t in timeouts.items())
+
+
+def render(*, info: dict[str, Any], results: list[dict[str, Any]], load: tuple[float, ...],
+           timeout_note: str) -> str:
+    header = ["system", "pods", "wall to all Running (s)", "create->Running p50/p99 (ms)",
+              "bind->cloud create p50/p99 (ms)", "cloud running->pod Running p50/p99 (ms)",
+              "CPU to Running (s)", "CPU lifecycle (s)", "API writes/pod to Running",
+              "API writes/pod lifecycle", "delete->quiet (s)", "peak RSS (MiB)"]
+    rows = [[r["system"], str(r["pods"]), wall_cell(r), pair(r, "create_to_running"),
+             pair(r, "bind_to_create"), pair(r, "running_to_pod_running"),
+             str(r["cpu_seconds_to_running"]), str(r["cpu_seconds_lifecycle"]),
+             str(r["apiserver_writes_per_pod_to_running"]),
+             str(r["apiserver_writes_per_pod_lifecycle"]) + lifecycle_mark(r),
+             str(r["delete_to_quiet_seconds"]), str(r["peak_rss_mib"])] for r in results]
+    lines = [
+        f"machine: {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB, "
+        f"Python {info['python']}; load average at start {load[0]:.2f} {load[1]:.2f} "
+        f"{load[2]:.2f} (the machine is shared: other work ran beside the bench)",
+        f"settings: one LocalCluster; each system alone on its own node, run once per size "
+        f"(numbers are noisy); pods created by {CREATE_CONCURRENCY} concurrent clients with "
+        f"spec.nodeName set, deleted with grace 0 by as many once all are Running; {WORKERS} "
+        "workers in every system; vkprovider: mock cloud boot delay 0, status sweep 5 s; go-vk: "
+        "virtual-kubelet v1.14.1 nodeutil, in-memory provider, admin kubeconfig, default = "
+        "library defaults (client QPS 5 / burst 10, queues 10/s burst 100), lifted = "
+        "unlimited queue rate limiters and client QPS/burst 1e6",
+        "API writes/pod leave out the bench's own creates and deletes and the node heartbeats "
+        "(leases, node status); lifecycle = create -> Running -> deleted, the deletion phase "
+        f"ending {QUIET_SECONDS:g} s after the last pod or event write; CPU = the system's own "
+        f"process from the first create; {timeout_note}",
+        table(header, rows)]
+    for r in results:
+        lines.append(f"{r['system']}, {r['pods']} pods: writes by kind over the lifecycle: "
+                     f"{r['apiserver_writes_by_kind_lifecycle']}, of which not 2xx (mostly 404 on "
+                     f"pods already gone): {r['non_2xx_writes_lifecycle']:g}")
+    if any(not r["quiet_in_time"] for r in results):
+        lines.append("* the deletion phase hit the time limit before it was quiet: a lower bound")
+    if any(not r["all_running_in_time"] for r in results):
+        lines.append("† not every pod reached Running in the time limit: its writes cover only the "
+                     "pods it got to, so the per-pod figures are not comparable")
+    return "\n".join(lines) + "\n"
+
+
+# ---- main ------------------------------------------------------------------------------------
+
+
+def phase_timeouts(sizes: list[int], given: list[float] | None) -> dict[int, float]:
+    """Time limit of each phase per size: as given (one per size), else 120 s + 0.6 s/pod."""
+    if given is None:
+        return {n: 120.0 + 0.6 * n for n in sizes}
+    if len(given) != len(sizes):
+        raise SystemExit("--phase-timeout needs one value per --pods size")
+    return dict(zip(sizes, given, strict=True))
+
+
+async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float]) -> int:
     work = Path(tempfile.mkdtemp(prefix="vkp-bench-"))
+    binary = govk_binary() if compare_go else None
+    load = os.getloadavg()
     cluster = LocalCluster(log_dir=work / "logs")
-    results = []
+    results: list[dict[str, Any]] = []
     try:
         await cluster.start()
         async with cluster.client() as kube:
             kubeconfig = await install_provider_rbac(kube=kube, cluster=cluster,
                                                      path=work / "provider.kubeconfig")
             for n in sizes:
-                sys.stderr.write(f"burst of {n} pods ...\n")
-                results.append(await run_one(cluster=cluster, kube=kube, kubeconfig=kubeconfig,
-                                             work=work, n=n))
+                systems: list[System] = [Ours(work=work, kubeconfig=kubeconfig, n=n)]
+                if binary is not None:
+                    systems += [GoVK(binary=binary, work=work, kubeconfig=cluster.kubeconfig,
+                                     lift_limits=lift) for lift in (False, True)]
+                for system in systems:
+                    sys.stderr.write(f"burst of {n} pods on {system.label} ...\n")
+                    results.append(await run_system(kube=kube, system=system, n=n,
+                                                    timeout=timeouts[n]))
     finally:
         cluster.stop()
-    header = ["pods", "wall to all Running (s)", "bind->create p50/p99 (ms)",
-              "cloud running->pod Running p50/p99 (ms)", "API writes/pod (provider)",
-              "peak RSS (MiB)", "CPU (s)"]
-    rows = [[str(r["pods"]), str(r["wall_seconds_to_all_running"]),
-             f"{r['bind_to_create_p50_ms']} / {r['bind_to_create_p99_ms']}",
-             f"{r['running_to_pod_running_p50_ms']} / {r['running_to_pod_running_p99_ms']}",
-             str(r["apiserver_writes_per_pod_by_provider"]), str(r["provider_peak_rss_mib"]),
-             str(r["provider_cpu_seconds"])] for r in results]
     info = machine()
-    sys.stdout.write(f"machine: {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB, "
-                     f"Python {info['python']}\n")
-    sys.stdout.write("settings: mock cloud boot delay 0, 10 workers, status sweep 5 s; pods "
-                     "created by 32 concurrent clients with spec.nodeName set\n")
-    sys.stdout.write(table(header, rows) + "\n")
-    for r in results:
-        sys.stdout.write(f"writes for {r['pods']} pods by kind: {r['apiserver_writes_by_kind']}\n")
-    path = write("burst", {"machine": info, "results": results})
-    sys.stdout.write(f"wrote {path}\n")
+    text = render(info=info, results=results, load=load, timeout_note=limits_note(timeouts))
+    sys.stdout.write(text)
+    settings = {"create_concurrency": CREATE_CONCURRENCY, "workers": WORKERS,
+                "quiet_seconds": QUIET_SECONDS,
+                "phase_timeout_seconds": {str(n): t for n, t in timeouts.items()},
+                "compare_go": compare_go, "load_average_at_start": list(load)}
+    path = write("burst", {"machine": info, "settings": settings, "results": results})
+    (RESULTS / "burst.txt").write_text(text)
+    sys.stdout.write(f"wrote {path} and {RESULTS / 'burst.txt'}\n")
     return 0
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="burst benchmark")
     parser.add_argument("--pods", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--compare-go", action="store_true",
+                        help="also run the upstream Go virtual-kubelet (tools/govk), default and "
+                             "with its limits lifted")
+    parser.add_argument("--phase-timeout", type=float, nargs="+", default=None,
+                        help="time limit (s) of each phase, one per --pods size "
+                             "(default 120 s + 0.6 s/pod); a system that hits it is reported "
+                             "as timed out")
     args = parser.parse_args()
-    sys.exit(asyncio.run(main(args.pods)))
+    sys.exit(asyncio.run(main(sizes=args.pods, compare_go=args.compare_go,
+                              timeouts=phase_timeouts(args.pods, args.phase_timeout))))

@@ -4,8 +4,9 @@ One control plane, one mock cloud (no boot delay) and one provider with producti
 (status sweep every 5 s, 20 workers, GPU figures read every 15 s, in one call per provider
 since the mock offers ``gpu_metrics_all``; capacity refresh every 30 s). For each size N: bind
 N pods to the virtual node (32 concurrent creates), wait until
-all are Running (only the time is reported), let it settle 10 s, then watch a window of
-``--window`` seconds in which nothing changes. Over the window it reports:
+all are Running (only the time is reported), let it settle 10 s and until no pod or event write
+has come for 3 s, then watch a window of ``--window`` seconds in which nothing changes. Over the
+window it reports:
 
 * the provider's RSS at the start and end of the window (VmRSS) and its peak (VmHWM), in MiB;
 * the provider's CPU seconds, the number of sweeps, CPU per sweep and per pod-sweep. This is the
@@ -25,30 +26,44 @@ all are Running (only the time is reported), let it settle 10 s, then watch a wi
   machine), and its list and GPU-metrics calls.
 
 Then the pods are deleted and the cloud drained before the next size, so sizes do not stack.
-Prints a table, writes ``bench/results/steady.json`` and the printed text to
+
+``--compare-go`` then runs the upstream Go virtual-kubelet (``tools/govk``: v1.14.1 with an
+in-memory provider; library defaults, then with its work-queue rate limiters and client QPS
+lifted) through the same sizes, pods and window, each on its own node, and adds a side-by-side
+table of what all systems share: time to all Running, CPU in the window and per minute, RSS, API
+writes per minute.
+
+Prints the tables, writes ``bench/results/steady.json`` and the printed text to
 ``bench/results/steady.txt``.
 
     .venv/bin/python -m bench.steady --pods 1000 5000 --window 60
+    .venv/bin/python -m bench.steady --pods 1000 --window 60 --compare-go
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
+import os
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.burst import TOLERATION, apiserver_writes
+from bench.burst import TOLERATION, GoVK, Writes, apiserver_writes, wait_quiet
+from bench.burst import wait_node as wait_go_node
 from bench.common import RESULTS, machine, proc_usage, table, write
+from bench.govk import govk_binary
 from vkprovider.kube import KubeClient
+from vkprovider.kube.errors import NotFoundError
 from vkprovider.kube.watching import Informer
 from vkprovider.testing.cluster import LocalCluster
 from vkprovider.testing.harness import MockCloudProcess, ProviderProcess, install_provider_rbac
@@ -192,7 +207,7 @@ async def create_pods(*, kube: KubeClient, ns: str, node: str, n: int) -> None:
 
 
 async def run_to_all_running(*, kube: KubeClient, ns: str, node: str, n: int,
-                             provider: ProviderProcess, cloud: MockCloudProcess) -> float:
+                             check: Callable[[], None]) -> float:
     """Create the pods; seconds from the first create until the watch saw all of them Running."""
     running: set[str] = set()
 
@@ -209,7 +224,7 @@ async def run_to_all_running(*, kube: KubeClient, ns: str, node: str, n: int,
         await create_pods(kube=kube, ns=ns, node=node, n=n)
         deadline = t0 + 120 + n * 0.5
         while len(running) < n:
-            check_alive(provider=provider, cloud=cloud)
+            check()
             if time.monotonic() > deadline:
                 raise RuntimeError(f"only {len(running)} of {n} pods Running")
             await asyncio.sleep(0.1)
@@ -218,18 +233,18 @@ async def run_to_all_running(*, kube: KubeClient, ns: str, node: str, n: int,
         watch.cancel()  # no watch of ours during the window
 
 
-async def drain(*, kube: KubeClient, ns: str, n: int, provider: ProviderProcess,
-                cloud: MockCloudProcess) -> float:
+async def drain(*, kube: KubeClient, ns: str, n: int, check: Callable[[], None],
+                live_instances: Callable[[], Awaitable[int]]) -> float:
     """Delete every pod of ``ns``; seconds until none is left and the cloud has no instance."""
     t0 = time.monotonic()
     await kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods")  # deletecollection
     deadline = t0 + 120 + n * 0.5
     while True:
-        live = (await cloud.stats())["live_instances"]
+        live = await live_instances()
         pods = (await kube.get(f"/api/v1/namespaces/{ns}/pods", params={"limit": 1}))["items"]
         if live == 0 and not pods:
             break
-        check_alive(provider=provider, cloud=cloud)
+        check()
         if time.monotonic() > deadline:
             raise RuntimeError(f"{live} instances still live, pods left: {bool(pods)}")
         await asyncio.sleep(0.5)
@@ -277,21 +292,126 @@ async def run_size(*, kube: KubeClient, node: str, provider: ProviderProcess,
     ns = f"steady-{n}-{uuid.uuid4().hex[:4]}"
     await kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                              "metadata": {"name": ns}})
-    to_running = await run_to_all_running(kube=kube, ns=ns, node=node, n=n, provider=provider,
-                                          cloud=cloud)
+    def check() -> None:
+        check_alive(provider=provider, cloud=cloud)
+
+    async def live_instances() -> int:
+        return int((await cloud.stats())["live_instances"])
+
+    to_running = await run_to_all_running(kube=kube, ns=ns, node=node, n=n, check=check)
     sys.stderr.write(f"  all {n} Running after {to_running:.1f} s; settling, then a "
                      f"{window:.0f} s window ...\n")
-    await asyncio.sleep(SETTLE_SECONDS)
+    await settle(kube=kube, n=n, check=check)
     start = await snapshot(kube=kube, cloud=cloud, provider=provider)
     await asyncio.sleep(window)
     end = await snapshot(kube=kube, cloud=cloud, provider=provider)
     check_alive(provider=provider, cloud=cloud)
     peak = proc_usage(pid_of(provider))[0]
     row = window_row(n=n, start=start, end=end, peak_rss=peak)
+    row["system"] = "vkprovider"
+    row["cpu_per_minute_s"] = round(row["provider_cpu_seconds"] / row["window_seconds"] * 60, 3)
     row["seconds_to_all_running"] = round(to_running, 1)
-    drained = await drain(kube=kube, ns=ns, n=n, provider=provider, cloud=cloud)
+    drained = await drain(kube=kube, ns=ns, n=n, check=check, live_instances=live_instances)
     sys.stderr.write(f"  deleted, cloud drained in {drained:.1f} s\n")
     return row
+
+
+async def settle(*, kube: KubeClient, n: int, check: Callable[[], None]) -> None:
+    """SETTLE_SECONDS, then until no pod or event write came for 3 s (a backlog of events, as
+    the Go virtual-kubelet with client QPS 5 has, must not land in the window)."""
+    await asyncio.sleep(SETTLE_SECONDS)
+    if not await wait_quiet(kube=kube, check=check, deadline=time.monotonic() + 120 + n * 0.5):
+        raise RuntimeError("pod and event writes did not stop after all pods were Running")
+
+
+# ---- the upstream Go virtual-kubelet beside it (--compare-go) --------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class GoSnapshot:
+    at: float
+    cpu: float
+    rss_mib: float
+    writes: Writes
+
+
+async def go_snapshot(*, kube: KubeClient, system: GoVK) -> GoSnapshot:
+    writes = await apiserver_writes(kube)
+    pid = system.pid()
+    return GoSnapshot(at=time.monotonic(), cpu=proc_usage(pid)[1], rss_mib=rss_mib(pid=pid),
+                      writes=writes)
+
+
+def go_window_row(*, system: GoVK, n: int, start: GoSnapshot, end: GoSnapshot,
+                  peak_rss: float) -> dict[str, Any]:
+    seconds = end.at - start.at
+    cpu = end.cpu - start.cpu
+    writes = {k: v - start.writes.get(k, 0.0) for k, v in end.writes.items()}
+    writes = {k: v for k, v in writes.items() if v > 0}
+    total_writes = sum(writes.values())
+    return {
+        "system": system.label, "pods": n, "window_seconds": round(seconds, 1),
+        "provider_cpu_seconds": round(cpu, 2), "cpu_per_minute_s": round(cpu / seconds * 60, 3),
+        "provider_rss_start_mib": round(start.rss_mib, 1),
+        "provider_rss_mib": round(end.rss_mib, 1), "provider_peak_rss_mib": round(peak_rss, 1),
+        "apiserver_writes": total_writes,
+        "apiserver_writes_per_minute": round(total_writes / seconds * 60, 1),
+        "apiserver_writes_by_kind": {f"{v} {r}{'/' + s if s else ''}": c
+                                     for (v, r, s), c in sorted(writes.items())},
+    }
+
+
+async def go_size(*, kube: KubeClient, system: GoVK, n: int, window: float) -> dict[str, Any]:
+    ns = f"steady-go-{n}-{uuid.uuid4().hex[:4]}"
+    await kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                             "metadata": {"name": ns}})
+    to_running = await run_to_all_running(kube=kube, ns=ns, node=system.node, n=n,
+                                          check=system.check_alive)
+    sys.stderr.write(f"  all {n} Running after {to_running:.1f} s; settling, then a "
+                     f"{window:.0f} s window ...\n")
+    await settle(kube=kube, n=n, check=system.check_alive)
+    start = await go_snapshot(kube=kube, system=system)
+    await asyncio.sleep(window)
+    end = await go_snapshot(kube=kube, system=system)
+    system.check_alive()
+    row = go_window_row(system=system, n=n, start=start, end=end,
+                        peak_rss=proc_usage(system.pid())[0])
+    row["seconds_to_all_running"] = round(to_running, 1)
+
+    async def no_instances() -> int:
+        return 0
+
+    drained = await drain(kube=kube, ns=ns, n=n, check=system.check_alive,
+                          live_instances=no_instances)
+    sys.stderr.write(f"  deleted in {drained:.1f} s\n")
+    return row
+
+
+async def run_go(*, kube: KubeClient, system: GoVK, sizes: list[int],
+                 window: float) -> list[dict[str, Any]]:
+    """One Go virtual node for every size, like the provider's; stopped and removed after."""
+    rows: list[dict[str, Any]] = []
+    await system.start()
+    try:
+        await wait_go_node(kube=kube, system=system)
+        for n in sizes:
+            sys.stderr.write(f"steady state with {n} pods on {system.label} ...\n")
+            rows.append(await go_size(kube=kube, system=system, n=n, window=window))
+    finally:
+        system.stop()
+        with contextlib.suppress(NotFoundError):
+            await kube.delete(f"/api/v1/nodes/{system.node}")
+    return rows
+
+
+def render_side_by_side(results: list[dict[str, Any]]) -> str:
+    header = ["system", "pods", "to all Running (s)", "window (s)", "CPU in window (s)",
+              "CPU per minute (s)", "RSS now/peak (MiB)", "API writes/min"]
+    rows = [[r["system"], str(r["pods"]), str(r["seconds_to_all_running"]),
+             str(r["window_seconds"]), str(r["provider_cpu_seconds"]), str(r["cpu_per_minute_s"]),
+             f"{r['provider_rss_mib']} / {r['provider_peak_rss_mib']}",
+             str(r["apiserver_writes_per_minute"])] for r in results]
+    return table(header, rows)
 
 
 def render(*, info: dict[str, Any], results: list[dict[str, Any]], window: float,
@@ -319,46 +439,76 @@ def render(*, info: dict[str, Any], results: list[dict[str, Any]], window: float
     return "\n".join(lines) + "\n"
 
 
-async def main(*, sizes: list[int], window: float, gpu_interval: float) -> int:
-    work = Path(tempfile.mkdtemp(prefix="vkp-bench-"))
-    cluster = LocalCluster(log_dir=work / "logs")
+async def run_ours(*, kube: KubeClient, kubeconfig: Path, work: Path, sizes: list[int],
+                   window: float, gpu_interval: float, inventory: str) -> list[dict[str, Any]]:
     node = f"vk-steady-{uuid.uuid4().hex[:6]}"
-    inventory = f"H100:us-east:{max(sizes) + 1000}:2.49"
     results: list[dict[str, Any]] = []
     cloud = MockCloudProcess(work_dir=work, name="steady", boot_delay=0.0, inventory=inventory)
+    await cloud.start()
+    provider = ProviderProcess(
+        work_dir=work, kubeconfig=kubeconfig, node_name=node, clouds=[cloud],
+        pods=SETTINGS["pods"], node=SETTINGS["node"],
+        kubelet_api={"gpu_metrics_interval_seconds": gpu_interval})
+    provider.start()
+    try:
+        await wait_node(kube=kube, node=node, provider=provider, cloud=cloud)
+        for n in sizes:
+            sys.stderr.write(f"steady state with {n} pods ...\n")
+            results.append(await run_size(kube=kube, node=node, provider=provider,
+                                          cloud=cloud, n=n, window=window))
+    finally:
+        provider.stop()
+        cloud.stop()
+    return results
+
+
+async def main(*, sizes: list[int], window: float, gpu_interval: float,
+               compare_go: bool) -> int:
+    work = Path(tempfile.mkdtemp(prefix="vkp-bench-"))
+    binary = govk_binary() if compare_go else None
+    load = os.getloadavg()
+    cluster = LocalCluster(log_dir=work / "logs")
+    inventory = f"H100:us-east:{max(sizes) + 1000}:2.49"
+    go_results: list[dict[str, Any]] = []
     try:
         await cluster.start()
         async with cluster.client() as kube:
             kubeconfig = await install_provider_rbac(kube=kube, cluster=cluster,
                                                      path=work / "provider.kubeconfig")
-            await cloud.start()
-            provider = ProviderProcess(
-                work_dir=work, kubeconfig=kubeconfig, node_name=node, clouds=[cloud],
-                pods=SETTINGS["pods"], node=SETTINGS["node"],
-                kubelet_api={"gpu_metrics_interval_seconds": gpu_interval})
-            provider.start()
-            try:
-                await wait_node(kube=kube, node=node, provider=provider, cloud=cloud)
-                for n in sizes:
-                    sys.stderr.write(f"steady state with {n} pods ...\n")
-                    results.append(await run_size(kube=kube, node=node, provider=provider,
-                                                  cloud=cloud, n=n, window=window))
-            finally:
-                provider.stop()
-                cloud.stop()
+            results = await run_ours(kube=kube, kubeconfig=kubeconfig, work=work, sizes=sizes,
+                                     window=window, gpu_interval=gpu_interval,
+                                     inventory=inventory)
+            if binary is not None:
+                for lift in (False, True):
+                    system = GoVK(binary=binary, work=work, kubeconfig=cluster.kubeconfig,
+                                  lift_limits=lift)
+                    go_results += await run_go(kube=kube, system=system, sizes=sizes,
+                                               window=window)
     finally:
         cluster.stop()
     info = machine()
     text = render(info=info, results=results, window=window, gpu_interval=gpu_interval)
+    if go_results:
+        text += go_note(load) + render_side_by_side(results + go_results) + "\n"
     sys.stdout.write(text)
     settings = {**SETTINGS, "kubelet_api": {"gpu_metrics_interval_seconds": gpu_interval},
                 "mock_cloud": {"boot_delay": 0.0, "inventory": inventory},
                 "settle_seconds": SETTLE_SECONDS, "window_seconds": window,
-                "create_concurrency": CREATE_CONCURRENCY}
-    path = write("steady", {"machine": info, "settings": settings, "results": results})
+                "create_concurrency": CREATE_CONCURRENCY, "compare_go": compare_go,
+                "load_average_at_start": list(load)}
+    path = write("steady", {"machine": info, "settings": settings, "results": results,
+                            "go_results": go_results})
     (RESULTS / "steady.txt").write_text(text)
     sys.stdout.write(f"wrote {path} and {RESULTS / 'steady.txt'}\n")
     return 0
+
+
+def go_note(load: tuple[float, ...]) -> str:
+    return ("side by side with the upstream Go virtual-kubelet (v1.14.1 nodeutil, in-memory "
+            "provider, 10 workers, admin kubeconfig; default = library defaults, lifted = "
+            "unlimited work-queue rate limiters and client QPS/burst 1e6), each on its own node "
+            "with the same pods and window, run once (noisy: the machine is shared; load "
+            f"average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}):\n")
 
 
 if __name__ == "__main__":
@@ -367,6 +517,10 @@ if __name__ == "__main__":
     parser.add_argument("--window", type=float, default=60.0, help="seconds measured per size")
     parser.add_argument("--gpu-metrics-interval", type=float, default=15.0,
                         help="kubelet_api.gpu_metrics_interval_seconds (production: 15)")
+    parser.add_argument("--compare-go", action="store_true",
+                        help="also run the upstream Go virtual-kubelet (tools/govk), default and "
+                             "with its limits lifted, on the same sizes and window")
     args = parser.parse_args()
     sys.exit(asyncio.run(main(sizes=args.pods, window=args.window,
-                              gpu_interval=args.gpu_metrics_interval)))
+                              gpu_interval=args.gpu_metrics_interval,
+                              compare_go=args.compare_go)))

@@ -1,0 +1,131 @@
+"""The burst benchmark's bookkeeping: per-pod writes, the watch's times, time limits, the table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.burst import (
+    TOLERATION,
+    PodWatch,
+    Writes,
+    lifecycle_mark,
+    phase_timeouts,
+    pod_writes,
+    render,
+    wall_cell,
+    writes_delta,
+)
+from bench.govk import TAINT, govk_argv
+
+
+def test_lifecycle_writes_leave_out_the_bench_and_the_heartbeats() -> None:
+    before: Writes = {("POST", "pods", ""): 10.0, ("PUT", "leases", ""): 5.0}
+    after: Writes = {
+        ("POST", "pods", ""): 110.0,  # the bench's 100 creates
+        ("DELETE", "pods", ""): 130.0,  # its 100 deletes and 30 by the system
+        ("PUT", "pods", "status"): 100.0,
+        ("POST", "events", ""): 200.0,
+        ("PUT", "leases", ""): 9.0,
+        ("PATCH", "nodes", "status"): 2.0,
+    }
+    by_kind, per_pod, heartbeats = writes_delta(after, before, n=100, deleted=True)
+    assert per_pod == 3.3  # 30 deletes + 100 status + 200 events over 100 pods
+    assert heartbeats == 6.0
+    assert by_kind["DELETE pods"] == 130.0
+    assert by_kind["PUT pods/status"] == 100.0
+    assert "PUT leases" in by_kind
+
+
+def test_writes_to_running_do_not_subtract_deletes() -> None:
+    after: Writes = {("POST", "pods", ""): 50.0, ("DELETE", "pods", ""): 5.0,
+                     ("PATCH", "pods", "status"): 50.0}
+    _, per_pod, _ = writes_delta(after, {}, n=50, deleted=False)
+    assert per_pod == 1.1
+
+
+def test_the_quiet_check_ignores_heartbeats() -> None:
+    writes: Writes = {("PUT", "leases", ""): 7.0, ("PATCH", "nodes", "status"): 1.0,
+                      ("POST", "events", ""): 4.0, ("PUT", "pods", "status"): 2.0}
+    assert pod_writes(writes) == 6.0
+
+
+def test_the_watch_keeps_first_sightings_and_deletions() -> None:
+    watch = PodWatch()
+    pod: dict[str, Any] = {"metadata": {"uid": "u1"}, "spec": {"nodeName": "n"},
+                           "status": {"phase": "Pending"}}
+    watch.on_pod("ADDED", pod)
+    assert watch.running == {}
+    pod["status"]["phase"] = "Running"
+    watch.on_pod("MODIFIED", pod)
+    first = watch.running["u1"]
+    watch.on_pod("MODIFIED", pod)
+    assert watch.running["u1"] == first
+    watch.on_pod("DELETED", pod)
+    assert watch.gone == {"u1"}
+
+
+def test_phase_timeouts_default_grow_with_size_and_take_one_value_per_size() -> None:
+    default = phase_timeouts([100, 1000], None)
+    assert default[1000] > default[100]
+    assert phase_timeouts([1000, 3000], [700.0, 240.0]) == {1000: 700.0, 3000: 240.0}
+    with pytest.raises(SystemExit):
+        phase_timeouts([1000, 3000], [700.0])
+
+
+def row(**overrides: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "system": "go-vk default", "pods": 10, "all_running_in_time": True, "quiet_in_time": True,
+        "running_seen": 10, "wall_seconds_to_all_running": 1.5, "create_to_running_p50_ms": 10.0,
+        "create_to_running_p99_ms": 20.0, "cpu_seconds_to_running": 0.1,
+        "cpu_seconds_lifecycle": 0.2, "apiserver_writes_per_pod_to_running": 1.0,
+        "apiserver_writes_per_pod_lifecycle": 3.0, "delete_to_quiet_seconds": 2.0,
+        "peak_rss_mib": 60.0, "apiserver_writes_by_kind_lifecycle": {"POST events": 20.0},
+        "non_2xx_writes_lifecycle": 0.0,
+    }
+    return {**base, **overrides}
+
+
+def test_a_timed_out_system_shows_how_far_it_got() -> None:
+    assert wall_cell(row()) == "1.5"
+    assert wall_cell(row(all_running_in_time=False, running_seen=4)) == (
+        "timed out: 4/10 Running")
+
+
+def test_the_table_leaves_the_cloud_columns_blank_for_go() -> None:
+    info = {"cpu": "x", "cores": 2, "memory_gib": 1.0, "python": "3"}
+    ours = row(system="vkprovider", bind_to_create_p50_ms=5.0, bind_to_create_p99_ms=9.0,
+               running_to_pod_running_p50_ms=1.0, running_to_pod_running_p99_ms=2.0)
+    text = render(info=info, results=[ours, row(quiet_in_time=False)], load=(1.0, 1.0, 1.0),
+                  timeout_note="limits")
+    lines = {line.split("|")[1].strip(): line for line in text.splitlines()
+             if line.startswith("| ") and "system" not in line}
+    assert "5.0 / 9.0" in lines["vkprovider"]
+    cells = [c.strip() for c in lines["go-vk default"].split("|")]
+    assert cells[5] == "" and cells[6] == ""
+    assert "3.0*" in lines["go-vk default"]
+    assert "lower bound" in text
+
+
+def test_govk_runs_with_our_taint_and_lifts_limits_only_when_asked() -> None:
+    argv = govk_argv(binary=Path("/b/govk"), kubeconfig=Path("/k"), node="n1",
+                     lift_limits=False, workers=10)
+    assert f"--taint={TAINT}" in argv and "--workers=10" in argv
+    assert "--lift-limits" not in argv
+    assert "--lift-limits" in govk_argv(binary=Path("/b/govk"), kubeconfig=Path("/k"),
+                                        node="n1", lift_limits=True, workers=10)
+
+
+
+def test_the_bench_pods_tolerate_the_go_node_taint() -> None:
+    key, rest = TAINT.split("=", 1)
+    value, effect = rest.split(":")
+    assert (key, value, effect) == (TOLERATION["key"], TOLERATION["value"], TOLERATION["effect"])
+
+
+def test_a_system_that_did_not_get_all_pods_running_is_marked_not_comparable() -> None:
+    assert lifecycle_mark(row()) == ""
+    assert lifecycle_mark(row(all_running_in_time=False)) == "†"
+    assert lifecycle_mark(row(all_running_in_time=False, quiet_in_time=False)) == "*†"
