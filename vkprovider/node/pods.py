@@ -660,6 +660,8 @@ class PodController:
                 # Past the grace period: let the pod go; the orphan collector keeps deleting.
         if uid in self.unsure:
             raise Retry("a create may be in flight", after=1.0)
+        if meta.get("deletionGracePeriodSeconds") == 0 and not meta.get("finalizers"):
+            return  # deleted with grace 0: the API server removes it itself (a DELETE: a 404)
         try:
             await self.client.delete(_pod_path(pod), grace_period_seconds=0, uid=uid)
             self.metrics.kube_writes.labels("pod_delete").inc()
