@@ -230,6 +230,13 @@ BAD_PODS: list[tuple[str, dict[str, Any], str, str]] = [
      "InvalidResources", "cpu"),
     ("too-many-gpus", {"gpus": 512}, "GPUCountUnavailable", "512 GPUs"),
     ("unknown-gpu-type", {"gpu_type": "B300"}, "UnknownGPUType", "B300"),
+    # probes run over the network: no exec, and only declared ports (issue 13's bad input)
+    ("exec-probe", {"container": {"readinessProbe": {"exec": {"command": ["cat", "/ok"]}}}},
+     "UnsupportedPodSpec", "spec.containers[0].readinessProbe.exec"),
+    ("undeclared-probe-port",
+     {"container": {"ports": [{"name": "http", "containerPort": 8000}],
+                    "livenessProbe": {"httpGet": {"path": "/", "port": "metrics"}}}},
+     "UnsupportedPodSpec", "named port 'metrics' does not exist"),
     # the mock rents GPU machines only: a GPU-less pod never reaches it (it would answer 422)
     ("zero-gpus", {"gpus": 0}, "InvalidResources",
      "resources.limits[nvidia.com/gpu]: no GPU requested"),

@@ -894,3 +894,44 @@ async def test_resource_field_ref_naming_own_container() -> None:
         }
     )
     assert (await run(pod)).env["X"] == "4"
+
+
+# --------------------------------------------------------------------------------------------
+# probes: run over the network, so exec is refused and ports must be declared
+
+
+PROBE_CASES: list[tuple[str, dict[str, Any], str | None]] = [
+    ("readinessProbe", {"httpGet": {"path": "/health", "port": 8000}}, None),
+    ("readinessProbe", {"httpGet": {"path": "/health", "port": "http"}}, None),
+    ("livenessProbe", {"tcpSocket": {"port": "8000"}}, None),
+    ("readinessProbe", {"exec": {"command": ["cat", "/ready"]}},
+     "spec.containers[0].readinessProbe.exec"),
+    ("startupProbe", {"httpGet": {"path": "/", "port": 9999}},
+     "spec.containers[0].startupProbe.httpGet.port"),
+    ("livenessProbe", {"tcpSocket": {"port": "metrics"}},
+     "spec.containers[0].livenessProbe.tcpSocket.port"),
+    ("readinessProbe", {"grpc": {"port": 50051}}, "spec.containers[0].readinessProbe.grpc.port"),
+]
+
+
+@pytest.mark.parametrize(("kind", "probe", "refused_field"), PROBE_CASES)
+async def test_probes_are_refused_by_field_when_they_cannot_reach_the_instance(
+    kind: str, probe: dict[str, Any], refused_field: str | None
+) -> None:
+    pod = make_pod()
+    c0(pod)["ports"] = [{"name": "http", "containerPort": 8000}]
+    c0(pod)[kind] = probe
+    if refused_field is None:
+        await run(pod)
+        return
+    with pytest.raises(PodRejected) as info:
+        await run(pod)
+    assert info.value.field == refused_field
+    assert info.value.reason == "UnsupportedPodSpec"
+
+
+async def test_an_exec_probe_is_ignored_when_the_policy_says_so() -> None:
+    pod = make_pod()
+    c0(pod)["livenessProbe"] = {"exec": {"command": ["true"]}}
+    spec = await translate(pod=pod, node_name=NODE, refs=FakeRefs(), ignore_exec_probes=True)
+    assert spec.image == c0(pod)["image"]

@@ -691,7 +691,9 @@ class PodController:
             raise Retry(wait, after=2.0)
         self.told_blind.discard(uid)
         try:
-            spec = await translate(pod=pod, node_name=self.node, refs=self.refs)
+            spec = await translate(
+                pod=pod, node_name=self.node, refs=self.refs,
+                ignore_exec_probes=policy is not None and policy.spec.exec_probes == "Ignore")
         except PodRejected as exc:
             await self._reject(pod, reason=exc.reason, message=f"{exc.field}: {exc.message}")
             return

@@ -163,8 +163,12 @@ def _volume_type(volume: Mapping[str, Any]) -> str:
     return types[0] if types else "unknown"
 
 
-def validate(pod: Mapping[str, Any]) -> None:
-    """Raise ``PodRejected`` (reason and exact field path) for what no cloud can run."""
+def validate(pod: Mapping[str, Any], *, ignore_exec_probes: bool = False) -> None:
+    """Raise ``PodRejected`` (reason and exact field path) for what no cloud can run.
+
+    ``ignore_exec_probes``: the pod's OverflowPolicy says ``execProbes: Ignore`` (run the pod
+    without its exec probes rather than refuse it).
+    """
     meta = _map(pod, "metadata")
     for key in ("name", "namespace", "uid"):
         if not _str(meta, key):
@@ -203,6 +207,7 @@ def validate(pod: Mapping[str, Any]) -> None:
 
     container = containers[0] if isinstance(containers[0], Mapping) else {}
     _validate_container(container)
+    _validate_probes(container, ignore_exec=ignore_exec_probes)
 
 
 def _validate_container(container: Mapping[str, Any]) -> None:
@@ -234,6 +239,41 @@ def _validate_container(container: Mapping[str, Any]) -> None:
 
     _validate_resources(_map(container, "resources"))
     _validate_env(container)
+
+
+_PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
+
+
+def _validate_probes(container: Mapping[str, Any], *, ignore_exec: bool) -> None:
+    """Probes run over the network against what the cloud publishes: an exec probe cannot run,
+    and a probe must name a port the container declares (by number or by name)."""
+    ports = [p for p in _list(container, "ports") if isinstance(p, Mapping)]
+    numbers = {p.get("containerPort") for p in ports}
+    names = {p.get("name") for p in ports if p.get("name")}
+    for kind in _PROBES:
+        probe = _map(container, kind)
+        if not probe:
+            continue
+        if _map_value(probe, "exec") is not None and not ignore_exec:
+            raise _unsupported(
+                f"{_C0}.{kind}.exec",
+                "an exec probe cannot run on a cloud instance (probes go over the network: use "
+                "httpGet, tcpSocket or grpc, or set the OverflowPolicy's spec.execProbes: "
+                "Ignore to run the pod without it)")
+        for handler in ("httpGet", "tcpSocket", "grpc"):
+            action = _map(probe, handler)
+            if not action:
+                continue
+            port = action.get("port")
+            field = f"{_C0}.{kind}.{handler}.port"
+            if isinstance(port, str) and not port.isdigit():
+                if port not in names:
+                    raise _unsupported(field, f"named port {port!r} does not exist in "
+                                              f"{_C0}.ports")
+            elif not isinstance(port, int | str) or int(port) not in numbers:
+                raise _unsupported(field, f"port {port} is not declared in {_C0}.ports: a "
+                                          "cloud publishes only declared ports, so the probe "
+                                          "could never reach it")
 
 
 def _map_value(obj: Any, key: str) -> Any:
@@ -536,13 +576,14 @@ def _quantity(resources: Mapping[str, Any], name: str) -> Decimal | None:
     return None
 
 
-async def translate(*, pod: Mapping[str, Any], node_name: str, refs: RefSource) -> InstanceSpec:
+async def translate(*, pod: Mapping[str, Any], node_name: str, refs: RefSource,
+                    ignore_exec_probes: bool = False) -> InstanceSpec:
     """Validate the pod and build the InstanceSpec for it.
 
     Raises ``PodRejected`` for what no cloud can run and ``PodConfigPending`` when a non-optional
     Secret/ConfigMap (or key) is missing. Any error of ``refs`` propagates unchanged.
     """
-    validate(pod)
+    validate(pod, ignore_exec_probes=ignore_exec_probes)
     meta = _map(pod, "metadata")
     namespace = _str(meta, "namespace")
     pod_name = _str(meta, "name")

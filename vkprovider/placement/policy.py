@@ -313,6 +313,7 @@ class OverflowPolicySpec(_Frozen):
     limits: Limits = Field(default_factory=Limits)
     overflow_after: Duration = "0s"
     move_back: MoveBack = Field(default_factory=MoveBack)
+    exec_probes: Literal["Refuse", "Ignore"] = "Refuse"
     dry_run: StrictBool = False
 
     @model_validator(mode="after")
