@@ -13,6 +13,10 @@ Rules for adapters:
   call per sweep, never one call per pod.
 * ``delete`` is idempotent: deleting an instance that is gone is not an error.
 * Secrets (API keys, env values) never appear in ``repr``, logs or error messages.
+* ``Instance.published`` says how each container port is reached from outside the cloud, built
+  only from what the cloud reports (or documents as a fixed convention). A field the cloud
+  leaves out gives fewer entries (none at worst), never an error. Entries for one container
+  port come in order of preference.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import enum
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 #: Tag keys every instance carries so that a restart can adopt it and GC can find orphans.
 TAG_NODE = "vkprovider.io/node"
@@ -46,6 +50,27 @@ class Port:
     container_port: int
     protocol: str = "TCP"
     name: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PublishedPort:
+    """How one container port of an instance is reached from outside the cloud.
+
+    ``host:port`` is what a client dials; ``port`` may differ from ``container_port`` (clouds
+    map ports). ``kind`` says what ``host`` is: ``"ip"`` (an IP address, as the cloud reports
+    it) or ``"hostname"`` (a DNS name, e.g. a cloud proxy or access domain). ``scheme`` is
+    ``"https"`` when the cloud terminates TLS in front of the container (so the container speaks
+    plain HTTP behind it), else None (a raw TCP/UDP mapping). ``protocol`` is the container
+    port's protocol (``"TCP"``, ``"UDP"``). An instance may list several entries for one
+    container port (e.g. a direct IP mapping and a TLS proxy); the preferred one comes first.
+    """
+
+    container_port: int
+    protocol: str = "TCP"
+    host: str
+    port: int
+    kind: Literal["ip", "hostname"]
+    scheme: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,7 +106,8 @@ class Instance:
     region: str | None = None
     price_per_hour: float = 0.0  # for the whole instance
     ip: str | None = None
-    endpoints: tuple[str, ...] = ()  # public URLs or host:port
+    endpoints: tuple[str, ...] = ()  # public URLs or host:port (free-form, for people)
+    published: tuple[PublishedPort, ...] = ()  # per container port: how it is reached
     created_at: datetime | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None

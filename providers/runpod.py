@@ -40,6 +40,23 @@ Mapping (see ``docs/providers/runpod.md`` for the tables):
 * ``cpu_millis``/``memory_bytes`` are ignored for GPU pods (RunPod sizes vCPU and RAM by GPU);
   ``max_price_per_hour`` cannot be enforced (v2 has no bid or price cap, and no spot pods).
 
+Published ports (:class:`~providers.base.PublishedPort`, only while the pod is ``RUNNING``): for
+every declared ``Pod.ports`` entry ``"<port>/<kind>"``, in that order,
+
+1. the direct mapping from ``runtime.ports`` (``PodRuntimePort``: ``private`` == the port,
+   ``public`` the port on the host, ``ip`` the host's address) as kind ``"ip"``, when all
+   three are set and ``ip`` is an address a client outside RunPod can dial (the spec does not
+   say ``ip`` is public; private, carrier-grade NAT, loopback and link-local addresses are
+   skipped);
+2. for ``http`` ports, RunPod's HTTP proxy ``<podId>-<port>.proxy.runpod.net`` on 443 with
+   scheme ``https`` as kind ``"hostname"`` (a documented RunPod convention; the REST v2 spec
+   has no field for it).
+
+So an ``http`` port always has at least the proxy entry, a ``tcp`` port an entry only once
+RunPod maps it; when both exist the direct mapping comes first. The v2 spec has no
+``publicIp``/``portMappings`` fields (those are REST v1's); ``runtime.ports`` carries the same
+facts per port.
+
 Status mapping: ``PROVISIONING``/``STARTING`` -> PENDING, ``RUNNING`` -> RUNNING, ``EXITED`` and
 ``ERROR`` -> FAILED (v2 reports no exit code), ``TERMINATED`` -> FAILED from :meth:`get`; ``list``
 leaves ``TERMINATED`` pods out, as RunPod does once the delete completes, so the service sees
@@ -104,6 +121,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import collections
+import ipaddress
 import json
 import math
 import re
@@ -128,6 +146,7 @@ from providers.base import (
     NotFound,
     Offer,
     ProviderError,
+    PublishedPort,
     QuotaError,
     TransientError,
 )
@@ -165,7 +184,13 @@ _STATUS_MESSAGES = {
     "ERROR": "RunPod reports the container in an unrecoverable error state",
     "TERMINATED": "RunPod terminated the pod",
 }
-_HTTP_PROXY = "https://{pod_id}-{port}.proxy.runpod.net"  # RunPod's documented proxy convention
+_PROXY_HOST = "{pod_id}-{port}.proxy.runpod.net"  # RunPod's documented proxy convention
+_HTTP_PROXY = "https://" + _PROXY_HOST
+#: Addresses that no client outside RunPod can reach (besides loopback, link-local, ...).
+_INTERNAL_NETWORKS = tuple(
+    ipaddress.ip_network(n)
+    for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7")
+)
 _MAX_LOG_TAIL = 5000  # the API's maximum backfill
 _QUOTA_WORDS = ("balance", "quota", "spend limit", "spending limit")
 _CUDA_VERSION = re.compile(r"^\d+\.\d+$")
@@ -326,6 +351,67 @@ def _decode_tags(env: Any) -> dict[str, str] | None:
 def _port_entry(port: int, name: str | None) -> str:
     kind = "http" if (name or "").lower().startswith("http") else "tcp"
     return f"{port}/{kind}"
+
+
+def _port_number(value: Any) -> int | None:
+    """A TCP/UDP port number (an int, or its decimal string), or None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    return value if isinstance(value, int) and 1 <= value <= 65535 else None
+
+
+def _reachable_ip(value: Any) -> str | None:
+    """``value`` as an IP address a client outside RunPod can dial, else None.
+
+    ``PodRuntimePort.ip`` is not documented as public, and RunPod's internal addresses (private,
+    carrier-grade NAT, loopback, link-local) show up there; such an address reaches nothing.
+    """
+    if not isinstance(value, str):
+        return None
+    try:
+        address = ipaddress.ip_address(value.strip())
+    except ValueError:
+        return None
+    if (address.is_unspecified or address.is_loopback or address.is_link_local
+            or address.is_multicast or any(address in net for net in _INTERNAL_NETWORKS)):
+        return None
+    return str(address)
+
+
+def _published(
+    pod_id: str, declared: Any, runtime_ports: Any
+) -> tuple[PublishedPort, ...]:
+    """How each declared port of a RUNNING pod is reached (see the module docstring)."""
+    if not isinstance(declared, builtins.list):
+        return ()
+    direct: dict[int, PublishedPort] = {}
+    for mapping in runtime_ports if isinstance(runtime_ports, builtins.list) else ():
+        if not isinstance(mapping, Mapping):
+            continue
+        private, public = _port_number(mapping.get("private")), _port_number(mapping.get("public"))
+        host = _reachable_ip(mapping.get("ip"))
+        if private is None or public is None or host is None or private in direct:
+            continue
+        direct[private] = PublishedPort(container_port=private, host=host, port=public,
+                                        kind="ip")
+    published: builtins.list[PublishedPort] = []
+    seen: set[int] = set()
+    for entry in declared:
+        port_text, _, kind = str(entry).partition("/")
+        port = _port_number(port_text)
+        if port is None or port in seen:
+            continue
+        seen.add(port)
+        if port in direct:
+            published.append(direct[port])
+        if kind.lower() == "http":
+            published.append(PublishedPort(
+                container_port=port, host=_PROXY_HOST.format(pod_id=pod_id, port=port),
+                port=443, kind="hostname", scheme="https",
+            ))
+    return tuple(published)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -686,6 +772,11 @@ class RunPodProvider(HTTPAdapter):
                 price_per_hour=float(data.get("cost") or 0.0),
                 ip=ip,
                 endpoints=tuple(endpoints),
+                published=(
+                    _published(pod_id, data.get("ports"),
+                               runtime.get("ports") if isinstance(runtime, Mapping) else None)
+                    if status == "RUNNING" else ()
+                ),
                 created_at=_opt_time(data, "createdAt"),
                 started_at=_opt_time(data, "startedAt"),
                 message=_STATUS_MESSAGES.get(status),

@@ -27,6 +27,14 @@ never adopted). A create that races another answers 409, and the group is then r
 Groups are created with ``autostart_policy: true``; a group found ``stopped`` by ``create`` is
 started (``POST .../start``).
 
+Published ports (:class:`~providers.base.PublishedPort`): Salad exposes at most one port per
+group, through its container gateway. The group's ``networking`` (``ContainerGroupNetworking``)
+gives ``port`` (the container port) and ``dns`` (the access domain name); the adapter reports one
+kind ``"hostname"`` entry: host ``dns``, port 443, scheme ``https`` (the gateway serves HTTPS
+and speaks ``networking.protocol``, always ``http``, to the container). A group without
+``networking``, ``dns`` or ``port`` reports none. With ``networking.auth`` (option
+``networking_auth``) callers must also send a Salad API key.
+
 Options (the ``options`` mapping; read by :mod:`providers.options`, so a boolean is
 ``true``/``false`` (also ``"true"``/``"false"``, ``"yes"``/``"no"``, ``1``/``0``), a number may be
 a decimal string, seconds may be written ``"30s"``, and an unknown key or a bad value is a
@@ -94,6 +102,7 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -109,6 +118,7 @@ from providers.base import (
     NotFound,
     Offer,
     ProviderError,
+    PublishedPort,
     QuotaError,
 )
 from providers.http import MAX_SERVER_MESSAGE, HTTPAdapter, RetryPolicy
@@ -128,6 +138,26 @@ _RESTART_POLICIES = ("always", "on_failure", "never")
 _TERMINAL = ("succeeded", "failed", "stopped")
 _QUOTA_WORDS = ("quota", "limit exceeded", "insufficient", "balance", "payment")
 _CAPACITY_WORDS = ("capacity", "no available", "not available", "unavailable")
+
+
+def _published(networking: Any) -> tuple[PublishedPort, ...]:
+    """The group's one published port: ``networking.dns`` on 443 over https, for
+    ``networking.port``; none when either is missing or malformed."""
+    if not isinstance(networking, Mapping):
+        return ()
+    dns, port = networking.get("dns"), networking.get("port")
+    if not isinstance(dns, str) or isinstance(port, bool) or not isinstance(port, int):
+        return ()
+    host = dns.strip().lower()
+    if "://" in host:  # the spec says "format: url" (its pattern allows a bare name only)
+        try:
+            host = urlsplit(host).hostname or ""
+        except ValueError:
+            return ()
+    if not host or not 1 <= port <= 65535:
+        return ()
+    return (PublishedPort(container_port=port, host=host, port=443, kind="hostname",
+                          scheme="https"),)
 
 
 def salad_name(spec_name: str) -> str:
@@ -690,6 +720,7 @@ class SaladProvider(HTTPAdapter):
                 region=countries[0] if len(countries) == 1 else self._opts.region,
                 price_per_hour=float(meta.get("price") or 0.0),
                 endpoints=(f"https://{dns}",) if isinstance(dns, str) and dns else (),
+                published=_published(networking),
                 created_at=_time(data.get("create_time")),
                 started_at=(
                     _time(current.get("start_time"))

@@ -19,6 +19,14 @@ GPU figures: :meth:`VastAIProvider.gpu_metrics_all` reads ``gpu_util``, ``gpu_te
 ``gpu_totalram`` from the same instance list as ``list`` (no extra call); Vast.ai reports them
 per instance, not per GPU, so each running instance gets one aggregate GPU entry.
 
+Published ports (:class:`~providers.base.PublishedPort`): from the same instance list,
+``public_ipaddr`` ("Public IP address of the instance") and ``ports`` (Docker's map, "Only
+present on running instances": ``"8000/tcp" -> [{HostIp, HostPort}]``), one kind ``"ip"`` entry
+per mapped container port and protocol: host ``public_ipaddr``, port ``HostPort``, no scheme
+(Vast.ai has no TLS proxy). ``HostIp`` is Docker's bind address (``0.0.0.0``), not an address to
+dial. Every port Vast.ai maps is reported, including ones it adds itself (such as ``22/tcp`` for
+SSH). No ``public_ipaddr`` (or not an IP address) or no ``ports`` gives no entries.
+
 Retries: timeouts, connection errors and 5xx are retried (except the rent, above) and a 429 is
 retried after its ``Retry-After`` when at most ``retry_after_cap`` seconds, as in the mock
 adapter. Vast.ai documents no ``Retry-After``; without one, backoff is exponential.
@@ -79,6 +87,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import ipaddress
 import json
 import math
 import re
@@ -103,6 +112,7 @@ from providers.base import (
     NotFound,
     Offer,
     ProviderError,
+    PublishedPort,
     QuotaError,
     TransientError,
     Unsupported,
@@ -135,6 +145,50 @@ def decode_label(label: str | None) -> tuple[str, dict[str, str]] | None:
     if not pairs or pairs[0][0] != "name":
         return None
     return pairs[0][1], dict(pairs[1:])
+
+
+def _published(ip: str | None, ports: Any) -> tuple[PublishedPort, ...]:
+    """``public_ipaddr`` + the first usable ``HostPort`` of each ``ports`` key, by container port.
+
+    ``ports`` is Docker's map (``{"8000/tcp": [{"HostIp": "0.0.0.0", "HostPort": "41234"}]}``);
+    ``HostIp`` is the bind address on the host (a wildcard), not an address to dial. Keys or
+    bindings that do not parse are skipped; no IP or no map means no entries.
+    """
+    if ip is None or not isinstance(ports, Mapping):
+        return ()
+    try:
+        host = str(ipaddress.ip_address(ip))
+    except ValueError:
+        return ()
+    found: dict[tuple[int, str], PublishedPort] = {}
+    for key, bindings in ports.items():
+        port_text, _, proto = str(key).partition("/")
+        container_port = _port_number(port_text)
+        protocol = (proto or "tcp").strip().upper()
+        if container_port is None or (container_port, protocol) in found:
+            continue
+        if not isinstance(bindings, Sequence) or isinstance(bindings, str):
+            continue
+        for binding in bindings:
+            if not isinstance(binding, Mapping):
+                continue
+            host_port = _port_number(binding.get("HostPort"))
+            if host_port is not None:
+                found[(container_port, protocol)] = PublishedPort(
+                    container_port=container_port, protocol=protocol, host=host,
+                    port=host_port, kind="ip",
+                )
+                break
+    return tuple(found[k] for k in sorted(found))
+
+
+def _port_number(value: Any) -> int | None:
+    """A port number (an int, or its decimal string as Vast.ai sends ``HostPort``), or None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    return value if isinstance(value, int) and 1 <= value <= 65535 else None
 
 
 def map_status(
@@ -686,6 +740,7 @@ class VastAIProvider(HTTPAdapter):
                 price_per_hour=float(item.get("dph_total") or 0.0),
                 ip=ip,
                 endpoints=self._endpoints(ip, item.get("ports")),
+                published=_published(ip, item.get("ports")),
                 created_at=_epoch(item.get("start_date")),
                 # the rental contract starts billing ``dph_total`` at ``start_date`` (there is no
                 # separate boot time): spend is counted from here (vkprovider/node/spend.py)

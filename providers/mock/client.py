@@ -12,6 +12,11 @@ retried ``max_attempts`` times in all with short exponential backoff and jitter.
 ``retry_after_cap`` seconds (with backoff when the cloud gave none), and raised at once when it
 asks for longer, so that the caller can back off as a whole. Capacity, quota, auth and spec
 errors are never retried. Create may be retried because the cloud is idempotent by name.
+
+Published ports: create sends the spec's ``ports``; the cloud answers, per declared container
+port, a ``public_port`` on the instance's ``public_ip`` (198.18.0.0/15, never the pod's
+100.64.x.y ``ip``; the public port differs from the container port). Each becomes a
+:class:`~providers.base.PublishedPort` of kind ``"ip"`` without a scheme.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from providers.base import (
     NotFound,
     Offer,
     ProviderError,
+    PublishedPort,
     QuotaError,
 )
 from providers.http import MAX_SERVER_MESSAGE, HTTPAdapter, RetryPolicy, parse_retry_after
@@ -63,6 +69,32 @@ def _opt_int(data: Mapping[str, Any], key: str) -> int | None:
 def _opt_time(data: Mapping[str, Any], key: str) -> datetime | None:
     value = data.get(key)
     return None if value is None else datetime.fromisoformat(str(value))
+
+
+def _port_number(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 1 <= value <= 65535 else None
+
+
+def _published(data: Mapping[str, Any]) -> tuple[PublishedPort, ...]:
+    """``public_ip:public_port`` per entry of the instance's ``ports``; what is missing or
+    malformed is left out (no ``public_ip``: nothing), never an error."""
+    host, ports = data.get("public_ip"), data.get("ports")
+    if not isinstance(host, str) or not host or not isinstance(ports, list):
+        return ()
+    published = []
+    for entry in ports:
+        if not isinstance(entry, Mapping):
+            continue
+        container_port = _port_number(entry.get("container_port"))
+        public_port = _port_number(entry.get("public_port"))
+        protocol = entry.get("protocol", "TCP")
+        if container_port is None or public_port is None or not isinstance(protocol, str):
+            continue
+        published.append(PublishedPort(container_port=container_port, protocol=protocol,
+                                       host=host, port=public_port, kind="ip"))
+    return tuple(published)
 
 
 class MockProvider(HTTPAdapter):
@@ -287,6 +319,7 @@ class MockProvider(HTTPAdapter):
                 price_per_hour=float(data.get("price_per_hour") or 0.0),
                 ip=_opt_str(data, "ip"),
                 endpoints=tuple(str(e) for e in data.get("endpoints") or ()),
+                published=_published(data),
                 created_at=_opt_time(data, "created_at"),
                 started_at=_opt_time(data, "started_at"),
                 finished_at=_opt_time(data, "finished_at"),

@@ -49,8 +49,14 @@ nothing, a create can lose its answer after making the instance (the duplicate t
     ``{"instances": [...]}``: live instances matching every filter.
 ``GET /instances/{id}``
     One instance. Instance JSON: ``id, name, state, tags, image, gpu_type, gpu_count, region,
-    price_per_hour (whole instance), ip (100.64.x.y), endpoints, created_at, started_at,
-    finished_at, exit_code, message, restart_count``. ``state`` is one of ``pending``,
+    price_per_hour (whole instance), ip (100.64.x.y, the pod's address), endpoints,
+    public_ip, ports, created_at, started_at, finished_at, exit_code, message,
+    restart_count``. ``public_ip`` (198.18.x.y, in the benchmarking range 198.18.0.0/15) and
+    ``ports`` (``[{container_port, protocol, public_port}]``, one per declared container port
+    and protocol) say how the instance is reached from outside: ``public_ip:public_port``. Public
+    ports count up from 30000 per instance, skipping the instance's own container ports, so a
+    public port never equals a container port. Both are assigned at create, in every state.
+    Nothing listens there (yet). ``state`` is one of ``pending``,
     ``running``, ``exited`` (see ``exit_code``), ``failed`` (see ``message``), ``terminating``.
     Timestamps are ISO 8601 UTC or null. Env values are never returned.
 ``DELETE /instances/{id}``
@@ -116,6 +122,7 @@ Tags understood by the mock (optional, for scripted workloads):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import hashlib
 import hmac
@@ -141,6 +148,7 @@ from providers.mock.scenario import Faults, Scenario, ScenarioError, parse_scena
 __all__ = [
     "DEFAULT_INVENTORY",
     "ENDPOINTS",
+    "PUBLIC_PORT_BASE",
     "TAG_EXIT_CODE",
     "TAG_GPU_UTILIZATION",
     "TAG_RUN_SECONDS",
@@ -153,6 +161,7 @@ __all__ = [
     "MockCloudState",
     "create_app",
     "serve",
+    "startup_line",
 ]
 
 TAG_RUN_SECONDS = "mock.vkprovider.io/run-seconds"
@@ -375,6 +384,7 @@ class _Record:
     price_per_gpu_hour: float
     env_count: int  # env values are never stored
     ports: tuple[int, ...]
+    published: tuple[tuple[int, str, int], ...]  # (container port, protocol, public port)
     tags: dict[str, str]
     created: float
     boot_at: float
@@ -402,6 +412,13 @@ class _Record:
     @property
     def ip(self) -> str:
         return f"100.64.{(self.seq // 254) % 256}.{self.seq % 254 + 1}"
+
+    @property
+    def public_ip(self) -> str:
+        """The address the instance is reached at from outside: in 198.18.0.0/15 (RFC 2544's
+        benchmarking range), apart from the pods' 100.64.x.y, one per instance."""
+        block = (self.seq // 254) % 512
+        return f"198.{18 + block // 256}.{block % 256}.{self.seq % 254 + 1}"
 
     def advance(self, *, now: float) -> None:
         """Apply every transition due by ``now``, at the time it was due."""
@@ -501,6 +518,26 @@ class _LogView:
             else:
                 hi = mid
         return lo
+
+
+#: The first public port the mock hands out; an instance's ports count up from here.
+PUBLIC_PORT_BASE = 30000
+
+
+def _publish(ports: Iterable[PortBody]) -> tuple[tuple[int, str, int], ...]:
+    """A public port for each declared (container port, protocol), in order: counting up from
+    :data:`PUBLIC_PORT_BASE` and skipping the instance's own container ports, so that a public
+    port never equals a container port. Deterministic: it depends on the declared ports only."""
+    declared = list(dict.fromkeys((p.container_port, p.protocol) for p in ports))
+    taken = {port for port, _ in declared}
+    published: list[tuple[int, str, int]] = []
+    public = PUBLIC_PORT_BASE
+    for port, protocol in declared:
+        while public in taken:
+            public += 1
+        published.append((port, protocol, public))
+        public += 1
+    return tuple(published)
 
 
 def _parse_tag_float(tags: Mapping[str, str], key: str, *, lo: float, hi: float) -> float | None:
@@ -830,6 +867,7 @@ class MockCloudState:
             price_per_gpu_hour=offer.price_per_gpu_hour,
             env_count=len(body.env),
             ports=tuple(p.container_port for p in body.ports),
+            published=_publish(body.ports),
             tags=dict(body.tags),
             created=now,
             boot_at=now + max(0.0, self.boot_delay),
@@ -909,6 +947,11 @@ class MockCloudState:
             "price_per_hour": r.price_per_hour,
             "ip": r.ip,
             "endpoints": endpoints,
+            "public_ip": r.public_ip,
+            "ports": [
+                {"container_port": port, "protocol": protocol, "public_port": public}
+                for port, protocol, public in r.published
+            ],
             "created_at": self._iso(r.created),
             "started_at": self._iso(r.started),
             "finished_at": self._iso(r.finished),
@@ -1540,8 +1583,28 @@ def create_app(*, state: MockCloudState) -> FastAPI:
     return app
 
 
-async def serve(*, host: str, port: int, state: MockCloudState, log_level: str = "warning") -> None:
-    """Run the mock cloud with uvicorn until cancelled or signalled (await it)."""
+def startup_line(*, url: str, state: MockCloudState) -> str:
+    """The one line ``vkprovider mock-cloud`` prints once it listens: where, and what it sells."""
+    offers = ", ".join(
+        f"{o.count} {o.gpu_type} in {o.region} at ${o.price_per_gpu_hour:g}/GPU-h"
+        for o in state.inventory()
+    )
+    key = "an API key is required" if state._api_key else "no API key needed"
+    return f"mock cloud listening on {url}, selling {offers or 'nothing'}; {key}"
+
+
+async def serve(
+    *,
+    host: str,
+    port: int,
+    state: MockCloudState,
+    log_level: str = "warning",
+    announce: Callable[[str], None] | None = None,
+) -> None:
+    """Run the mock cloud with uvicorn until cancelled or signalled (await it).
+
+    ``announce`` is called once with :func:`startup_line` when the port is listening.
+    """
     config = uvicorn.Config(
         create_app(state=state),
         host=host,
@@ -1550,4 +1613,18 @@ async def serve(*, host: str, port: int, state: MockCloudState, log_level: str =
         access_log=False,
         lifespan="off",
     )
-    await uvicorn.Server(config).serve()
+    server = uvicorn.Server(config)
+    task = asyncio.ensure_future(server.serve())
+    try:
+        while announce is not None and not server.started and not task.done():
+            await asyncio.sleep(0.02)
+        if announce is not None and server.started:
+            bound = server.servers[0].sockets[0].getsockname() if server.servers else (host, port)
+            address = f"[{bound[0]}]" if ":" in str(bound[0]) else str(bound[0])
+            announce(startup_line(url=f"http://{address}:{bound[1]}", state=state))
+        await task
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

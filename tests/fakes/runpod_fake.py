@@ -12,7 +12,9 @@ test asserts ``fake.violations == []``.
 
 What it models: pods in memory (``GET/POST /v2/pods``, ``GET/DELETE /v2/pods/{id}``; a RUNNING
 pod's ``runtime`` carries one ``PodGpuUtilization`` per GPU, set with
-:meth:`FakeRunPod.set_gpu_utilization`), SSE logs
+:meth:`FakeRunPod.set_gpu_utilization`, and one ``PodRuntimePort`` per declared port: ``tcp``
+ports mapped to a public port on ``203.0.113.7``, ``http`` ports unmapped, replaceable with
+:meth:`FakeRunPod.set_runtime_ports`), SSE logs
 (``GET /v2/pods/{id}/logs``) and the GPU catalog with stock per data center
 (``GET /v2/catalog/gpus``). Creates take GPUs from stock and fail like RunPod does (400 problem
 details) when none is left; deletes give them back. Names are not unique, as on RunPod.
@@ -353,6 +355,18 @@ class FakeRunPod:
             runtime.pop("gpus", None)
         else:
             runtime["gpus"] = [dict(g) for g in gpus]
+
+    def set_runtime_ports(self, pod_id: str, ports: list[dict[str, Any]] | None) -> None:
+        """Replace a RUNNING pod's ``runtime.ports`` (``PodRuntimePort`` objects, e.g.
+        ``{"private": 8888, "public": 43210, "type": "http", "ip": "45.23.12.1"}``); None
+        removes the key, as a pod RunPod has not mapped yet."""
+        runtime = self.pods[pod_id]["runtime"]
+        if runtime is None:
+            raise ValueError("runtime is null unless the pod is RUNNING (the spec)")
+        if ports is None:
+            runtime.pop("ports", None)
+        else:
+            runtime["ports"] = [dict(p) for p in ports]
 
     def add_log(self, pod_id: str, line: str, *, source: str = "container",
                 ts: str | None = None) -> None:

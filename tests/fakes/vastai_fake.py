@@ -412,7 +412,9 @@ class FakeVastAI:
 
     * ``offers``: what search returns (add with :meth:`add_offer`; empty = no capacity)
     * ``instances``: rented instances by contract id (shape of a v1 list item; GPU figures
-      with :meth:`set_gpu_figures`)
+      with :meth:`set_gpu_figures`; ``ports``, Docker's map of the rent's ``-p`` entries to
+      host ports counting up from 41000, is set while ``actual_status`` is ``running`` and
+      null otherwise, as the spec says)
     * ``logs``: container log text per instance id
     * ``requests`` / ``violations`` / ``unvalidated``: what happened
     """
@@ -437,6 +439,7 @@ class FakeVastAI:
         self._ids = itertools.count(1000)
         self._offer_ids = itertools.count(50_000)
         self._machine_ids = itertools.count(700)
+        self._host_ports = itertools.count(41000)
         self._blobs: dict[str, tuple[bytes, int]] = {}
         self.implemented = {
             ("post", "/api/v0/bundles"),
@@ -499,6 +502,24 @@ class FakeVastAI:
         item["actual_status"] = actual_status
         item["intended_status"] = intended_status
         item["status_msg"] = status_msg
+        # "Port mappings. Only present on running instances."
+        item["ports"] = self._port_map(item) if actual_status == "running" else None
+
+    def _port_map(self, item: Mapping[str, Any]) -> dict[str, list[dict[str, str]]]:
+        """Docker's map for the ``-p P:P[/udp]`` entries of the rent's env: each container port
+        on a new host port, bound on IPv4 and IPv6 like Docker does."""
+        mapped = dict(item.get("ports") or {})
+        for key, _value in item.get("extra_env") or ():
+            flag, _, publish = str(key).partition(" ")
+            if flag != "-p" or ":" not in publish:
+                continue
+            container = publish.rsplit(":", 1)[1]
+            container = container if "/" in container else f"{container}/tcp"
+            if container not in mapped:
+                host_port = str(next(self._host_ports))
+                mapped[container] = [{"HostIp": "0.0.0.0", "HostPort": host_port},
+                                     {"HostIp": "::", "HostPort": host_port}]
+        return mapped
 
     def set_gpu_figures(self, contract: int, **figures: Any) -> None:
         """Set an instance's GPU figures as the list reports them: ``gpu_util`` (a fraction),

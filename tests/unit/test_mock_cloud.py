@@ -7,7 +7,9 @@ ManualClock, so nothing sleeps.
 
 from __future__ import annotations
 
+import ipaddress
 import time
+import types
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -27,12 +29,21 @@ from providers.base import (
     NotFound,
     Port,
     Provider,
+    PublishedPort,
     QuotaError,
     RateLimited,
     TransientError,
 )
 from providers.mock import InventoryOffer, ManualClock, MockCloudState, MockProvider, create_app
-from providers.mock.server import TAG_GPU_UTILIZATION, TAG_RUN_SECONDS
+from providers.mock.client import _published
+from providers.mock.server import (
+    PUBLIC_PORT_BASE,
+    TAG_GPU_UTILIZATION,
+    TAG_RUN_SECONDS,
+    PortBody,
+    _publish,
+    _Record,
+)
 from tests.fakes.common import FailingTransport, assert_never_shown
 
 START = datetime(2025, 1, 1, tzinfo=UTC)
@@ -141,6 +152,119 @@ async def test_create_reports_what_the_cloud_chose(cloud: Cloud) -> None:
     assert inst.created_at == START
     assert inst.tags[TAG_NODE] == NODE  # the adapter always tags its owner
     assert inst.tags[TAG_UID] == "uid1"
+
+
+# -- published ports --------------------------------------------------------------------------
+
+BENCHMARKING = ipaddress.ip_network("198.18.0.0/15")
+PODS = ipaddress.ip_network("100.64.0.0/10")
+
+
+async def test_each_declared_port_is_published_on_a_public_ip_and_another_port(
+    cloud: Cloud,
+) -> None:
+    provider = cloud.provider()
+    ports = (Port(container_port=8080), Port(container_port=30000, name="metrics"),
+             Port(container_port=53, protocol="UDP"))
+    inst = await provider.create(spec(ports=ports))
+
+    assert [(p.container_port, p.protocol) for p in inst.published] == [
+        (8080, "TCP"), (30000, "TCP"), (53, "UDP")]
+    (host,) = {p.host for p in inst.published}
+    assert ipaddress.ip_address(host) in BENCHMARKING
+    assert inst.ip is not None and ipaddress.ip_address(inst.ip) in PODS and host != inst.ip
+    assert all(p.kind == "ip" and p.scheme is None for p in inst.published)
+    assert all(p.port != p.container_port for p in inst.published)
+    # counting up from 30000, skipping the instance's own container port 30000
+    assert [p.port for p in inst.published] == [30001, 30002, 30003]
+    assert (await provider.get(inst.id)).published == inst.published
+    (listed,) = await provider.list()
+    assert listed.published == inst.published
+    assert inst.endpoints == (f"https://{inst.id}.mock.invalid", f"{inst.ip}:8080",
+                              f"{inst.ip}:30000", f"{inst.ip}:53")  # unchanged
+
+    raw = (await cloud.admin.get(f"/instances/{inst.id}")).json()
+    assert raw["public_ip"] == host
+    assert raw["ports"] == [
+        {"container_port": 8080, "protocol": "TCP", "public_port": 30001},
+        {"container_port": 30000, "protocol": "TCP", "public_port": 30002},
+        {"container_port": 53, "protocol": "UDP", "public_port": 30003},
+    ]
+
+
+async def test_public_ports_are_deterministic_per_instance_and_ips_unique(cloud: Cloud) -> None:
+    provider = cloud.provider()
+    ports = (Port(container_port=8000), Port(container_port=8001))
+    first = await provider.create(spec("n-a", ports=ports))
+    second = await provider.create(spec("n-b", ports=ports))
+    again = await provider.create(spec("n-a", ports=ports))  # idempotent: the same instance
+
+    assert [p.port for p in first.published] == [PUBLIC_PORT_BASE, PUBLIC_PORT_BASE + 1]
+    assert [p.port for p in second.published] == [p.port for p in first.published]
+    assert first.published[0].host != second.published[0].host
+    assert again.published == first.published
+
+
+async def test_an_instance_without_ports_publishes_nothing(cloud: Cloud) -> None:
+    provider = cloud.provider()
+    inst = await provider.create(spec())
+    assert inst.published == ()
+    raw = (await cloud.admin.get(f"/instances/{inst.id}")).json()
+    assert raw["ports"] == [] and ipaddress.ip_address(raw["public_ip"]) in BENCHMARKING
+
+
+def test_public_ips_stay_in_the_benchmarking_range_and_differ_for_a_long_while() -> None:
+    def public_ip(seq: int) -> str:
+        record = types.SimpleNamespace(seq=seq)
+        return str(_Record.public_ip.fget(record))  # type: ignore[attr-defined]
+
+    seen = {public_ip(seq) for seq in range(1, 254 * 512 + 1)}
+    assert len(seen) == 254 * 512
+    assert all(ipaddress.ip_address(ip) in BENCHMARKING for ip in seen)
+    assert not any(ip.endswith((".0", ".255")) for ip in seen)
+
+
+def test_publish_skips_the_container_ports_and_dedupes() -> None:
+    declared = [PortBody(container_port=30000), PortBody(container_port=30001),
+                PortBody(container_port=30000), PortBody(container_port=30000, protocol="UDP"),
+                PortBody(container_port=30003)]
+    assert _publish(declared) == (
+        (30000, "TCP", 30002), (30001, "TCP", 30004), (30000, "UDP", 30005),
+        (30003, "TCP", 30006))
+    assert _publish([]) == ()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {},
+        {"ports": [{"container_port": 80, "protocol": "TCP", "public_port": 30000}]},
+        {"public_ip": None, "ports": [{"container_port": 80, "public_port": 30000}]},
+        {"public_ip": "198.18.0.2"},
+        {"public_ip": "198.18.0.2", "ports": None},
+        {"public_ip": "198.18.0.2", "ports": {"80": 30000}},
+        {"public_ip": "198.18.0.2", "ports": ["80:30000", {"container_port": 80},
+                                              {"public_port": 30000},
+                                              {"container_port": "80", "public_port": 30000},
+                                              {"container_port": 80, "public_port": 0},
+                                              {"container_port": 80, "public_port": 30000,
+                                               "protocol": 6}]},
+    ],
+)
+def test_missing_or_malformed_address_fields_publish_nothing(data: dict[str, Any]) -> None:
+    assert _published(data) == ()
+
+
+async def test_the_client_reads_an_instance_without_address_fields(cloud: Cloud) -> None:
+    provider = cloud.provider()
+    inst = await provider.create(spec(ports=(Port(container_port=8080),)))
+    raw = (await cloud.admin.get(f"/instances/{inst.id}")).json()
+    del raw["public_ip"], raw["ports"]  # an older mock cloud
+    old = provider._instance(raw, what="test")
+    assert old.published == () and old.endpoints == inst.endpoints
+    assert _published({"public_ip": "198.18.0.2", "ports": [
+        {"container_port": 80, "public_port": 30000}]}) == (
+        PublishedPort(container_port=80, host="198.18.0.2", port=30000, kind="ip"),)
 
 
 async def test_create_without_region_picks_the_cheapest_with_capacity(cloud: Cloud) -> None:

@@ -33,6 +33,7 @@ from providers.base import (
     Port,
     Provider,
     ProviderError,
+    PublishedPort,
     QuotaError,
     RateLimited,
     TransientError,
@@ -659,6 +660,109 @@ async def test_an_instance_reports_its_gpu_by_the_offer_name(
     offer_types = {o.gpu_type for o in await provider.capacity()}
     assert inst.gpu_type in offer_types
     assert fake.calls("createPod")[0].body["gpu"]["id"] == RTX4090
+
+
+# -- published ports -------------------------------------------------------------------------
+
+
+def proxied(pod_id: str, port: int) -> PublishedPort:
+    return PublishedPort(container_port=port, host=f"{pod_id}-{port}.proxy.runpod.net", port=443,
+                         kind="hostname", scheme="https")
+
+
+def direct(port: int, ip: str, public: int) -> PublishedPort:
+    return PublishedPort(container_port=port, host=ip, port=public, kind="ip")
+
+
+WEB_PORTS = (Port(container_port=8888, name="http"), Port(container_port=22),
+             Port(container_port=9090, name="http-metrics"))
+
+
+async def test_a_running_pod_publishes_each_declared_port_direct_mapping_first(
+    fake: FakeRunPod, provider: RunPodProvider
+) -> None:
+    inst = await provider.create(spec(ports=WEB_PORTS))
+    assert inst.published == ()  # PROVISIONING: nothing is reachable yet
+    fake.set_status(inst.id, "RUNNING")
+    fake.set_runtime_ports(inst.id, [  # PodRuntimePort, as in the spec's examples
+        {"private": 8888, "public": None, "type": "http", "ip": None},
+        {"private": 22, "public": 34446, "type": "tcp", "ip": "195.26.233.3"},
+        {"private": 9090, "public": 43210, "type": "http", "ip": "45.23.12.1"},
+    ])
+    expected = (
+        proxied(inst.id, 8888),  # http, unmapped: RunPod's proxy only
+        direct(22, "195.26.233.3", 34446),  # tcp: the public port on the host's IP
+        direct(9090, "45.23.12.1", 43210),  # http with a public mapping: direct first,
+        proxied(inst.id, 9090),  # then the proxy
+    )
+    got = await provider.get(inst.id)
+    assert got.published == expected
+    (listed,) = await provider.list()
+    assert listed.published == expected
+    assert got.endpoints == (f"https://{inst.id}-8888.proxy.runpod.net",
+                             f"https://{inst.id}-9090.proxy.runpod.net", "195.26.233.3:34446")
+    assert {p.container_port for p in got.published} == {8888, 22, 9090}  # every declared port
+
+
+async def test_the_fakes_default_mapping_publishes_tcp_ports_on_the_host_ip(
+    fake: FakeRunPod, provider: RunPodProvider
+) -> None:
+    inst = await provider.create(spec(ports=WEB_PORTS[:2]))
+    fake.set_status(inst.id, "RUNNING")
+    got = await provider.get(inst.id)
+    assert got.published == (proxied(inst.id, 8888), direct(22, "203.0.113.7", 40022))
+    assert all(p.protocol == "TCP" for p in got.published)
+
+
+async def test_internal_addresses_in_runtime_ports_are_not_published(
+    fake: FakeRunPod, provider: RunPodProvider
+) -> None:
+    inst = await provider.create(spec(ports=WEB_PORTS))
+    fake.set_status(inst.id, "RUNNING")
+    fake.set_runtime_ports(inst.id, [
+        {"private": 8888, "public": 60123, "type": "http", "ip": "100.65.12.7"},  # CGNAT
+        {"private": 22, "public": 34446, "type": "tcp", "ip": "10.2.0.9"},  # RFC 1918
+        {"private": 9090, "public": 60124, "type": "http", "ip": "not-an-ip"},
+    ])
+    got = await provider.get(inst.id)
+    assert got.published == (proxied(inst.id, 8888), proxied(inst.id, 9090))
+
+
+@pytest.mark.parametrize("status", ["PROVISIONING", "STARTING", "EXITED", "ERROR"])
+async def test_a_pod_that_is_not_running_publishes_nothing(
+    fake: FakeRunPod, provider: RunPodProvider, status: str
+) -> None:
+    inst = await provider.create(spec(ports=WEB_PORTS))
+    fake.set_status(inst.id, status)
+    assert (await provider.get(inst.id)).published == ()
+
+
+async def test_missing_runtime_fields_give_fewer_entries_never_an_error(
+    fake: FakeRunPod, provider: RunPodProvider
+) -> None:
+    inst = await provider.create(spec(ports=WEB_PORTS))
+    fake.set_status(inst.id, "RUNNING")
+    fake.set_runtime_ports(inst.id, None)  # RunPod has mapped nothing yet
+    assert (await provider.get(inst.id)).published == (
+        proxied(inst.id, 8888), proxied(inst.id, 9090))
+    fake.set_runtime_ports(inst.id, [{"private": 22}, {"public": 34446, "ip": "195.26.233.3"},
+                                     {"private": 22, "public": None, "ip": "195.26.233.3"}])
+    assert (await provider.get(inst.id)).published == (
+        proxied(inst.id, 8888), proxied(inst.id, 9090))
+    fake.pods[inst.id]["runtime"] = None  # the spec allows null
+    fake.pods[inst.id]["ports"] = ["8888/http", "junk/tcp", "22"]
+    assert (await provider.get(inst.id)).published == (proxied(inst.id, 8888),)
+    fake.pods[inst.id]["ports"] = []
+    assert (await provider.get(inst.id)).published == ()
+
+
+async def test_a_pod_without_ports_publishes_nothing(
+    fake: FakeRunPod, provider: RunPodProvider
+) -> None:
+    inst = await provider.create(spec())
+    fake.set_status(inst.id, "RUNNING")
+    got = await provider.get(inst.id)
+    assert got.state is InstanceState.RUNNING and got.published == ()
 
 
 # -- GPU figures (gpu_metrics_all) -----------------------------------------------------------

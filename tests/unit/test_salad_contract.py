@@ -34,11 +34,12 @@ from providers.base import (
     Port,
     Provider,
     ProviderError,
+    PublishedPort,
     QuotaError,
     RateLimited,
     TransientError,
 )
-from providers.salad import META_ENV, SaladProvider, map_status, salad_name
+from providers.salad import META_ENV, SaladProvider, _published, map_status, salad_name
 from tests.fakes.common import TRANSPORT_FAILURES, FailingTransport, Providers, assert_never_shown
 from tests.fakes.salad_fake import API_KEY, BASE_PATH, FakeSalad, dumps_meta
 from tests.fakes.vastai_fake import VIOLATION_STATUS
@@ -230,6 +231,57 @@ async def test_create_maps_the_spec_onto_a_container_group(
     assert instance.price_per_hour == 0.3
     assert instance.tags[TAG_UID] == UID
     assert instance.endpoints and instance.endpoints[0].startswith("https://")
+
+
+async def test_the_networking_access_domain_is_published_on_443_over_https(
+    fake: FakeSalad, provider: SaladProvider
+) -> None:
+    instance = await provider.create(spec(ports=(Port(container_port=8000),)))
+    dns = fake.groups[instance.id]["networking"]["dns"]
+    expected = (PublishedPort(container_port=8000, host=dns, port=443, kind="hostname",
+                              scheme="https"),)
+    assert instance.published == expected
+    fake.set_state(instance.id, "running", running_count=1)
+    (listed,) = await provider.list()
+    assert listed.state is InstanceState.RUNNING and listed.published == expected
+    assert listed.endpoints == (f"https://{dns}",)
+
+
+async def test_a_group_without_networking_publishes_nothing(
+    fake: FakeSalad, provider: SaladProvider
+) -> None:
+    instance = await provider.create(spec())  # no ports: no networking block
+    assert "networking" not in fake.groups[instance.id]
+    assert instance.published == () and instance.endpoints == ()
+    fake.add_group(name="other", env={META_ENV: meta("vk-gpu-burst-other")})
+    assert [i.published for i in await provider.list()] == [(), ()]
+
+
+@pytest.mark.parametrize(
+    "networking",
+    [
+        None,
+        "nope",
+        {},
+        {"port": 8000},  # no dns (the spec requires one)
+        {"dns": "abc.salad.cloud"},  # no port (ditto)
+        {"dns": "", "port": 8000},
+        {"dns": 7, "port": 8000},
+        {"dns": "abc.salad.cloud", "port": "8000"},
+        {"dns": "abc.salad.cloud", "port": True},
+        {"dns": "abc.salad.cloud", "port": 0},
+        {"dns": "https://[broken", "port": 8000},
+    ],
+)
+def test_malformed_networking_publishes_nothing(networking: Any) -> None:
+    assert _published(networking) == ()
+
+
+def test_a_dns_given_as_a_url_is_reduced_to_its_host() -> None:
+    # The spec says "format: url" but its pattern allows a bare name only; accept both.
+    assert _published({"dns": "https://Abc.salad.cloud/", "port": 80}) == (
+        PublishedPort(container_port=80, host="abc.salad.cloud", port=443, kind="hostname",
+                      scheme="https"),)
 
 
 async def test_create_with_a_long_name_uses_the_derived_name_and_keeps_the_real_one(

@@ -32,6 +32,7 @@ from providers.base import (
     Port,
     Provider,
     ProviderError,
+    PublishedPort,
     QuotaError,
     RateLimited,
     TransientError,
@@ -366,10 +367,90 @@ async def test_listed_instances_carry_address_ports_price_and_mapped_gpu(
     assert instance.id == str(item["id"])
     assert instance.ip == "198.51.100.4"
     assert instance.endpoints == ("198.51.100.4:41000", "198.51.100.4:41234")
+    assert instance.published == (
+        PublishedPort(container_port=22, host="198.51.100.4", port=41000, kind="ip"),
+        PublishedPort(container_port=8000, host="198.51.100.4", port=41234, kind="ip"),
+    )
     assert (instance.gpu_type, instance.region, instance.price_per_hour) == ("H100", "US", 2.25)
     assert instance.message == "success, running ghcr.io/acme/train"
     assert instance.created_at is not None
     assert instance.started_at == instance.created_at, "spend is counted from the contract start"
+
+
+async def test_a_rented_instance_publishes_its_ports_once_running(
+    fake: FakeVastAI, provider: VastAIProvider
+) -> None:
+    fake.add_offer(gpu_name="H100 SXM", public_ipaddr="198.51.100.23")
+    instance = await provider.create(spec(ports=(
+        Port(container_port=8000), Port(container_port=9000, protocol="UDP"))))
+    assert instance.published == ()  # loading: "ports" is only present on running instances
+    fake.set_status(int(instance.id), "running")
+    (listed,) = await provider.list()
+    assert listed.published == (
+        PublishedPort(container_port=8000, protocol="TCP", host="198.51.100.23", port=41000,
+                      kind="ip"),
+        PublishedPort(container_port=9000, protocol="UDP", host="198.51.100.23", port=41001,
+                      kind="ip"),
+    )
+    assert all(p.scheme is None for p in listed.published)  # no TLS proxy on Vast.ai
+    fake.set_status(int(instance.id), "exited", intended_status="stopped")
+    (stopped,) = await provider.list()
+    assert stopped.published == ()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"ports": None},  # not running
+        {"ports": {}},
+        {"public_ipaddr": ""},
+        {"public_ipaddr": "not an address"},
+        {"ports": {"8000/tcp": []}},
+        {"ports": {"8000/tcp": [{"HostIp": "0.0.0.0"}]}},  # no HostPort
+        {"ports": {"8000/tcp": [{"HostIp": "0.0.0.0", "HostPort": "zero"}]}},
+        {"ports": {"8000/tcp": [{"HostIp": "0.0.0.0", "HostPort": "70000"}]}},
+        {"ports": {"http/tcp": [{"HostIp": "0.0.0.0", "HostPort": "41000"}]}},
+    ],
+)
+async def test_missing_or_malformed_address_fields_publish_nothing(
+    fake: FakeVastAI, provider: VastAIProvider, fields: dict[str, Any]
+) -> None:
+    fake.add_instance(label=encode_label(name="n", tags={TAG_NODE: OWNER}),
+                      public_ipaddr="198.51.100.4",
+                      ports={"8000/tcp": [{"HostIp": "0.0.0.0", "HostPort": "41234"}]})
+    ((contract, item),) = fake.instances.items()
+    item.update(fields)
+    (instance,) = await provider.list()
+    assert instance.id == str(contract)
+    assert instance.published == ()
+
+
+async def test_an_instance_without_public_ipaddr_publishes_nothing(
+    fake: FakeVastAI, provider: VastAIProvider
+) -> None:
+    item = fake.add_instance(label=encode_label(name="n", tags={TAG_NODE: OWNER}),
+                             ports={"8000/tcp": [{"HostIp": "0.0.0.0", "HostPort": "41234"}]})
+    del item["public_ipaddr"]
+    (instance,) = await provider.list()
+    assert instance.published == () and instance.ip is None
+
+
+async def test_one_entry_per_port_and_protocol_from_the_first_usable_binding(
+    fake: FakeVastAI, provider: VastAIProvider
+) -> None:
+    fake.add_instance(
+        label=encode_label(name="n", tags={TAG_NODE: OWNER}), public_ipaddr=" 198.51.100.4\n",
+        ports={"8000/tcp": [{"HostIp": "0.0.0.0"}, {"HostIp": "0.0.0.0", "HostPort": "41234"},
+                            {"HostIp": "::", "HostPort": "41234"}],
+               "8000/udp": [{"HostIp": "0.0.0.0", "HostPort": "41235"}],
+               "7000": [{"HostIp": "0.0.0.0", "HostPort": "41236"}]},
+    )
+    (instance,) = await provider.list()
+    assert [(p.container_port, p.protocol, p.host, p.port) for p in instance.published] == [
+        (7000, "TCP", "198.51.100.4", 41236),
+        (8000, "TCP", "198.51.100.4", 41234),
+        (8000, "UDP", "198.51.100.4", 41235),
+    ]
 
 
 @pytest.mark.parametrize(
