@@ -358,6 +358,7 @@ def test_instance_annotations() -> None:
         "vkprovider.io/gpu-type": "H100",
         "vkprovider.io/price-per-hour": "2.49",
         "vkprovider.io/endpoints": "https://a.example:8000,203.0.113.7:22",
+        "vkprovider.io/ports": "",  # the cloud reported no per-port mapping
     }
 
 
@@ -496,3 +497,21 @@ def test_status_changed_detects(mutate: Any) -> None:
 def test_status_changed_from_an_empty_status() -> None:
     assert status_changed({}, _base()) is True
     assert status_changed({"phase": "Pending"}, status_for(make_pod(), None)) is True
+
+
+def test_the_ports_annotation_says_how_each_container_port_is_reached_while_running() -> None:
+    from dataclasses import replace
+
+    from providers.base import PublishedPort
+    from vkprovider.node.podstatus import published_ports
+
+    inst = replace(make_instance(InstanceState.RUNNING), published=(
+        PublishedPort(container_port=8000, host="198.18.0.7", port=30000, kind="ip"),
+        PublishedPort(container_port=8080, host="abc-8080.proxy.example", port=443,
+                      kind="hostname", scheme="https"),
+        PublishedPort(container_port=9000, protocol="UDP", host="2001:db8::1", port=31000,
+                      kind="ip")))
+    assert published_ports(inst) == ("8000/TCP=198.18.0.7:30000,"
+                                     "8080/TCP=https://abc-8080.proxy.example:443,"
+                                     "9000/UDP=[2001:db8::1]:31000")
+    assert published_ports(replace(inst, state=InstanceState.PENDING)) == ""

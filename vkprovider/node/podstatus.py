@@ -311,7 +311,22 @@ def instance_annotations(instance: Instance) -> dict[str, str]:
         f"{ANNOTATION_PREFIX}gpu-type": instance.gpu_type or "",
         f"{ANNOTATION_PREFIX}price-per-hour": _decimal_string(instance.price_per_hour),
         f"{ANNOTATION_PREFIX}endpoints": ",".join(instance.endpoints),
+        f"{ANNOTATION_PREFIX}ports": published_ports(instance),
     }
+
+
+def published_ports(instance: Instance) -> str:
+    """How each container port of a running instance is reached, for people and tools:
+    ``8000/TCP=198.18.0.7:30000,8080/TCP=https://abc-8080.proxy.example:443`` (empty while the
+    instance is not running, when clouds report no mapping)."""
+    if instance.state != InstanceState.RUNNING:
+        return ""
+    out = []
+    for p in instance.published:
+        host = f"[{p.host}]" if ":" in p.host else p.host  # an IPv6 address
+        target = f"{p.scheme}://{host}:{p.port}" if p.scheme else f"{host}:{p.port}"
+        out.append(f"{p.container_port}/{p.protocol}={target}")
+    return ",".join(out)
 
 
 def _decimal_string(value: float) -> str:
