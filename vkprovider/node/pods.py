@@ -693,7 +693,15 @@ class PodController:
         try:
             spec = await translate(
                 pod=pod, node_name=self.node, refs=self.refs,
-                ignore_exec_probes=policy is not None and policy.spec.exec_probes == "Ignore")
+                ignore_exec_probes=policy is not None and policy.spec.exec_probes == "Ignore",
+                # One Warning naming what the clouds this pod may go to drop (not again on
+                # each retry after NoCapacity: nothing about the pod changed).
+                adapters=[p for n, p in self.providers.items()
+                          if policy is None or n in policy.spec.providers],
+                on_dropped=None if uid in self.unplaced_tries else (
+                    lambda dropped: self.events.record(
+                        obj=_pod_ref(pod), reason="FieldsDropped", type_="Warning",
+                        message=dropped.message)))
         except PodRejected as exc:
             await self._reject(pod, reason=exc.reason, message=f"{exc.field}: {exc.message}")
             return

@@ -8,6 +8,12 @@ ConfigMap raises ``PodConfigPending`` so the pod waits like the kubelet's
 expansion), env (plain, Secret/ConfigMap refs, downward API, resource fields, ``envFrom``), ports,
 GPU count and type, cpu and memory, and the tags that let a restart adopt the instance.
 
+What is refused and what is dropped with a warning is decided in one table,
+:mod:`vkprovider.node.fidelity`: the simple refusals (a flag that is true, a list that is not
+empty) are checked straight from it, the others here, each under an entry of that table. The
+fields the pod sets that the cloud will not honour are handed to ``on_dropped`` (the pod
+controller turns them into one ``FieldsDropped`` Warning event).
+
 The only I/O is reading Secrets and ConfigMaps through the injected ``RefSource``; each object is
 read at most once per translation. Secret values end up in ``InstanceSpec.env`` (whose repr hides
 them) and never in an error message.
@@ -31,14 +37,23 @@ Decisions worth knowing:
 
 from __future__ import annotations
 
+import logging
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any, Protocol
 
 from providers.base import TAG_NAMESPACE, TAG_NODE, TAG_POD, TAG_UID, InstanceSpec, Port
 from vkprovider.errors import PodConfigPending, PodRejected
+from vkprovider.logs import kv
+from vkprovider.node import fidelity
+from vkprovider.node.fidelity import (
+    REASON_INVALID_IMAGE,
+    REASON_INVALID_RESOURCES,
+    REASON_UNSUPPORTED,
+    FieldsDropped,
+)
 from vkprovider.semantics.gpus import GPU_RESOURCE, container_gpus
 from vkprovider.semantics.quantity import (
     QuantityError,
@@ -58,7 +73,9 @@ __all__ = [
     "REASON_INVALID_IMAGE",
     "REASON_INVALID_RESOURCES",
     "REASON_UNSUPPORTED",
+    "FieldsDropped",
     "RefSource",
+    "fields_dropped",
     "instance_name",
     "translate",
     "validate",
@@ -67,9 +84,7 @@ __all__ = [
 ANNOTATION_GPU_TYPE = "vkprovider.io/gpu-type"
 NODE_SELECTOR_GPU_PRODUCT = "nvidia.com/gpu.product"
 
-REASON_UNSUPPORTED = "UnsupportedPodSpec"
-REASON_INVALID_IMAGE = "InvalidImageName"
-REASON_INVALID_RESOURCES = "InvalidResources"
+log = logging.getLogger(__name__)
 
 #: Sanity caps: anything above is a typo or an attack, not a workload.
 GPU_CAP = Decimal(1024)
@@ -125,7 +140,6 @@ def instance_name(*, node_name: str, pod_uid: str) -> str:
 # Validation
 
 _TOKEN_VOLUME_SOURCES = frozenset({"serviceAccountToken", "configMap", "downwardAPI"})
-_HOST_NAMESPACES = ("hostNetwork", "hostPID", "hostIPC")
 _LABEL_FIELD_RE = re.compile(r"metadata\.(?P<kind>labels|annotations)\['(?P<key>[^']+)'\]")
 _SIMPLE_FIELDS = frozenset(
     {
@@ -174,17 +188,7 @@ def validate(pod: Mapping[str, Any], *, ignore_exec_probes: bool = False) -> Non
         if not _str(meta, key):
             raise _unsupported(f"metadata.{key}", f"the pod has no metadata.{key}")
     spec = _map(pod, "spec")
-
-    for key in _HOST_NAMESPACES:
-        if spec.get(key) is True:
-            raise _unsupported(
-                f"spec.{key}", f"{key} is not supported: the pod runs on a cloud instance"
-            )
-
-    if _list(spec, "initContainers"):
-        raise _unsupported("spec.initContainers", "init containers are not supported")
-    if _list(spec, "ephemeralContainers"):
-        raise _unsupported("spec.ephemeralContainers", "ephemeral containers are not supported")
+    _table_refusals(pod, container=False)  # hostNetwork/PID/IPC, init and ephemeral containers
 
     containers = _list(spec, "containers")
     if len(containers) != 1:
@@ -206,11 +210,21 @@ def validate(pod: Mapping[str, Any], *, ignore_exec_probes: bool = False) -> Non
         )
 
     container = containers[0] if isinstance(containers[0], Mapping) else {}
-    _validate_container(container)
+    _validate_container(pod, container)
     _validate_probes(container, ignore_exec=ignore_exec_probes)
 
 
-def _validate_container(container: Mapping[str, Any]) -> None:
+def _table_refusals(pod: Mapping[str, Any], *, container: bool) -> None:
+    """The simple refusals of the fidelity table: the pod's own fields, or its container's."""
+    for entry in fidelity.SIMPLE_REFUSALS:
+        if entry.path.startswith(f"{_C0}.") != container:
+            continue
+        for field, value in fidelity.values_at(pod, pattern=entry.path):
+            if entry.refuses(value):
+                raise PodRejected(reason=entry.reason, field=field, message=entry.refusal)
+
+
+def _validate_container(pod: Mapping[str, Any], container: Mapping[str, Any]) -> None:
     image = container.get("image")
     if not isinstance(image, str) or not image.strip():
         raise PodRejected(
@@ -223,12 +237,7 @@ def _validate_container(container: Mapping[str, Any]) -> None:
             message=f"the image reference {image!r} contains whitespace",
         )
 
-    if _map(container, "securityContext").get("privileged") is True:
-        raise _unsupported(
-            f"{_C0}.securityContext.privileged", "privileged containers are not supported"
-        )
-    if _list(container, "volumeDevices"):
-        raise _unsupported(f"{_C0}.volumeDevices", "volume devices are not supported")
+    _table_refusals(pod, container=True)  # securityContext.privileged, volumeDevices
 
     for i, port in enumerate(_list(container, "ports")):
         number = _map_value(port, "containerPort")
@@ -576,12 +585,25 @@ def _quantity(resources: Mapping[str, Any], name: str) -> Decimal | None:
     return None
 
 
+def fields_dropped(pod: Mapping[str, Any], *,
+                   adapters: Iterable[object] | None = None) -> FieldsDropped:
+    """The fields the pod sets that a cloud of ``adapters`` would not honour (every cloud type
+    when None, or when none of them is a known adapter): the fidelity table's WARNED entries."""
+    clouds = fidelity.cloud_types(adapters)
+    return FieldsDropped(entries=fidelity.dropped_fields(pod, clouds=clouds))
+
+
 async def translate(*, pod: Mapping[str, Any], node_name: str, refs: RefSource,
-                    ignore_exec_probes: bool = False) -> InstanceSpec:
+                    ignore_exec_probes: bool = False,
+                    adapters: Iterable[object] | None = None,
+                    on_dropped: Callable[[FieldsDropped], None] | None = None) -> InstanceSpec:
     """Validate the pod and build the InstanceSpec for it.
 
     Raises ``PodRejected`` for what no cloud can run and ``PodConfigPending`` when a non-optional
     Secret/ConfigMap (or key) is missing. Any error of ``refs`` propagates unchanged.
+
+    ``on_dropped`` is called once, after a successful translation and only when the pod sets
+    fields that a cloud of ``adapters`` (the ones the pod may go to) would not honour.
     """
     validate(pod, ignore_exec_probes=ignore_exec_probes)
     meta = _map(pod, "metadata")
@@ -607,6 +629,12 @@ async def translate(*, pod: Mapping[str, Any], node_name: str, refs: RefSource,
     cpu = _quantity(resources, "cpu")
     memory = _quantity(resources, "memory")
 
+    if on_dropped is not None:
+        dropped = fields_dropped(pod, adapters=adapters)
+        if dropped.entries:
+            log.debug("pod fields not honoured", extra=kv(pod=f"{namespace}/{pod_name}",
+                                                          fields=",".join(dropped.fields)))
+            on_dropped(dropped)
     return InstanceSpec(
         name=instance_name(node_name=node_name, pod_uid=uid),
         image=container["image"],
