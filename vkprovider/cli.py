@@ -252,9 +252,16 @@ async def _checked_start(*, client: KubeClient, timeout: float, named: str,
 
 
 def _dev_up(args: argparse.Namespace) -> int:
-    from vkprovider.devenv import run_dev_up
+    from vkprovider.devenv import DEFAULT_INVENTORY, DevOptions, run_dev_up
 
-    return asyncio.run(run_dev_up(gpu_nodes=args.gpu_nodes, gpus_per_node=args.gpus))
+    inventory = args.inventory or DEFAULT_INVENTORY
+    parse_inventory(inventory)  # a bad entry is one line, before anything starts
+    out = Path(args.kubeconfig_out).expanduser() if args.kubeconfig_out else None
+    if out is not None and out.is_dir():
+        raise ConfigError(f"--kubeconfig-out {args.kubeconfig_out}: is a directory")
+    options = DevOptions(gpu_nodes=args.gpu_nodes, gpus_per_node=args.gpus,
+                         cluster_only=args.cluster_only, kubeconfig_out=out, inventory=inventory)
+    return asyncio.run(run_dev_up(options=options))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -338,8 +345,15 @@ def _mock_cloud(args: argparse.Namespace) -> int:
         boot_delay=1.0 if args.boot_delay is None else args.boot_delay,
         delete_delay=0.0 if args.delete_delay is None else args.delete_delay,
         seed=0 if args.seed is None else args.seed)
-    asyncio.run(serve(host=args.host, port=args.port, state=state, log_level="warning"))
+    asyncio.run(serve(host=args.host, port=args.port, state=state, log_level="warning",
+                      announce=_announce))
     return 0
+
+
+def _announce(line: str) -> None:
+    """The mock cloud's start-up line, on stdout (flushed: it may go to a log file or a pipe)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def _check_port_free(port: int, *, named: str) -> None:
@@ -473,10 +487,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     dev = sub.add_parser("dev", help="local development helpers", parents=[without_kube])
     dev_sub = dev.add_subparsers(dest="dev_command", required=True)
-    up = dev_sub.add_parser("up", help="start a local control plane with simulated GPU nodes",
-                            parents=[without_kube])
-    up.add_argument("--gpu-nodes", type=_count, default=2)
-    up.add_argument("--gpus", type=_positive_count, default=4, help="GPUs per simulated node")
+    up = dev_sub.add_parser(
+        "up", parents=[without_kube],
+        help="the whole system on this machine: a local control plane with simulated GPU "
+             "nodes, the CRDs and RBAC, a mock cloud, the provider and the companion; "
+             "Ctrl-C stops everything")
+    up.add_argument("--gpu-nodes", type=_count, default=2,
+                    help="simulated internal GPU nodes (default 2)")
+    up.add_argument("--gpus", type=_positive_count, default=4,
+                    help="GPUs per simulated node (default 4)")
+    up.add_argument("--cluster-only", action="store_true",
+                    help="only the control plane, the GPU nodes, the CRDs and RBAC: no mock "
+                         "cloud, provider or companion (to run them yourself)")
+    up.add_argument("--kubeconfig-out", metavar="PATH",
+                    help="also write the admin kubeconfig here once everything is ready "
+                         "(removed at exit)")
+    up.add_argument("--inventory", help="the mock cloud's offers, TYPE:REGION:COUNT:PRICE[,...] "
+                    "(default: 8 H100 in us-east and in eu-west, 8 A100 in us-east)")
     up.set_defaults(func=_dev_up)
     return parser
 

@@ -75,7 +75,11 @@ class KubeletAPISettings(_Frozen):
     SubjectAccessReview on ``nodes/<subresource>``. The cache TTLs match the kubelet's defaults.
     """
 
-    bind_address: str = "0.0.0.0"
+    # Where the kubelet API and /metrics listen. "" (the default; null means the same): the
+    # node's internal_ip when that is a loopback address (a local run: the API server reaches the
+    # node there, nothing else should), else every interface ("0.0.0.0", or "::" when internal_ip
+    # is IPv6; in a pod internal_ip is the pod IP). Set an address to listen there only.
+    bind_address: str = ""
     client_ca_file: str | None = None  # None: client certificates are not accepted
     token_cache_ttl_seconds: float = Field(default=120.0, ge=0)  # a TokenReview that said yes
     token_deny_cache_ttl_seconds: float = Field(default=10.0, ge=0)  # ... that said no
@@ -85,6 +89,14 @@ class KubeletAPISettings(_Frozen):
     # where a self-signed serving certificate is written when tls_cert_file/tls_key_file are not
     # set; None: a private directory under $TMPDIR (never the working directory)
     cert_dir: str | None = None
+
+    @field_validator("bind_address", mode="before")
+    @classmethod
+    def _bind_address(cls, value: Any) -> Any:
+        """null is the default ("": automatic); surrounding blanks are dropped."""
+        if value is None:
+            return ""
+        return value.strip() if isinstance(value, str) else value
 
 
 class ProviderSettings(_Frozen):

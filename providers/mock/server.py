@@ -1614,17 +1614,25 @@ async def serve(
         lifespan="off",
     )
     server = uvicorn.Server(config)
-    task = asyncio.ensure_future(server.serve())
+    watcher = (
+        asyncio.ensure_future(_announce_once_listening(server, state=state, announce=announce))
+        if announce is not None
+        else None
+    )
     try:
-        while announce is not None and not server.started and not task.done():
-            await asyncio.sleep(0.02)
-        if announce is not None and server.started:
-            bound = server.servers[0].sockets[0].getsockname() if server.servers else (host, port)
-            address = f"[{bound[0]}]" if ":" in str(bound[0]) else str(bound[0])
-            announce(startup_line(url=f"http://{address}:{bound[1]}", state=state))
-        await task
+        await server.serve()  # a port it cannot bind exits as uvicorn decides (status 3)
     finally:
-        if not task.done():
-            task.cancel()
+        if watcher is not None:
+            watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await task
+                await watcher
+
+
+async def _announce_once_listening(
+    server: uvicorn.Server, *, state: MockCloudState, announce: Callable[[str], None]
+) -> None:
+    while not server.started:
+        await asyncio.sleep(0.02)
+    host, port = server.servers[0].sockets[0].getsockname()[:2]
+    address = f"[{host}]" if ":" in host else host
+    announce(startup_line(url=f"http://{address}:{port}", state=state))

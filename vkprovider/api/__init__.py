@@ -13,6 +13,7 @@ Modules: :mod:`.kubelet` (routes), :mod:`.auth` (401/403 as the kubelet decides 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import socket
 import ssl
@@ -32,9 +33,25 @@ from vkprovider.kube.authn import KubeReviewer
 from vkprovider.metrics import Metrics
 from vkprovider.node.pods import PodController
 
-__all__ = ["APIServers"]
+__all__ = ["APIServers", "listen_address"]
 
 log = logging.getLogger(__name__)
+
+
+def listen_address(*, bind_address: str, internal_ip: str) -> str:
+    """Where the kubelet API and ``/metrics`` listen: ``kubelet_api.bind_address`` when set;
+    else ``internal_ip`` when it is a loopback address (a local run: only the API server on this
+    machine needs to reach the node, so nothing listens on the network), else every interface
+    (``0.0.0.0``, or ``::`` for an IPv6 ``internal_ip``: in a pod it is the pod IP)."""
+    if bind_address:
+        return bind_address
+    try:
+        ip = ipaddress.ip_address(internal_ip)
+    except ValueError:  # a host name: listen everywhere, as before
+        return "0.0.0.0"
+    if ip.is_loopback:
+        return str(ip)
+    return "::" if ip.version == 6 else "0.0.0.0"
 
 
 class APIServers:
@@ -67,10 +84,11 @@ class APIServers:
                             interval=api.gpu_metrics_interval_seconds)
         auth = KubeletAuth(reviewer=KubeReviewer(client=client), node_name=node.name,
                            settings=api, metrics=metrics)
-        metrics_sock = (bind(host=api.bind_address, port=settings.metrics_port)
+        host = listen_address(bind_address=api.bind_address, internal_ip=node.internal_ip)
+        metrics_sock = (bind(host=host, port=settings.metrics_port)
                         if settings.metrics_port else None)
         try:
-            kubelet_sock = bind(host=api.bind_address, port=node.kubelet_port)
+            kubelet_sock = bind(host=host, port=node.kubelet_port)
         except BaseException:
             if metrics_sock is not None:
                 metrics_sock.close()
