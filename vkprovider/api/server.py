@@ -11,18 +11,14 @@ protocol subclass here puts it in the scope as the ASGI TLS extension
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 import ssl
-from collections.abc import Generator
 from typing import Any
 
-import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from vkprovider.errors import ConfigError
-from vkprovider.logs import kv
+from vkprovider import asgiserve
 
 log = logging.getLogger(__name__)
 
@@ -70,53 +66,13 @@ class PeerCertH11Protocol(H11Protocol):
         log.debug("upgrade request served as plain HTTP")
 
 
-class _Server(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield  # the service handles SIGINT/SIGTERM and cancels us
-
-
 def bind(*, host: str, port: int) -> socket.socket:
     """A listening TCP socket; a clear error when the address is taken or not ours."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
-    sock.listen(1024)
-    sock.setblocking(False)
-    return sock
+    return asgiserve.bind(host=host, port=port)
 
 
 async def serve(*, app: ASGIApp, sock: socket.socket, name: str,
                 ssl_context: ssl.SSLContext | None = None) -> None:
-    """Serve until cancelled; then stop accepting and drop open streams (e.g. ``logs -f``)."""
-    config = uvicorn.Config(
-        app,
-        http=PeerCertH11Protocol,
-        ws="none",  # exec/attach upgrades are answered in plain HTTP (501), never switched
-        lifespan="off",
-        log_config=None,
-        access_log=False,
-        server_header=False,
-        timeout_graceful_shutdown=2,
-        ssl_context_factory=(lambda _cfg, _default: ssl_context) if ssl_context else None,
-    )
-    server = _Server(config)
-    host, port = sock.getsockname()[:2]
-    log.info("listening", extra=kv(server=name, address=f"{host}:{port}",
-                                   tls=ssl_context is not None))
-    task = asyncio.ensure_future(server.serve(sockets=[sock]))
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        server.should_exit = True
-        server.force_exit = True
-        with contextlib.suppress(Exception, asyncio.CancelledError):
-            await asyncio.wait_for(task, timeout=5)
-        raise
-    finally:
-        sock.close()
+    """Serve until cancelled, handing the TLS peer certificate to the app (see above)."""
+    await asgiserve.serve(app=app, sock=sock, name=name, ssl_context=ssl_context,
+                          http=PeerCertH11Protocol)

@@ -22,17 +22,16 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable, Generator, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
-import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from vkprovider import __version__
+from vkprovider.asgiserve import bind, serve
 from vkprovider.descheduler.admission import OverflowAdmission
 from vkprovider.descheduler.metrics import CompanionMetrics
 from vkprovider.descheduler.moveback import MoveBack
-from vkprovider.errors import ConfigError
 from vkprovider.kube import KubeClient
 from vkprovider.kube.events import EventRecorder
 from vkprovider.kube.leader import LeaderElector
@@ -103,45 +102,6 @@ def metrics_app(*, registry: CollectorRegistry, health: HealthCheck) -> ASGIApp:
     return app
 
 
-class _Server(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield  # run_companion owns SIGINT/SIGTERM and cancels the server
-
-
-def _listen(port: int) -> socket.socket:
-    """The metrics port on every interface, bound before anything starts."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind(("0.0.0.0", port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"--metrics-port {port}: cannot listen: {exc.strerror}") from exc
-    sock.listen(128)
-    sock.setblocking(False)
-    return sock
-
-
-async def serve_metrics(*, app: ASGIApp, sock: socket.socket) -> None:
-    """Serve ``app`` on ``sock`` in this event loop until cancelled."""
-    server = _Server(uvicorn.Config(app, lifespan="off", log_config=None, access_log=False,
-                                    server_header=False, ws="none",
-                                    timeout_graceful_shutdown=1))
-    log.info("listening", extra=kv(server="metrics", address=f"0.0.0.0:{sock.getsockname()[1]}"))
-    task = asyncio.ensure_future(server.serve(sockets=[sock]))
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        server.should_exit = True
-        server.force_exit = True
-        with contextlib.suppress(Exception, asyncio.CancelledError):
-            await asyncio.wait_for(task, timeout=5)
-        raise
-    finally:
-        sock.close()
-
-
 def companion_lease_name(nodes: Sequence[str]) -> str:
     """The leader-election Lease of a companion serving ``nodes`` (one companion per node set)."""
     if len(nodes) == 1:
@@ -171,11 +131,13 @@ async def run_companion(
     moveback = MoveBack(client=client, events=events, node_names=nodes, admission=admission,
                         interval=move_back_interval, headroom_gpus=headroom_gpus,
                         metrics=metrics)
-    sock = _listen(metrics_port) if metrics_port else None
+    sock = (bind(host="0.0.0.0", port=metrics_port, what=f"--metrics-port {metrics_port}")
+            if metrics_port else None)
     health = CompanionHealth(admission=admission, moveback=moveback, standby=leader_elect,
                              interval=interval, move_back_interval=move_back_interval)
-    server = None if sock is None else asyncio.ensure_future(serve_metrics(
-        app=metrics_app(registry=metrics.registry, health=health.check), sock=sock))
+    server = None if sock is None else asyncio.ensure_future(serve(
+        app=metrics_app(registry=metrics.registry, health=health.check), sock=sock,
+        name="metrics", graceful_seconds=1))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
