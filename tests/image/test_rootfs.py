@@ -225,4 +225,6 @@ def test_mock_cloud_serves_http(sandbox: Run) -> None:
     """)
     done = sandbox(["sh", "-c", script], env=pod_env(), timeout=60)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("200 "), done.stdout
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("mock cloud listening on http://127.0.0.1:8080"), done.stdout
+    assert lines[-1].startswith("200 "), done.stdout
