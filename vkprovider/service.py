@@ -25,7 +25,7 @@ from typing import Any
 
 from providers.base import Provider
 from vkprovider import __version__
-from vkprovider.api import APIServers
+from vkprovider.api import APIServers, listen_address
 from vkprovider.api.server import bind, serve
 from vkprovider.config import Settings
 from vkprovider.kube import KubeClient
@@ -138,7 +138,9 @@ def _serve_standby_health(settings: Settings) -> asyncio.Task[None] | None:
     """Serve ``/healthz`` on the metrics port while this replica stands by (None: no port)."""
     if not settings.metrics_port:
         return None
-    sock = bind(host=settings.kubelet_api.bind_address, port=settings.metrics_port)
+    sock = bind(host=listen_address(bind_address=settings.kubelet_api.bind_address,
+                                    internal_ip=settings.node.internal_ip),
+                port=settings.metrics_port)
     return asyncio.create_task(serve(app=_standby_app, sock=sock, name="standby-health"),
                                name="standby-health")
 
