@@ -98,14 +98,20 @@ async def pods(kube: KubeClient, ns: str) -> list[dict[str, Any]]:
     return list((await kube.get(f"/api/v1/namespaces/{ns}/pods"))["items"])
 
 
-async def test_one_replica_acts_and_the_standby_takes_over_after_kill_9(
-    kube: KubeClient, namespace: str, system: System, replicas: Replicas,
-    local_cluster: LocalCluster,
-) -> None:
+async def start_cloud(system: System) -> MockCloudProcess:
+    """The one mock cloud both replicas share (stopped with the system)."""
     cloud = MockCloudProcess(work_dir=system.work_dir, name="cloud0", boot_delay=0.5,
                              inventory="H100:us-east:256:2.49")
     await cloud.start()
     system.clouds.append(cloud)
+    return cloud
+
+
+async def test_one_replica_acts_and_the_standby_takes_over_after_kill_9(
+    kube: KubeClient, namespace: str, system: System, replicas: Replicas,
+    local_cluster: LocalCluster,
+) -> None:
+    cloud = await start_cloud(system)
     node = system.node_name
     first = replica(system, local_cluster, cloud, "a")
     second = replica(system, local_cluster, cloud, "b")
@@ -208,10 +214,7 @@ async def test_a_partitioned_leader_stops_acting_before_the_standby_takes_over(
     kube: KubeClient, namespace: str, system: System, replicas: Replicas,
     local_cluster: LocalCluster,
 ) -> None:
-    cloud = MockCloudProcess(work_dir=system.work_dir, name="cloud0", boot_delay=0.5,
-                             inventory="H100:us-east:256:2.49")
-    await cloud.start()
-    system.clouds.append(cloud)
+    cloud = await start_cloud(system)
     node = system.node_name
     api = urlsplit(local_cluster.server)
     assert api.hostname and api.port

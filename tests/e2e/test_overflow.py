@@ -236,6 +236,22 @@ async def test_pod_no_policy_selects_is_never_given_the_toleration(
     assert pod["status"]["phase"] == "Pending"
 
 
+async def sneaky_pod_fails(kube: KubeClient, namespace: str, node: str, *,
+                           annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    """A GPU pod bound to the virtual node by hand, tolerating its taint; returns it Failed."""
+    await kube.create(f"/api/v1/namespaces/{namespace}/pods", {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "sneaky", "labels": {"app": "sneaky"},
+                     "annotations": annotations or {}},
+        "spec": {"nodeName": node,
+                 "tolerations": [{"key": TAINT_KEY, "operator": "Exists"}],
+                 "containers": [{"name": "c", "image": "x:1",
+                                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+    return await eventually(lambda: kube.get(f"/api/v1/namespaces/{namespace}/pods/sneaky"),
+                            until=lambda p: p["status"].get("phase") == "Failed", timeout=60,
+                            what="sneaky Failed")
+
+
 async def test_hand_tolerated_pod_matching_no_policy_fails_not_admitted_without_cloud_call(
     kube: KubeClient, namespace: str, system: System, cluster_objects: Cluster,
 ) -> None:
@@ -243,16 +259,7 @@ async def test_hand_tolerated_pod_matching_no_policy_fails_not_admitted_without_
     await cluster_objects.create(POLICIES, policy(f"other-{uuid.uuid4().hex[:6]}",
                                                   namespace=namespace, app="inference",
                                                   providers=["cloud0"]))
-    await kube.create(f"/api/v1/namespaces/{namespace}/pods", {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "sneaky", "labels": {"app": "sneaky"}},
-        "spec": {"nodeName": system.node_name,
-                 "tolerations": [{"key": TAINT_KEY, "operator": "Exists"}],
-                 "containers": [{"name": "c", "image": "x:1",
-                                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
-    pod = await eventually(lambda: kube.get(f"/api/v1/namespaces/{namespace}/pods/sneaky"),
-                           until=lambda p: p["status"].get("phase") == "Failed", timeout=60,
-                           what="sneaky Failed")
+    pod = await sneaky_pod_fails(kube, namespace, system.node_name)
     assert pod["status"]["reason"] == "NotAdmitted"
     assert (await system.clouds[0].stats())["create_calls"] == 0
 
@@ -270,17 +277,8 @@ async def test_a_pod_naming_a_policy_that_does_not_select_it_is_refused_before_a
         body["spec"]["selector"]["podSelector"] = {"matchLabels": {"app": "sneaky"}}
         body["spec"]["selector"]["namespaceSelector"] = {"matchLabels": {"team": "ml"}}
     await cluster_objects.create(POLICIES, body)
-    await kube.create(f"/api/v1/namespaces/{namespace}/pods", {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "sneaky", "labels": {"app": "sneaky"},
-                     "annotations": {"vkprovider.io/overflow-policy": name}},
-        "spec": {"nodeName": system.node_name,
-                 "tolerations": [{"key": TAINT_KEY, "operator": "Exists"}],
-                 "containers": [{"name": "c", "image": "x:1",
-                                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
-    pod = await eventually(lambda: kube.get(f"/api/v1/namespaces/{namespace}/pods/sneaky"),
-                           until=lambda p: p["status"].get("phase") == "Failed", timeout=60,
-                           what="sneaky Failed")
+    pod = await sneaky_pod_fails(kube, namespace, system.node_name,
+                                 annotations={"vkprovider.io/overflow-policy": name})
     assert pod["status"]["reason"] == "NotAdmitted"
     expected = ("podSelector" if forged == "labels" else "namespaceSelector")
     assert f"names OverflowPolicy {name}, which does not select it" in pod["status"]["message"]

@@ -182,7 +182,9 @@ def _strings(expr: Mapping[str, Any], *, field: str) -> list[str]:
     return values
 
 
-def _requirement(expr: Any, *, field: str, operators: Sequence[str]) -> _Requirement:
+def _key_and_operator(expr: Any, *, field: str, operators: Sequence[str],
+                      kind: str = "operator") -> tuple[str, str]:
+    """The requirement's key and operator, or a SelectorError naming the bad one."""
     if not isinstance(expr, Mapping):
         raise SelectorError(field=field, message="must be a mapping")
     key = expr.get("key")
@@ -192,8 +194,13 @@ def _requirement(expr: Any, *, field: str, operators: Sequence[str]) -> _Require
     if operator not in operators:
         raise SelectorError(
             field=f"{field}.operator",
-            message=f"{operator!r} is not a valid operator (one of {', '.join(operators)})",
+            message=f"{operator!r} is not a valid {kind} (one of {', '.join(operators)})",
         )
+    return key, str(operator)
+
+
+def _requirement(expr: Any, *, field: str, operators: Sequence[str]) -> _Requirement:
+    key, operator = _key_and_operator(expr, field=field, operators=operators)
     values = _strings(expr, field=field)
     if operator in ("In", "NotIn") and not values:
         raise SelectorError(
@@ -214,25 +221,16 @@ def _requirement(expr: Any, *, field: str, operators: Sequence[str]) -> _Require
                 message=f"{values[0]!r} is not an integer (required for {operator})",
             )
         bound = parsed
-    return _Requirement(key=key, operator=str(operator), values=frozenset(values), bound=bound)
+    return _Requirement(key=key, operator=operator, values=frozenset(values), bound=bound)
 
 
 def _field_requirement(expr: Any, *, field: str) -> _Requirement:
-    if not isinstance(expr, Mapping):
-        raise SelectorError(field=field, message="must be a mapping")
-    key = expr.get("key")
-    if not isinstance(key, str) or not key:
-        raise SelectorError(field=f"{field}.key", message="a non-empty key is required")
-    operator = expr.get("operator")
-    if operator not in _FIELD_OPERATORS:
-        raise SelectorError(
-            field=f"{field}.operator",
-            message=f"{operator!r} is not a valid field selector operator (In or NotIn)",
-        )
+    key, operator = _key_and_operator(expr, field=field, operators=_FIELD_OPERATORS,
+                                      kind="field selector operator")
     values = _strings(expr, field=field)
     if len(values) != 1:
         raise SelectorError(field=f"{field}.values", message="must have exactly one element")
-    return _Requirement(key=key, operator=str(operator), values=frozenset(values))
+    return _Requirement(key=key, operator=operator, values=frozenset(values))
 
 
 def _parse_int64(text: str) -> int | None:
