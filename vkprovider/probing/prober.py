@@ -1,0 +1,271 @@
+"""Run startup, readiness and liveness probes against replicas, with the kubelet's semantics.
+
+Why it exists: a replica is Ready when its server answers its readiness probe, not when its
+instance boots; a diffusion or LLM server loads weights for minutes. The kubelet runs probes for
+pods on real nodes; for cloud pods the provider must, over the network, against the address the
+cloud publishes. The fake kubelet of the test harness uses the same class for internal pods, so
+both sides of a move are judged by one set of rules.
+
+Rules (as the kubelet's prober manager applies them):
+
+* Until the startup probe succeeds, readiness and liveness do not run; ``started`` is False. A
+  container with no startup probe is started as soon as it runs. Startup failing
+  ``failureThreshold`` times in a row means the container must restart.
+* Readiness starts False when there is a readiness probe (True without one, once started);
+  ``successThreshold`` successes in a row make it True, ``failureThreshold`` failures False.
+* Liveness failing ``failureThreshold`` times in a row sets ``liveness_failed``: the owner
+  restarts the container and calls :meth:`Prober.track` with a new ``running_since``, which
+  starts every probe of that container afresh.
+* ``initialDelaySeconds`` counts from ``running_since``; then one probe per ``periodSeconds``.
+
+Cost: one sleeping task per (replica, container, probe) and one shared HTTP client; at most
+``max_concurrent`` probes in flight; each probe's first run is jittered over part of its period
+so that a thousand replicas started together are not probed in the same millisecond.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import httpx
+
+from vkprovider.probing.dialing import DIRECT, Dialer
+from vkprovider.probing.spec import ContainerProbes, Probe, parse_probes
+from vkprovider.probing.transport import DialingTransport, open_connection
+
+__all__ = ["USER_AGENT", "ContainerProbeState", "ContainerProbes", "Prober", "Target",
+           "parse_probes"]
+
+log = logging.getLogger(__name__)
+
+USER_AGENT = "kube-probe/1.37"
+
+#: Maps a container port to where it is dialled: (host, port) or (host, port, scheme), where a
+#: scheme of "https" says the cloud terminates TLS in front of the container. None: the port is
+#: not reachable (yet); the probe counts as failed.
+Target = Callable[[int], tuple[str, int] | tuple[str, int, str | None] | None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContainerProbeState:
+    """What the probes say about one container now."""
+
+    name: str
+    started: bool
+    ready: bool
+    liveness_failed: bool  # startup or liveness failed past its threshold: restart it
+    message: str | None = None  # the last failure, for events ("HTTP probe failed ...")
+    probed: bool = False  # a readiness result exists (False: still in initial delay)
+
+
+@dataclass(kw_only=True, eq=False)
+class _Container:
+    spec: ContainerProbes
+    state: ContainerProbeState
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    counts: dict[str, tuple[int, int]] = field(default_factory=dict)  # kind -> (ok, fail) run
+
+
+@dataclass(kw_only=True, eq=False)
+class _Entry:
+    target: Target
+    running_since: float
+    containers: list[_Container]
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+class Prober:
+    """Probes replicas registered with :meth:`track` until :meth:`forget`."""
+
+    def __init__(self, *, dialer: Dialer = DIRECT, max_concurrent: int = 64,
+                 on_change: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic, jitter: float = 0.1) -> None:
+        self._dialer = dialer
+        self._sem = asyncio.Semaphore(max_concurrent)
+        self._on_change = on_change
+        self._clock = clock
+        self._jitter = jitter
+        self._entries: dict[str, _Entry] = {}
+        self._client = httpx.AsyncClient(
+            transport=DialingTransport(dialer=dialer,
+                                       inner=httpx.AsyncHTTPTransport(verify=False)),
+            follow_redirects=False,
+            headers={"User-Agent": USER_AGENT, "Accept": "*/*"},
+        )
+        self.probes_run = 0
+        self.probe_failures = 0
+        self._closed = False
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def track(self, key: str, *, containers: Sequence[ContainerProbes], target: Target,
+              running_since: float) -> None:
+        """Probe ``key``'s containers; a new ``running_since`` (a restart) starts them afresh.
+
+        Calling again with the same ``running_since`` only updates ``target`` (a cloud may
+        publish its addresses late)."""
+        entry = self._entries.get(key)
+        if entry is not None and entry.running_since == running_since:
+            entry.target = target
+            return
+        if entry is not None:
+            self._cancel(entry)
+        cs = [_Container(spec=c, state=ContainerProbeState(
+            name=c.name, started=c.startup is None, ready=c.startup is None and c.readiness is None,
+            liveness_failed=False)) for c in containers]
+        entry = _Entry(target=target, running_since=running_since, containers=cs)
+        self._entries[key] = entry
+        for c in cs:
+            if c.state.started:
+                c.started.set()
+            for kind, probe in (("startup", c.spec.startup), ("readiness", c.spec.readiness),
+                                ("liveness", c.spec.liveness)):
+                if probe is not None:
+                    entry.tasks.append(asyncio.get_running_loop().create_task(
+                        self._loop(key, entry, c, kind, probe), name=f"probe-{kind}-{key}"))
+        if entry is not None and any(c.state.ready or c.state.started for c in cs):
+            self._changed(key)
+
+    def forget(self, key: str) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._cancel(entry)
+
+    def state(self, key: str) -> tuple[ContainerProbeState, ...] | None:
+        entry = self._entries.get(key)
+        return None if entry is None else tuple(c.state for c in entry.containers)
+
+    def tracked(self, key: str) -> bool:
+        return key in self._entries
+
+    async def run(self) -> None:
+        """Keep the prober alive until cancelled; closes the HTTP client on the way out."""
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for entry in list(self._entries.values()):
+            self._cancel(entry)
+        self._entries.clear()
+        await self._client.aclose()
+
+    # -- internals -------------------------------------------------------------------------
+
+    @staticmethod
+    def _cancel(entry: _Entry) -> None:
+        for t in entry.tasks:
+            t.cancel()
+        entry.tasks.clear()
+
+    def _changed(self, key: str) -> None:
+        if self._on_change is not None:
+            try:
+                self._on_change(key)
+            except Exception:  # the owner's bug must not stop probing
+                log.exception("probe change callback failed", extra={"key": key})
+
+    async def _loop(self, key: str, entry: _Entry, c: _Container, kind: str,
+                    probe: Probe) -> None:
+        if kind != "startup":
+            await c.started.wait()
+        first = entry.running_since + probe.initial_delay
+        delay = max(0.0, first - self._clock())
+        delay += random.uniform(0.0, self._jitter * probe.period) if self._jitter else 0.0
+        await asyncio.sleep(delay)
+        while True:
+            ok, message = await self._run_one(entry, probe)
+            if self._record(key, c, kind, probe, ok=ok, message=message):
+                return  # startup succeeded (done), or failed past its threshold
+            await asyncio.sleep(probe.period)
+
+    def _record(self, key: str, c: _Container, kind: str, probe: Probe, *, ok: bool,
+                message: str | None) -> bool:
+        """Fold one result into the state; True when this probe loop should stop."""
+        good, bad = c.counts.get(kind, (0, 0))
+        good, bad = (good + 1, 0) if ok else (0, bad + 1)
+        c.counts[kind] = (good, bad)
+        before = c.state
+        state = before if ok else replace(before, message=message)
+        stop = False
+        if kind == "startup":
+            if ok:
+                state = replace(state, started=True,
+                                ready=state.ready or c.spec.readiness is None)
+                c.started.set()
+                stop = True
+            elif bad >= probe.failure_threshold:
+                state = replace(state, liveness_failed=True)
+                stop = True
+        elif kind == "readiness":
+            state = replace(state, probed=True)
+            if ok and good >= probe.success_threshold:
+                state = replace(state, ready=True)
+            elif not ok and bad >= probe.failure_threshold:
+                state = replace(state, ready=False)
+        elif not ok and bad >= probe.failure_threshold:
+            state = replace(state, liveness_failed=True)
+            stop = True
+        c.state = state
+        if (state.started, state.ready, state.liveness_failed) != (
+                before.started, before.ready, before.liveness_failed):
+            self._changed(key)
+        return stop
+
+    async def _run_one(self, entry: _Entry, probe: Probe) -> tuple[bool, str | None]:
+        target = entry.target(probe.port)
+        if target is None:
+            return False, f"port {probe.port} is not published (yet)"
+        host, port = target[0], target[1]
+        tls = len(target) > 2 and target[2] == "https"
+        async with self._sem:
+            self.probes_run += 1
+            if probe.action == "http":
+                return await self._http(host, port, probe, tls=tls)
+            return await self._tcp(host, port, probe)  # grpc: a TCP connect (module docstring)
+
+    async def _http(self, host: str, port: int, probe: Probe, *,
+                    tls: bool) -> tuple[bool, str | None]:
+        scheme = "https" if tls or probe.scheme == "HTTPS" else "http"
+        netloc = f"[{host}]" if ":" in host else host
+        headers = dict(probe.headers)
+        if probe.host_header:
+            headers.setdefault("Host", probe.host_header)
+        try:
+            resp = await self._client.get(f"{scheme}://{netloc}:{port}{probe.path}",
+                                          headers=headers, timeout=probe.timeout)
+            await resp.aclose()
+        except httpx.TimeoutException:
+            self.probe_failures += 1
+            return False, (f"Get \"{scheme}://{netloc}:{port}{probe.path}\": "
+                           f"context deadline exceeded (timeout {probe.timeout:g}s)")
+        except httpx.HTTPError as e:
+            self.probe_failures += 1
+            return False, f"Get \"{scheme}://{netloc}:{port}{probe.path}\": {type(e).__name__}"
+        if 200 <= resp.status_code < 400:
+            return True, None
+        self.probe_failures += 1
+        return False, f"HTTP probe failed with statuscode: {resp.status_code}"
+
+    async def _tcp(self, host: str, port: int, probe: Probe) -> tuple[bool, str | None]:
+        try:
+            async with asyncio.timeout(probe.timeout):
+                _, writer = await open_connection(host, port, dialer=self._dialer)
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+        except (OSError, TimeoutError) as e:
+            self.probe_failures += 1
+            return False, f"dial tcp {host}:{port}: {type(e).__name__}"
+        return True, None
