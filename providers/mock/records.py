@@ -1,0 +1,149 @@
+"""One instance of the mock cloud, live or gone: its record, its lifecycle and its addresses.
+
+Why it exists: every view of an instance (the API's JSON, logs, GPU metrics, billing, the real
+listeners of its container ports) reads the same record; the lifecycle is computed from
+timestamps on that record (:meth:`Record.advance`), so time moves by an injected clock and no
+view needs the others.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from providers.mock.bodies import PortBody
+
+__all__ = [
+    "PUBLIC_PORT_BASE",
+    "TAG_EXIT_CODE",
+    "TAG_GPU_UTILIZATION",
+    "TAG_RUN_SECONDS",
+    "Phase",
+    "Record",
+    "publish_ports",
+]
+
+TAG_RUN_SECONDS = "mock.vkprovider.io/run-seconds"
+TAG_EXIT_CODE = "mock.vkprovider.io/exit-code"
+TAG_GPU_UTILIZATION = "mock.vkprovider.io/gpu-utilization"
+
+class Phase(enum.StrEnum):
+    """What the container does; ``terminating`` is reported on top of it while deleting."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    EXITED = "exited"
+    FAILED = "failed"
+
+
+@dataclass(kw_only=True, eq=False)
+class Record:
+    """One instance, live or gone. Times are on the state's monotonic clock."""
+
+    id: str
+    seq: int
+    name: str
+    image: str
+    gpu_type: str
+    gpu_count: int
+    region: str
+    price_per_gpu_hour: float
+    env_count: int  # env values are never stored
+    ports: tuple[int, ...]
+    published: tuple[tuple[int, str, int], ...]  # (container port, protocol, public port)
+    tags: dict[str, str]
+    created: float
+    boot_at: float
+    run_seconds: float | None
+    run_exit_code: int
+    load: float | None
+    phase: Phase = Phase.PENDING
+    started: float | None = None
+    finished: float | None = None
+    exit_code: int | None = None
+    message: str | None = None
+    deleting: float | None = None
+    delete_done: float | None = None
+    released: float | None = None
+    crash_at: float | None = None  # scenario fault: fails then, if still running
+    crash_message: str = ""
+    crash_exit_code: int | None = None
+    crashed: bool = False
+    delete_fails: bool = False  # scenario fault: the pending delete comes to nothing
+
+    @property
+    def price_per_hour(self) -> float:
+        return self.price_per_gpu_hour * self.gpu_count
+
+    @property
+    def ip(self) -> str:
+        return f"100.64.{(self.seq // 254) % 256}.{self.seq % 254 + 1}"
+
+    @property
+    def public_ip(self) -> str:
+        """The address the instance is reached at from outside: in 198.18.0.0/15 (RFC 2544's
+        benchmarking range), apart from the pods' 100.64.x.y, one per instance."""
+        block = (self.seq // 254) % 512
+        return f"198.{18 + block // 256}.{block % 256}.{self.seq % 254 + 1}"
+
+    def advance(self, *, now: float) -> None:
+        """Apply every transition due by ``now``, at the time it was due."""
+        if self.released is not None:
+            return
+        if self.deleting is None:
+            if self.phase is Phase.PENDING and now >= self.boot_at:
+                self.phase = Phase.RUNNING
+                self.started = self.boot_at
+            if self.phase is Phase.RUNNING and self.started is not None:
+                exit_at = (
+                    self.started + self.run_seconds if self.run_seconds is not None else math.inf
+                )
+                crash_at = self.crash_at if self.crash_at is not None else math.inf
+                if now >= min(exit_at, crash_at):
+                    if crash_at < exit_at:
+                        self.crashed = True
+                        self.phase = Phase.FAILED
+                        self.finished = max(crash_at, self.started)
+                        self.exit_code = self.crash_exit_code
+                        self.message = self.crash_message
+                    else:
+                        self.phase = Phase.EXITED
+                        self.finished = exit_at
+                        self.exit_code = self.run_exit_code
+        elif self.delete_done is not None and now >= self.delete_done:
+            if self.delete_fails:  # the cloud dropped the delete: back to what it was
+                self.deleting = self.delete_done = None
+                self.delete_fails = False
+                self.advance(now=now)
+            else:
+                self.released = self.delete_done
+
+    def cost(self, *, now: float) -> float:
+        if self.started is None:
+            return 0.0
+        end = self.released if self.released is not None else now
+        return self.price_per_hour * max(0.0, end - self.started) / 3600.0
+
+
+
+#: The first public port the mock hands out; an instance's ports count up from here.
+PUBLIC_PORT_BASE = 30000
+
+
+def publish_ports(ports: Iterable[PortBody]) -> tuple[tuple[int, str, int], ...]:
+    """A public port for each declared (container port, protocol), in order: counting up from
+    :data:`PUBLIC_PORT_BASE` and skipping the instance's own container ports, so that a public
+    port never equals a container port. Deterministic: it depends on the declared ports only."""
+    declared = list(dict.fromkeys((p.container_port, p.protocol) for p in ports))
+    taken = {port for port, _ in declared}
+    published: list[tuple[int, str, int]] = []
+    public = PUBLIC_PORT_BASE
+    for port, protocol in declared:
+        while public in taken:
+            public += 1
+        published.append((port, protocol, public))
+        public += 1
+    return tuple(published)
+

@@ -1,0 +1,698 @@
+"""The mock cloud's whole state: inventory, instances, ledger, counters, faults and knobs.
+
+Why it exists: this is the cloud itself, apart from its HTTP face (:mod:`providers.mock.app`):
+tests can hold a :class:`MockCloudState`, steer it (inventory, delays, faults, a scenario) and
+read the truth (ledger, stats) without going through HTTP. Everything lives in one object (no
+module-level singletons; several clouds can run in one process). Time comes from an injectable
+monotonic clock and lifecycle transitions are computed lazily from timestamps, so unit tests
+advance a :class:`ManualClock` instead of sleeping. The methods never ``await`` while mutating,
+so they are atomic under asyncio without locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import math
+import random
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pydantic import ValidationError
+
+from providers.base import TAG_UID
+from providers.mock.bodies import CreateBody
+from providers.mock.errors import (
+    FAULT_CODES,
+    LostResponse,
+    MockCloudError,
+    describe_errors,
+    not_found,
+)
+from providers.mock.faults import ENDPOINTS, INJECTED_KINDS, FaultPlan
+from providers.mock.gpumetrics import metrics_json
+from providers.mock.logs import LogLine, LogView, format_line
+from providers.mock.records import (
+    TAG_EXIT_CODE,
+    TAG_GPU_UTILIZATION,
+    TAG_RUN_SECONDS,
+    Phase,
+    Record,
+    publish_ports,
+)
+from providers.mock.scenario import Faults, Scenario, ScenarioError
+
+__all__ = ["DEFAULT_INVENTORY", "InventoryOffer", "ManualClock", "MockCloudState"]
+
+class ManualClock:
+    """A monotonic clock that moves only when told to; pass it (and its ``sleep``) to the state."""
+
+    def __init__(self, *, start: float = 1000.0) -> None:
+        self._now = start
+
+    def __call__(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("a monotonic clock cannot go back")
+        self._now += seconds
+
+    async def sleep(self, seconds: float) -> None:
+        """Advance by ``seconds`` and yield to the loop once, instead of waiting."""
+        self.advance(max(0.0, seconds))
+        await asyncio.sleep(0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class InventoryOffer:
+    """``count`` GPUs of one type in one region, sold at ``price_per_gpu_hour``."""
+
+    gpu_type: str
+    region: str
+    count: int
+    price_per_gpu_hour: float
+
+    def __post_init__(self) -> None:
+        if not self.gpu_type or not self.region:
+            raise ValueError("an offer needs a gpu_type and a region")
+        if self.count < 0 or self.price_per_gpu_hour < 0:
+            raise ValueError("an offer's count and price cannot be negative")
+
+
+DEFAULT_INVENTORY: tuple[InventoryOffer, ...] = (
+    InventoryOffer(gpu_type="H100", region="us-east", count=16, price_per_gpu_hour=2.49),
+    InventoryOffer(gpu_type="H100", region="eu-west", count=8, price_per_gpu_hour=2.19),
+    InventoryOffer(gpu_type="A100", region="us-east", count=16, price_per_gpu_hour=1.29),
+    InventoryOffer(gpu_type="A100", region="us-west", count=8, price_per_gpu_hour=1.19),
+    InventoryOffer(gpu_type="L40S", region="eu-west", count=8, price_per_gpu_hour=0.89),
+    InventoryOffer(gpu_type="L4", region="us-east", count=32, price_per_gpu_hour=0.44),
+)
+
+
+def _parse_tag_float(tags: Mapping[str, str], key: str, *, lo: float, hi: float) -> float | None:
+    raw = tags.get(key)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not lo <= value <= hi:  # also rejects NaN
+        raise MockCloudError(
+            status=400, code="invalid_spec", message=f"tag {key} must be a number in [{lo}, {hi}]"
+        )
+    return value
+
+
+class MockCloudState:
+    """The whole mock cloud: inventory, instances, ledger, counters, faults and knobs.
+
+    The knobs are plain attributes, changeable at any time: ``boot_delay`` and ``delete_delay``
+    (seconds; 0 means at once), ``quota_gpus`` (max GPUs held at once, None for no quota),
+    ``max_gpus_per_instance``, ``follow_poll_interval`` and ``follow_max_seconds`` (for followed
+    logs; both on the injected clock). ``faults`` arms scripted failures.
+
+    ``scenario`` (:mod:`providers.mock.scenario`) sets inventory, delays and seed and arms a
+    random fault profile (:meth:`apply_scenario`, :meth:`set_faults`). Random faults are drawn
+    from ``rng`` (``random.Random(seed)``) only when configured, in request order, so one seed
+    and one sequence of requests give one run.
+    """
+
+    def __init__(
+        self,
+        *,
+        inventory: Iterable[InventoryOffer] = DEFAULT_INVENTORY,
+        api_key: str | None = None,
+        boot_delay: float = 0.0,
+        delete_delay: float = 0.0,
+        quota_gpus: int | None = None,
+        max_gpus_per_instance: int = 8,
+        seed: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        start_time: datetime | None = None,
+        follow_poll_interval: float = 0.5,
+        follow_max_seconds: float = 3600.0,
+        scenario: Scenario | None = None,
+    ) -> None:
+        self._api_key = api_key
+        # Real clouds' ids are unique to that cloud only; two mock clouds seeded alike must
+        # still hand out different ids, or a test cannot tell a provider that keys instances by
+        # id alone (wrong) from one that keys them by (provider, id).
+        self._id_salt = secrets.token_hex(4)
+        self.seed = seed
+        self._initial_seed = seed
+        self._initial_scenario = scenario
+        self.clock = clock
+        self.sleep = sleep
+        self._t0 = clock()
+        self._wall0 = (start_time or datetime.now(UTC)).astimezone(UTC)
+        self._initial_inventory = self._checked_inventory(inventory)
+        self._initial_knobs = (boot_delay, delete_delay, quota_gpus, max_gpus_per_instance)
+        self.boot_delay: float = boot_delay
+        self.delete_delay: float = delete_delay
+        self.quota_gpus: int | None = quota_gpus
+        self.max_gpus_per_instance: int = max_gpus_per_instance
+        self.follow_poll_interval = follow_poll_interval
+        self.follow_max_seconds = follow_max_seconds
+        self.faults = FaultPlan()
+        self.rng = random.Random(seed)
+        self.scenario_faults = Faults()
+        self._scenario: Scenario | None = None
+        self._scenario_t0 = self._t0
+        self.injected: dict[str, int] = {}
+        self._seq = 0
+        self._inventory: dict[tuple[str, str], InventoryOffer] = {}
+        self._live: dict[str, Record] = {}
+        self._all: list[Record] = []
+        self.calls: dict[str, int] = {}
+        self.unauthorized_calls = 0
+        self.reset()
+
+    def __repr__(self) -> str:
+        return (
+            f"MockCloudState(live={len(self._live)}, created={len(self._all)}, "
+            f"auth={'on' if self._api_key else 'off'})"
+        )
+
+    # -- time -------------------------------------------------------------------------------
+
+    def now(self) -> float:
+        return self.clock()
+
+    def wall(self, at: float) -> datetime:
+        """The UTC wall time of a monotonic instant."""
+        return self._wall0 + timedelta(seconds=at - self._t0)
+
+    def _iso(self, at: float | None) -> str | None:
+        return None if at is None else self.wall(at).isoformat()
+
+    def _tick(self) -> float:
+        now = self.clock()
+        for record in list(self._live.values()):
+            record.advance(now=now)
+            if record.released is not None:
+                del self._live[record.id]
+        return now
+
+    # -- admission --------------------------------------------------------------------------
+
+    def admit(self, *, endpoint: str, authorization: str | None) -> float:
+        """Count a request, then reject it if unauthorized or if a fault is armed for it.
+
+        Scripted faults come first, then the scenario's 429 bursts and random errors. Returns
+        the seconds the request must hang before it is handled (a scenario fault; usually 0).
+        """
+        self.calls[endpoint] = self.calls.get(endpoint, 0) + 1
+        if not self.authorized(authorization):
+            self.unauthorized_calls += 1
+            raise MockCloudError(
+                status=401, code="unauthorized", message="missing or invalid API key"
+            )
+        fault = self.faults.take(endpoint=endpoint)
+        if fault is not None:
+            raise fault
+        profile = self.scenario_faults
+        elapsed = self.clock() - self._scenario_t0
+        for burst in profile.rate_limits:
+            if ("*" in burst.endpoints or endpoint in burst.endpoints) and burst.active(
+                elapsed=elapsed
+            ):
+                self._count("rate_limited")
+                raise MockCloudError(
+                    status=429,
+                    code="rate_limited",
+                    message=f"rate limited on {endpoint}",
+                    retry_after=burst.retry_after,
+                )
+        own = profile.for_endpoint(endpoint)
+        if own is None:
+            return 0.0
+        if own.error_rate and self.rng.random() < own.error_rate:
+            self._count("errors")
+            raise MockCloudError(
+                status=own.error_status,
+                code=FAULT_CODES.get(own.error_status, "injected"),
+                message=f"injected fault on {endpoint}",
+            )
+        if own.hang_rate and own.hang_seconds and self.rng.random() < own.hang_rate:
+            self._count("hangs")
+            return own.hang_seconds
+        return 0.0
+
+    def _count(self, kind: str) -> None:
+        self.injected[kind] = self.injected.get(kind, 0) + 1
+
+    # -- scenarios --------------------------------------------------------------------------
+
+    def apply_scenario(self, scenario: Scenario) -> None:
+        """Apply a whole scenario: what it sets (inventory, delays, seed) and its fault profile.
+
+        The scenario's clock (``start`` of bursts and outages) restarts now. A ``seed`` re-seeds
+        the fault generator (and instance ids) so the run from here on is repeatable.
+        """
+        if scenario.inventory is not None:
+            self.set_inventory(
+                InventoryOffer(
+                    gpu_type=o.gpu_type,
+                    region=o.region,
+                    count=o.count,
+                    price_per_gpu_hour=o.price_per_gpu_hour,
+                )
+                for o in scenario.inventory
+            )
+        if scenario.boot_delay is not None:
+            self.boot_delay = scenario.boot_delay
+        if scenario.delete_delay is not None:
+            self.delete_delay = scenario.delete_delay
+        if scenario.seed is not None:
+            self.seed = scenario.seed
+            self.rng = random.Random(scenario.seed)
+        self._scenario = scenario
+        self.set_faults(scenario.faults)
+
+    def set_faults(self, faults: Faults | Mapping[str, Any]) -> None:
+        """Replace the fault profile (a :class:`Faults` or its dict form) and restart its clock.
+
+        Live instances get new crash times under the new crash rate.
+        """
+        if not isinstance(faults, Faults):
+            try:
+                faults = Faults.model_validate(faults)
+            except ValidationError as exc:
+                raise ScenarioError(
+                    f"faults: {describe_errors(exc.errors())}"
+                ) from None
+        self.scenario_faults = faults
+        if self._scenario is not None:
+            self._scenario = self._scenario.model_copy(update={"faults": faults})
+        now = self.clock()
+        self._scenario_t0 = now
+        for record in self._live.values():
+            self._draw_crash(record, after=max(now, record.boot_at))
+
+    def clear_faults(self) -> None:
+        """No random faults any more (the scripted :attr:`faults` are left as they are)."""
+        self.set_faults(Faults())
+
+    def scenario(self) -> dict[str, Any]:
+        """The scenario in force, as JSON (what ``PUT /admin/scenario`` takes)."""
+        base = self._scenario or Scenario()
+        return base.model_copy(update={"faults": self.scenario_faults}).model_dump(mode="json")
+
+    def _draw_crash(self, record: Record, *, after: float) -> None:
+        crash = self.scenario_faults.crash
+        if record.phase not in (Phase.PENDING, Phase.RUNNING) or record.deleting is not None:
+            return
+        if crash.rate_per_second <= 0:
+            record.crash_at = None
+            return
+        record.crash_at = after + self.rng.expovariate(crash.rate_per_second)
+        record.crash_message = crash.message
+        record.crash_exit_code = crash.exit_code
+
+    def authorized(self, authorization: str | None) -> bool:
+        if self._api_key is None:
+            return True
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        return hmac.compare_digest(token.strip().encode(), self._api_key.encode())
+
+    # -- inventory --------------------------------------------------------------------------
+
+    @staticmethod
+    def _checked_inventory(offers: Iterable[InventoryOffer]) -> tuple[InventoryOffer, ...]:
+        result = tuple(offers)
+        keys = [(o.gpu_type, o.region) for o in result]
+        if len(set(keys)) != len(keys):
+            raise ValueError("the inventory lists a (gpu_type, region) twice")
+        return result
+
+    def set_inventory(self, offers: Iterable[InventoryOffer]) -> None:
+        checked = self._checked_inventory(offers)
+        self._inventory = {(o.gpu_type, o.region): o for o in checked}
+
+    def inventory(self) -> list[InventoryOffer]:
+        return list(self._inventory.values())
+
+    def _free(self, offer: InventoryOffer, used: Mapping[tuple[str, str], int]) -> int:
+        """Free GPUs of an offer now: its count (shrunk by any capacity outage of the
+        scenario) minus what live instances hold."""
+        count = offer.count
+        elapsed = self.clock() - self._scenario_t0
+        for outage in self.scenario_faults.capacity_outages:
+            if outage.covers(gpu_type=offer.gpu_type, region=offer.region) and outage.active(
+                elapsed=elapsed
+            ):
+                count = min(count, outage.count)
+        return max(0, count - used.get((offer.gpu_type, offer.region), 0))
+
+    def _used(self) -> dict[tuple[str, str], int]:
+        used: dict[tuple[str, str], int] = {}
+        for r in self._live.values():
+            key = (r.gpu_type, r.region)
+            used[key] = used.get(key, 0) + r.gpu_count
+        return used
+
+    def capacity(self) -> list[dict[str, Any]]:
+        self._tick()
+        used = self._used()
+        return [
+            {
+                "gpu_type": o.gpu_type,
+                "region": o.region,
+                "total": o.count,
+                "available": self._free(o, used),
+                "price_per_gpu_hour": o.price_per_gpu_hour,
+            }
+            for o in self._inventory.values()
+        ]
+
+    # -- instances --------------------------------------------------------------------------
+
+    def create(self, body: CreateBody) -> tuple[dict[str, Any], bool]:
+        """Create an instance, or return the live one with that name; True when created."""
+        now = self._tick()
+        for existing in self._live.values():
+            if existing.name == body.name:
+                return self._instance_json(existing), False
+        if not body.image.strip():
+            raise MockCloudError(status=400, code="invalid_spec", message="image is empty")
+        known_types = {o.gpu_type for o in self._inventory.values()}
+        if body.gpu_type is not None and body.gpu_type not in known_types:
+            raise MockCloudError(
+                status=400, code="invalid_spec", message=f"unknown gpu_type {body.gpu_type!r}"
+            )
+        if body.gpu_count > self.max_gpus_per_instance:
+            raise MockCloudError(
+                status=400,
+                code="invalid_spec",
+                message=f"gpu_count {body.gpu_count} exceeds the maximum of "
+                f"{self.max_gpus_per_instance} per instance",
+            )
+        run_seconds = _parse_tag_float(body.tags, TAG_RUN_SECONDS, lo=0.0, hi=math.inf)
+        exit_code = _parse_tag_float(body.tags, TAG_EXIT_CODE, lo=0, hi=255)
+        load = _parse_tag_float(body.tags, TAG_GPU_UTILIZATION, lo=0.0, hi=1.0)
+        offer = self._choose_offer(body)
+        if self.quota_gpus is not None:
+            held = sum(r.gpu_count for r in self._live.values())
+            if held + body.gpu_count > self.quota_gpus:
+                raise MockCloudError(
+                    status=402,
+                    code="quota_exceeded",
+                    message=f"GPU quota of {self.quota_gpus} exceeded ({held} in use)",
+                )
+        self._seq += 1
+        digest = hashlib.sha256(f"{self._id_salt}:{self.seed}:{self._seq}".encode()).hexdigest()
+        record = Record(
+            id=f"mi-{digest[:12]}",
+            seq=self._seq,
+            name=body.name,
+            image=body.image,
+            gpu_type=offer.gpu_type,
+            gpu_count=body.gpu_count,
+            region=offer.region,
+            price_per_gpu_hour=offer.price_per_gpu_hour,
+            env_count=len(body.env),
+            ports=tuple(p.container_port for p in body.ports),
+            published=publish_ports(body.ports),
+            tags=dict(body.tags),
+            created=now,
+            boot_at=now + max(0.0, self.boot_delay),
+            run_seconds=run_seconds,
+            run_exit_code=int(exit_code or 0),
+            load=load,
+        )
+        self._draw_crash(record, after=record.boot_at)
+        record.advance(now=now)
+        self._live[record.id] = record
+        self._all.append(record)
+        lost = self.scenario_faults.lost_create_responses
+        if lost.rate and self.rng.random() < lost.rate:
+            self._count("lost_creates")
+            raise LostResponse(mode=lost.mode)
+        return self._instance_json(record), True
+
+    def _choose_offer(self, body: CreateBody) -> InventoryOffer:
+        what = body.gpu_type or "GPU"
+        candidates = [
+            o
+            for o in self._inventory.values()
+            if body.gpu_type in (None, o.gpu_type) and body.region in (None, o.region)
+            and (body.region is not None or not body.regions or o.region in body.regions)
+        ]
+        if not candidates:
+            raise MockCloudError(
+                status=409,
+                code="capacity_unavailable",
+                message=f"no {what} offer in region {body.region}",
+            )
+        used = self._used()
+        free = [o for o in candidates if self._free(o, used) >= body.gpu_count]
+        if not free:
+            if any(
+                o.count - used.get((o.gpu_type, o.region), 0) >= body.gpu_count
+                for o in candidates
+            ):
+                self._count("capacity_refusals")
+            where = f"region {body.region}" if body.region else "any region"
+            raise MockCloudError(
+                status=409,
+                code="capacity_unavailable",
+                message=f"not enough free {what} for {body.gpu_count} in {where}",
+            )
+        if body.max_price_per_hour is not None:
+            limit = body.max_price_per_hour
+            free = [o for o in free if o.price_per_gpu_hour * body.gpu_count <= limit + 1e-9]
+            if not free:
+                raise MockCloudError(
+                    status=409,
+                    code="capacity_unavailable",
+                    message=f"no {what} at or below {limit}/hour",
+                )
+        return min(free, key=lambda o: (o.price_per_gpu_hour, o.region, o.gpu_type))
+
+    def _instance_json(self, r: Record) -> dict[str, Any]:
+        state = "terminating" if r.deleting is not None else r.phase.value
+        message = r.message
+        if message is None:
+            if r.deleting is not None:
+                message = "deleting"
+            elif r.phase is Phase.PENDING:
+                message = "booting"
+            elif r.phase is Phase.EXITED:
+                message = f"exited with code {r.exit_code}"
+        endpoints = [f"https://{r.id}.mock.invalid"] + [f"{r.ip}:{p}" for p in r.ports]
+        return {
+            "id": r.id,
+            "name": r.name,
+            "state": state,
+            "tags": dict(r.tags),
+            "image": r.image,
+            "gpu_type": r.gpu_type,
+            "gpu_count": r.gpu_count,
+            "region": r.region,
+            "price_per_hour": r.price_per_hour,
+            "ip": r.ip,
+            "endpoints": endpoints,
+            "public_ip": r.public_ip,
+            "ports": [
+                {"container_port": port, "protocol": protocol, "public_port": public}
+                for port, protocol, public in r.published
+            ],
+            "created_at": self._iso(r.created),
+            "started_at": self._iso(r.started),
+            "finished_at": self._iso(r.finished),
+            "exit_code": r.exit_code,
+            "message": message,
+            "restart_count": 0,
+        }
+
+    def _live_record(self, instance_id: str) -> Record:
+        self._tick()
+        record = self._live.get(instance_id)
+        if record is None:
+            raise not_found(instance_id)
+        return record
+
+    def get(self, instance_id: str) -> dict[str, Any]:
+        return self._instance_json(self._live_record(instance_id))
+
+    def list_instances(
+        self, *, tags: Mapping[str, str] | None = None, name: str | None = None
+    ) -> list[dict[str, Any]]:
+        now = self._tick()
+        wanted = dict(tags or {})
+        lag = self.scenario_faults.list_lag_seconds
+        return [
+            self._instance_json(r)
+            for r in self._live.values()
+            if (name is None or r.name == name)
+            and all(r.tags.get(k) == v for k, v in wanted.items())
+            and now >= r.created + lag
+        ]
+
+    def delete(self, instance_id: str) -> dict[str, Any] | None:
+        """Start deleting; the instance while it terminates, or None when it is gone at once."""
+        record = self._live_record(instance_id)
+        now = self.clock()
+        if record.deleting is None:
+            deletes = self.scenario_faults.deletes
+            delay = max(0.0, self.delete_delay)
+            if deletes.slow_rate and self.rng.random() < deletes.slow_rate:
+                self._count("slow_deletes")
+                delay += deletes.slow_seconds
+            record.delete_fails = bool(deletes.fail_rate and self.rng.random() < deletes.fail_rate)
+            if record.delete_fails:
+                self._count("failed_deletes")
+            record.deleting = now
+            record.delete_done = now + delay
+            record.advance(now=now)
+        if record.released is not None:
+            del self._live[record.id]
+            return None
+        return self._instance_json(record)
+
+    def fail(self, instance_id: str, *, message: str, exit_code: int | None = None) -> None:
+        """Make the container fail now (crash, preemption, image pull error, ...)."""
+        record = self._stoppable(instance_id)
+        record.phase = Phase.FAILED
+        record.finished = self.clock()
+        record.exit_code = exit_code
+        record.message = message
+
+    def exit(self, instance_id: str, *, exit_code: int) -> None:
+        """Make the container exit now with ``exit_code``."""
+        record = self._stoppable(instance_id)
+        now = self.clock()
+        if record.started is None:
+            record.started = now
+        record.phase = Phase.EXITED
+        record.finished = now
+        record.exit_code = exit_code
+
+    def set_load(self, instance_id: str, *, gpu_utilization: float | None) -> None:
+        if gpu_utilization is not None and not 0.0 <= gpu_utilization <= 1.0:
+            raise MockCloudError(
+                status=400, code="invalid_spec", message="gpu_utilization must be in [0, 1]"
+            )
+        self._live_record(instance_id).load = gpu_utilization
+
+    def _stoppable(self, instance_id: str) -> Record:
+        record = self._live_record(instance_id)
+        if record.deleting is not None or record.phase in (Phase.EXITED, Phase.FAILED):
+            raise MockCloudError(
+                status=409, code="invalid_state", message=f"instance {instance_id} already stopped"
+            )
+        return record
+
+    # -- logs and metrics -------------------------------------------------------------------
+
+    def log_view(self, instance_id: str) -> tuple[LogView, bool]:
+        """The instance's log so far, and whether it will print no more lines."""
+        record = self._live_record(instance_id)
+        done = record.deleting is not None or record.phase in (Phase.EXITED, Phase.FAILED)
+        return LogView(record, now=self.clock()), done
+
+    def format_line(self, line: LogLine, *, timestamps: bool) -> bytes:
+        return format_line(line, timestamps=timestamps, wall=self.wall)
+
+    def metrics(self, instance_id: str) -> dict[str, Any]:
+        return self._metrics_json(self._live_record(instance_id), now=self.clock())
+
+    def metrics_all(self, *, tags: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+        """GPU figures of every live instance carrying ``tags``, in one answer."""
+        now = self._tick()
+        wanted = dict(tags or {})
+        return [self._metrics_json(r, now=now) for r in self._live.values()
+                if all(r.tags.get(k) == v for k, v in wanted.items())]
+
+    def _metrics_json(self, record: Record, *, now: float) -> dict[str, Any]:
+        return metrics_json(record, now=now, seed=self.seed, at=self._iso(now))
+
+    # -- accounting -------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        self._tick()
+        result = {f"{endpoint}_calls": self.calls.get(endpoint, 0) for endpoint in ENDPOINTS}
+        injected = {**self.injected, "crashes": sum(1 for r in self._all if r.crashed)}
+        for kind in INJECTED_KINDS:
+            result[f"injected_{kind}"] = injected.get(kind, 0)
+        result.update(
+            unauthorized_calls=self.unauthorized_calls,
+            faults_injected=self.faults.injected + sum(injected.values()),
+            instances_created=len(self._all),
+            live_instances=len(self._live),
+        )
+        return result
+
+    def ledger(self) -> dict[str, Any]:
+        now = self._tick()
+        entries = []
+        for r in self._all:
+            if r.released is not None:
+                state = "deleted"
+            elif r.deleting is not None:
+                state = "terminating"
+            else:
+                state = r.phase.value
+            entries.append(
+                {
+                    "id": r.id,
+                    "name": r.name,
+                    "uid": r.tags.get(TAG_UID),
+                    "gpu_type": r.gpu_type,
+                    "gpu_count": r.gpu_count,
+                    "region": r.region,
+                    "price_per_hour": r.price_per_hour,
+                    "state": state,
+                    "exit_code": r.exit_code,
+                    "created_at": self._iso(r.created),
+                    "started_at": self._iso(r.started),
+                    "stopped_at": self._iso(r.released),
+                    "cost": round(r.cost(now=now), 6),
+                }
+            )
+        total = round(sum(r.cost(now=now) for r in self._all), 6)
+        return {
+            "create_calls": self.calls.get("create", 0),
+            "total_cost": total,
+            "instances": entries,
+        }
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "boot_delay": self.boot_delay,
+            "delete_delay": self.delete_delay,
+            "quota_gpus": self.quota_gpus,
+            "max_gpus_per_instance": self.max_gpus_per_instance,
+        }
+
+    def reset(self) -> None:
+        """Back to the state as constructed (instance ids keep counting up)."""
+        self.set_inventory(self._initial_inventory)
+        (self.boot_delay, self.delete_delay, self.quota_gpus, self.max_gpus_per_instance) = (
+            self._initial_knobs
+        )
+        self._live.clear()
+        self._all.clear()
+        self.calls.clear()
+        self.unauthorized_calls = 0
+        self.faults.clear()
+        self.faults.injected = 0
+        self.injected.clear()
+        self.seed = self._initial_seed
+        self.rng = random.Random(self.seed)
+        self.scenario_faults = Faults()
+        self._scenario = None
+        self._scenario_t0 = self.clock()
+        if self._initial_scenario is not None:
+            self.apply_scenario(self._initial_scenario)
+
