@@ -12,7 +12,15 @@ Rules for adapters:
 * ``list`` returns only instances tagged with this adapter's ``owner`` (the node name), in one
   call per sweep, never one call per pod.
 * ``delete`` is idempotent: deleting an instance that is gone is not an error.
-* Secrets (API keys, env values) never appear in ``repr``, logs or error messages.
+* Secrets (API keys, env values, the registry password of ``InstanceSpec.registry_auth``) never
+  appear in ``repr``, logs, error messages, tags or the names of objects made in the cloud (a
+  cloud-side name derived from a credential uses a keyed hash, never the credential). A message
+  the cloud sends back is scrubbed of them before it becomes an error message.
+* ``InstanceSpec.registry_auth`` (a pod's ``imagePullSecrets``, see :class:`RegistryAuth`) is
+  either sent to the cloud as its registry authentication or refused with
+  :class:`InvalidSpec` naming ``imagePullSecrets`` before any call; never silently dropped. An
+  adapter that creates cloud-side credential objects for it deletes them once no instance uses
+  them, in an optional ``sweep_registry_auth()`` (see :func:`sweep_registry_auth`).
 * ``Instance.published`` says how each container port is reached from outside the cloud, built
   only from what the cloud reports (or documents as a fixed convention). A field the cloud
   leaves out gives fewer entries (none at worst), never an error. Entries for one container
@@ -74,6 +82,24 @@ class PublishedPort:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RegistryAuth:
+    """Basic credentials to pull ``InstanceSpec.image`` from a private registry.
+
+    Built by the service from the pod's (then its ServiceAccount's) ``imagePullSecrets``, picked
+    for the image the way the kubelet's keyring picks one. ``registry`` is the image's registry
+    host as Kubernetes matches it (``host`` or ``host:port``; ``docker.io`` for Docker Hub images,
+    including those that name no registry); ``username``/``password`` are what the Secret holds
+    for it. ``secret`` names the Secret it came from (for messages; never its content).
+    ``repr``/``str`` show the registry, username and Secret name, never the password.
+    """
+
+    registry: str
+    username: str
+    password: str = field(repr=False)
+    secret: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class InstanceSpec:
     """What to run. Built from a pod by the service; adapters map it onto their API."""
 
@@ -90,6 +116,8 @@ class InstanceSpec:
     region: str | None = None  # the offer placement chose; None lets the cloud choose
     max_price_per_hour: float | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
+    #: Credentials for a private image (from imagePullSecrets); None for a public image.
+    registry_auth: RegistryAuth | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,6 +216,21 @@ def runs_without_gpu(provider: object) -> bool:
     any cloud call when its policy names none, so no cloud is asked for what it cannot run.
     """
     return bool(getattr(provider, "runs_without_gpu", False))
+
+
+async def sweep_registry_auth(provider: object) -> int:
+    """Delete the cloud-side registry credentials of ``provider`` that no instance uses any more.
+
+    Optional for adapters: one that stores a pod's :class:`RegistryAuth` as an object in the cloud
+    (RunPod's container registry credentials) implements ``async sweep_registry_auth() -> int``
+    (how many it deleted); others send the credentials with each create and have nothing to
+    clean up, and this returns 0 for them. The pod controller calls it after deleting instances
+    and in its periodic sweep; it is cheap when nothing was deleted since the last call.
+    """
+    sweep = getattr(provider, "sweep_registry_auth", None)
+    if sweep is None:
+        return 0
+    return int(await sweep())
 
 
 @runtime_checkable
