@@ -65,6 +65,13 @@ class PodSettings(_Frozen):
     # "minimal": one Normal Event per pod on the happy path (Started; ProviderCreated only while
     # an instance boots); "verbose" adds ProviderCreated always and Killing. Warnings: always.
     lifecycle_events: Literal["minimal", "verbose"] = "minimal"
+    # A deleted Ready pod keeps its instance this long (at most its grace period) after its
+    # endpoints turned not-ready, so load balancers stop sending before the server goes.
+    drain_seconds: float = Field(default=5.0, ge=0)
+    probe_concurrency: int = Field(default=64, ge=1, le=4096)  # probes in flight at once
+    # Labs only: a directory of address maps (vkprovider.probing.dialing) that probes dial
+    # through instead of the network, as the test harness's simulated DNAT. None: direct.
+    probe_address_map: str | None = None
 
 
 class KubeletAPISettings(_Frozen):

@@ -52,6 +52,10 @@ class Metrics:
                                      registry=r)
         self.kube_writes = Counter("vkprovider_kube_writes_total",
                                    "Writes to the API server by kind.", ["kind"], registry=r)
+        self.probe_restarts = Counter(
+            "vkprovider_probe_restarts_total",
+            "Instances restarted because their liveness or startup probe failed.",
+            ["provider"], registry=r)
         self.orphans_deleted = Counter("vkprovider_orphan_instances_deleted_total",
                                        "Instances with no pod deleted by the garbage collector.",
                                        ["provider"], registry=r)

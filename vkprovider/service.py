@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from pathlib import Path
 from typing import Any
 
 from providers.base import Provider
@@ -37,6 +38,8 @@ from vkprovider.metrics import Metrics
 from vkprovider.node.pods import PodController
 from vkprovider.node.providerset import ProviderSource
 from vkprovider.node.virtualnode import NodeAgent
+from vkprovider.probing.dialing import DIRECT, AddressMap, Dialer
+from vkprovider.probing.prober import Prober
 from vkprovider.registry import build_providers
 
 log = logging.getLogger(__name__)
@@ -145,13 +148,22 @@ def _serve_standby_health(settings: Settings) -> asyncio.Task[None] | None:
                                name="standby-health")
 
 
+def _dialer(settings: Settings) -> Dialer:
+    """Probes dial what clouds publish; a lab (the test harness) puts its address map between."""
+    lab = settings.pods.probe_address_map
+    return DIRECT if lab is None else AddressMap(Path(lab))
+
+
 async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str, Provider],
                  stop: asyncio.Event, lost: asyncio.Event | None) -> int:
     """Run the virtual node until ``stop`` (returns 0) or ``lost`` (returns 1) is set."""
     metrics = Metrics()
     events = EventRecorder(client=client, component="vkprovider", host=settings.node.name)
+    prober = Prober(dialer=_dialer(settings), max_concurrent=settings.pods.probe_concurrency)
     controller = PodController(client=client, settings=settings, providers=providers,
-                               events=events, refs=KubeRefSource(client=client), metrics=metrics)
+                               events=events, refs=KubeRefSource(client=client), metrics=metrics,
+                               prober=prober)
+    prober.on_change = controller.queue.add  # a probe result changed: reconcile that pod
     agent = NodeAgent(client=client, settings=settings.node, capacity=controller.node_capacity,
                       version=f"v1.37.2-vkprovider-{__version__}")
     source = (ProviderSource(client=client, controller=controller, settings=settings,
@@ -201,6 +213,7 @@ async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str,
         if source is not None:
             await source.aclose()
         await controller.aclose()
+        await prober.aclose()
         if lost is not None and lost.is_set():
             events.abort()  # a replica that lost leadership writes nothing more
         else:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from providers.base import Instance, InstanceState
+from providers.base import Instance, InstanceState, PublishedPort
 from vkprovider.node.podstatus import (
     compute_status,
     config_pending_status,
@@ -34,7 +34,8 @@ def make_pod(status: dict[str, Any] | None = None) -> dict[str, Any]:
         "metadata": {"name": "llm-0", "namespace": "infer", "uid": "uid-1"},
         "spec": {
             "nodeName": NODE,
-            "containers": [{"name": "server", "image": "ghcr.io/acme/llm:1.2"}],
+            "containers": [{"name": "server", "image": "ghcr.io/acme/llm:1.2",
+                            "ports": [{"containerPort": 8000}]}],
         },
         "status": status if status is not None else {"phase": "Pending", "qosClass": "Burstable"},
     }
@@ -52,6 +53,9 @@ def make_instance(state: InstanceState, **kw: Any) -> Instance:
         "price_per_hour": 2.49,
     }
     fields.update(kw)
+    if fields.get("ip") and "published" not in kw:  # the cloud maps port 8000 one-to-one
+        fields["published"] = (PublishedPort(container_port=8000, host=fields["ip"], port=8000,
+                                             kind="ip"),)
     return Instance(**fields)
 
 
@@ -159,6 +163,43 @@ def test_running_without_started_at_keeps_first_seen_time() -> None:
     assert cs(second)["state"]["running"]["startedAt"] == ts(T1)
     assert second["startTime"] == first["startTime"] == ts(T1)
     assert not status_changed(first, second)
+
+
+def test_pod_ip_only_when_every_declared_port_maps_one_to_one() -> None:
+    remapped = make_instance(InstanceState.RUNNING, ip="100.64.0.9", published=(
+        PublishedPort(container_port=8000, host="198.18.0.9", port=30000, kind="ip"),))
+    status = status_for(make_pod(), remapped)
+    assert "podIP" not in status and "podIPs" not in status
+    assert status["hostIP"] == "100.64.0.9"
+    proxied = make_instance(InstanceState.RUNNING, ip="198.18.0.9", published=(
+        PublishedPort(container_port=8000, host="198.18.0.9", port=8000, kind="ip",
+                      scheme="https"),))
+    assert "podIP" not in status_for(make_pod(), proxied)
+    no_ports = make_pod()
+    no_ports["spec"]["containers"][0].pop("ports")
+    assert "podIP" not in status_for(no_ports, make_instance(InstanceState.RUNNING,
+                                                             ip="203.0.113.7"))
+    hostname = make_instance(InstanceState.RUNNING, published=(
+        PublishedPort(container_port=8000, host="x.example", port=8000, kind="hostname"),))
+    assert "podIP" not in status_for(make_pod(), hostname)
+
+
+def test_probes_decide_started_and_ready() -> None:
+    inst = make_instance(InstanceState.RUNNING, ip="203.0.113.7", started_at=T0)
+    loading = compute_status(pod=make_pod(), instance=inst, node_name=NODE, now=T1,
+                             probe_started=True, probe_ready=False)
+    assert loading["phase"] == "Running"
+    assert cs(loading)["ready"] is False and cs(loading)["started"] is True
+    assert cond(loading, "Ready")["status"] == "False"
+    assert cond(loading, "ContainersReady")["reason"] == "ContainersNotReady"
+    starting = compute_status(pod=make_pod(), instance=inst, node_name=NODE, now=T1,
+                              probe_started=False, probe_ready=False)
+    assert cs(starting)["started"] is False
+    ready = compute_status(pod=advance(make_pod(), loading), instance=inst, node_name=NODE,
+                           now=T2, probe_started=True, probe_ready=True)
+    assert cond(ready, "Ready")["status"] == "True"
+    assert cond(ready, "Ready")["lastTransitionTime"] == ts(T2)
+    assert status_changed(loading, ready)
 
 
 def test_ip_is_kept_when_the_cloud_stops_reporting_it() -> None:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -79,6 +80,7 @@ from vkprovider.node.providercaps import (
     expected_price,
     fold_capacity,
 )
+from vkprovider.node.replicas import EndpointSink, ProberLike, Replicas
 from vkprovider.node.spend import SpendRecorder
 from vkprovider.node.translate import RefSource, translate
 from vkprovider.node.virtualnode import NodeCapacity
@@ -126,6 +128,8 @@ class PodController:
         metrics: Metrics,
         blocks: Blocks | None = None,
         clock: Callable[[], float] = time.monotonic,
+        prober: ProberLike | None = None,
+        endpoints: EndpointSink | None = None,
     ) -> None:
         self.client = client
         self.settings = settings
@@ -178,6 +182,10 @@ class PodController:
                                    namespace=settings.leader_election.namespace,
                                    blocks=self.blocks,
                                    every=settings.pods.spend_record_seconds, clock=clock)
+        # Probes, published endpoints and drain of running replicas (node/replicas.py).
+        self.replicas = Replicas(prober=prober, sink=endpoints, clock=clock,
+                                 drain_seconds=settings.pods.drain_seconds)
+        self.told_unhealthy: set[str] = set()  # pods whose readiness failure was told
         # called with (provider, operation, error or None) after each cloud call
         self.observer: Callable[[str, str, Exception | None], None] | None = None
 
@@ -631,11 +639,14 @@ class PodController:
         self.told_no_capacity.pop(uid, None)
         self.unplaced_tries.pop(uid, None)
         self.told_created.discard(uid)
+        self.told_unhealthy.discard(uid)
         self.inherited.discard(uid)
+        self.replicas.forget(uid)
         if placed is None or self._delete_in_progress(placed):
             self.placed.pop(uid)
 
     async def _stop_spend(self, placed: Placed) -> None:
+        self.replicas.forget(str(placed.instance.tags.get(TAG_UID, "")))
         if self._delete_in_progress(placed):
             return
         if placed.instance.state == InstanceState.TERMINATING:
@@ -647,6 +658,11 @@ class PodController:
     async def _terminate(self, pod: Body, uid: str, placed: Placed | None) -> None:
         meta = pod["metadata"]
         if placed is not None and not self._delete_in_progress(placed):
+            left = self.replicas.drain_left(uid=uid, pod=pod, instance=placed.instance,
+                                            was_ready=_is_ready(pod))
+            if left > 0:  # endpoints are terminating; load balancers stop sending first
+                raise Retry("draining", after=left)
+            self.replicas.forget(uid)
             if await self._delete_instance(placed.provider, placed.instance.id,
                                            why="pod terminating"):
                 if self.verbose_events:
@@ -920,10 +936,20 @@ class PodController:
         annotations = podstatus.instance_annotations(inst)
         current = pod["metadata"].get("annotations") or {}
         stale = {k: v for k, v in annotations.items() if current.get(k) != v}
+        probe = None
         if inst.state == InstanceState.RUNNING:
             self.running_seen.setdefault(uid, time.time())
-        status = podstatus.compute_status(pod=pod, instance=inst, node_name=self.node,
-                                          now=datetime.now(UTC))
+            probe = self.replicas.running(uid=uid, pod=pod, provider=placed.provider,
+                                          instance=inst)
+            if probe is not None and probe.liveness_failed:
+                await self._restart(pod, uid, placed, message=probe.message)
+                return
+        else:
+            self.replicas.stopped(uid=uid, pod=pod, instance=inst)
+        status = podstatus.compute_status(
+            pod=pod, instance=inst, node_name=self.node, now=datetime.now(UTC),
+            probe_started=None if probe is None else probe.started,
+            probe_ready=None if probe is None else probe.ready)
         old = pod.get("status") or {}
         changed = podstatus.status_changed(old, status)
         if changed or stale:
@@ -931,6 +957,8 @@ class PodController:
             # reset there), so the instance annotations ride along with the status.
             await self._patch_status(pod, status, annotations=stale or None)
         if changed:
+            if probe is not None:
+                await self._readiness_told(pod, uid, old, status, probe.message)
             if inst.state == InstanceState.PENDING:
                 self._tell_created(pod, uid, placed)  # a boot users may wait minutes for
             if status.get("phase") == "Running" and old.get("phase") != "Running":
@@ -949,6 +977,48 @@ class PodController:
                                                f"{inst.message or 'no reason given'}")
         if inst.state in _DONE_STATES:
             await self._stop_spend(placed)
+
+    async def _readiness_told(self, pod: Body, uid: str, old: Body, status: Body,
+                              message: str | None) -> None:
+        """A Warning when a replica that was Ready stops answering its readiness probe."""
+        was = _is_ready({"status": old})
+        now = _is_ready({"status": status})
+        if was and not now and status.get("phase") == "Running" and message:
+            await self.events.emit(obj=_pod_ref(pod), reason="Unhealthy", type_="Warning",
+                                   message=f"Readiness probe failed: {message}")
+        if now:
+            self.told_unhealthy.discard(uid)
+
+    async def _restart(self, pod: Body, uid: str, placed: Placed, *,
+                       message: str | None) -> None:
+        """Liveness (or startup) failed past its threshold: restart the instance in place, as
+        the kubelet restarts a container. The pod's restartCount follows the instance's."""
+        inst = placed.instance
+        name = (pod["spec"].get("containers") or [{}])[0].get("name", "")
+        self.replicas.stopped(uid=uid, pod=pod, instance=inst)
+        provider = self.providers.get(placed.provider)
+        restart = getattr(provider, "restart", None)
+        await self.events.emit(obj=_pod_ref(pod), reason="Unhealthy", type_="Warning",
+                               message=f"Liveness probe failed: {message or 'no answer'}")
+        if restart is None:
+            await self._reject(pod, reason="LivenessProbeFailed",
+                               message=f"container {name} failed its liveness probe and "
+                                       f"{placed.provider} cannot restart an instance; the "
+                                       "pod fails so that its controller replaces it")
+            return
+        try:
+            await restart(inst.id)
+            self._count(placed.provider, "restart", None)
+        except ProviderError as exc:
+            self._count(placed.provider, "restart", exc)
+            raise
+        self.metrics.probe_restarts.labels(placed.provider).inc()
+        await self.events.emit(obj=_pod_ref(pod), reason="Killing",
+                               message=f"Container {name} failed liveness probe, will be "
+                                       f"restarted (instance {inst.id} on {placed.provider})")
+        # The next list shows it booting again (restart count up): probes start afresh then.
+        self.placed.set(uid, dataclasses.replace(
+            placed, instance=dataclasses.replace(inst, state=InstanceState.PENDING)))
 
     def _tell_created(self, pod: Body, uid: str, placed: Placed) -> None:
         if uid in self.told_created:
@@ -1012,6 +1082,13 @@ def _replacing_ip_lists(status: Body) -> Body:
         if key in out:
             out[key] = [*out[key], {"$patch": "replace"}]
     return out
+
+
+def _is_ready(pod: Body) -> bool:
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if isinstance(c, dict) and c.get("type") == "Ready":
+            return c.get("status") == "True"
+    return False
 
 
 def _pod_path(pod: Body) -> str:

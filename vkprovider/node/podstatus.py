@@ -209,12 +209,15 @@ def _base_status(pod: Mapping[str, Any], now: datetime) -> dict[str, Any]:
 
 
 def compute_status(
-    *, pod: Mapping[str, Any], instance: Instance | None, node_name: str, now: datetime
+    *, pod: Mapping[str, Any], instance: Instance | None, node_name: str, now: datetime,
+    probe_started: bool | None = None, probe_ready: bool | None = None,
 ) -> dict[str, Any]:
     """The ``status`` the pod should have, given the instance the cloud reports (or None).
 
     ``node_name`` is this virtual node: a pod bound to another node is returned unchanged (this node
-    never writes another node's pod status). The rules are in the module docstring.
+    never writes another node's pod status). ``probe_started``/``probe_ready``: what the first
+    container's startup and readiness probes say (None: it has no probes, so a running instance
+    is started and ready). The rules are in the module docstring.
     """
     current = _map(pod, "status")
     current_phase = current.get("phase") or PENDING
@@ -235,7 +238,7 @@ def compute_status(
         phase = RUNNING
         started = _started_at(instance, pod, now)
         state = {"running": {"startedAt": started}}
-        ready = True
+        ready = (probe_ready is not False) and (probe_started is not False)
     elif state_of in (InstanceState.SUCCEEDED, InstanceState.FAILED):
         assert instance is not None
         succeeded = state_of == InstanceState.SUCCEEDED
@@ -273,16 +276,44 @@ def compute_status(
     status["conditions"] = _conditions(
         pod=pod, phase=phase, ready=ready, container_name=_container(pod).get("name", ""), now=now
     )
-    status["containerStatuses"] = [
-        _container_status(pod=pod, instance=instance, state=state, ready=ready)
-    ]
-    ip = instance.ip if instance is not None and instance.ip else None
-    if ip:
-        status["podIP"] = ip
-        status["podIPs"] = [{"ip": ip}]
-        status["hostIP"] = ip
-        status["hostIPs"] = [{"ip": ip}]
+    container_status = _container_status(pod=pod, instance=instance, state=state, ready=ready)
+    if "running" in state and probe_started is False:
+        container_status["started"] = False
+    status["containerStatuses"] = [container_status]
+    host_ip = instance.ip if instance is not None and instance.ip else None
+    if host_ip:
+        status["hostIP"] = host_ip
+        status["hostIPs"] = [{"ip": host_ip}]
+    pod_ip = reachable_pod_ip(pod, instance) if instance is not None else None
+    if pod_ip:
+        status["podIP"] = pod_ip
+        status["podIPs"] = [{"ip": pod_ip}]
     return status
+
+
+def reachable_pod_ip(pod: Mapping[str, Any], instance: Instance) -> str | None:
+    """The pod IP to report: an address at which EVERY declared container port is reached on
+    its own number (a one-to-one mapping), else None.
+
+    The stock EndpointSlice controller publishes ``podIP:targetPort`` for every Service that
+    selects the pod; an IP whose ports the cloud remaps (RunPod, Vast.ai, the mock) or a
+    hostname-only cloud (SaladCloud) would be published unreachable. Without a pod IP the stock
+    controller leaves the pod out, and the provider's own EndpointSlices say how it is reached.
+    A pod that declares no ports gets no IP: nothing says what of it is reachable.
+    """
+    declared = {(p.get("containerPort"), str(p.get("protocol") or "TCP"))
+                for p in _list(_container(pod), "ports") if isinstance(p, Mapping)}
+    if not declared or instance.state != InstanceState.RUNNING:
+        return None
+    hosts = set()
+    for port, protocol in declared:
+        direct = [p for p in instance.published
+                  if p.container_port == port and p.protocol == protocol and p.kind == "ip"
+                  and p.port == port and p.scheme is None]
+        if not direct:
+            return None
+        hosts.add(direct[0].host)
+    return hosts.pop() if len(hosts) == 1 else None
 
 
 def _started_at(instance: Instance | None, pod: Mapping[str, Any], now: datetime) -> str:

@@ -88,7 +88,7 @@ class Prober:
                  clock: Callable[[], float] = time.monotonic, jitter: float = 0.1) -> None:
         self._dialer = dialer
         self._sem = asyncio.Semaphore(max_concurrent)
-        self._on_change = on_change
+        self.on_change = on_change
         self._clock = clock
         self._jitter = jitter
         self._entries: dict[str, _Entry] = {}
@@ -170,9 +170,9 @@ class Prober:
         entry.tasks.clear()
 
     def _changed(self, key: str) -> None:
-        if self._on_change is not None:
+        if self.on_change is not None:
             try:
-                self._on_change(key)
+                self.on_change(key)
             except Exception:  # the owner's bug must not stop probing
                 log.exception("probe change callback failed", extra={"key": key})
 

@@ -1,0 +1,236 @@
+"""A cloud pod as a replica that serves traffic: probes, published endpoints, graceful drain.
+
+Why it exists: "the site never drops" is a promise about requests. A cloud pod is Ready when its
+server answers its readiness probe (not when its instance boots), its Services reach it at what
+the cloud publishes (not at podIP:targetPort), and a deleted pod stops receiving requests before
+its instance goes. The pod controller owns the lifecycle; this module owns those three concerns,
+so that the controller calls it at four points: the instance runs (:meth:`Replicas.running`), it
+does not (:meth:`Replicas.stopped`), the pod is terminating (:meth:`Replicas.drain_left`), the
+pod is gone (:meth:`Replicas.forget`).
+
+* Probes run in a shared :class:`~vkprovider.probing.prober.Prober` against the instance's
+  published address for the probed container port; a restart (a new instance id or a higher
+  restart count) starts them afresh. A change nudges the pod's reconcile.
+* Endpoints go to an :class:`EndpointSink` (the provider-managed EndpointSlices): one target per
+  published container port, ``ready``/``serving`` from the probes, ``terminating`` once the pod
+  is being deleted.
+* Drain: a terminating pod that was Ready keeps its instance for ``drain_seconds`` (never longer
+  than the pod's grace period) after its endpoints turned not-ready, so load balancers that
+  watch the slices stop sending before the server goes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from providers.base import Instance, PublishedPort
+from vkprovider.errors import VKError
+from vkprovider.probing.prober import ContainerProbeState
+from vkprovider.probing.spec import ContainerProbes, ProbeSpecError, parse_probes
+
+__all__ = ["EndpointSink", "EndpointTarget", "ProberLike", "Replicas"]
+
+log = logging.getLogger(__name__)
+
+Body = Mapping[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class EndpointTarget:
+    """How one container port of a replica is reached now, and whether to send it traffic."""
+
+    container_port: int
+    protocol: str
+    host: str
+    port: int
+    kind: str  # "ip" | "hostname"
+    ready: bool
+    serving: bool
+    terminating: bool
+
+
+class EndpointSink(Protocol):
+    """Where replicas' endpoints are published (node/endpointslices.py)."""
+
+    def set_pod(self, *, namespace: str, name: str, uid: str, labels: Mapping[str, str],
+                container_ports: Sequence[tuple[str, str | None, int, str]],
+                endpoints: Sequence[Any]) -> None: ...
+
+    def remove_pod(self, *, uid: str) -> None: ...
+
+
+class ProberLike(Protocol):
+    def track(self, key: str, *, containers: Sequence[ContainerProbes],
+              target: Callable[[int], tuple[str, int] | tuple[str, int, str | None] | None],
+              running_since: float) -> None: ...
+
+    def forget(self, key: str) -> None: ...
+
+    def state(self, key: str) -> tuple[ContainerProbeState, ...] | None: ...
+
+
+class ReplicaError(VKError):
+    """A probe the provider accepted earlier cannot be parsed now (should not happen)."""
+
+
+@dataclass(kw_only=True)
+class _Tracked:
+    instance: tuple[str, str, int]  # (provider, instance id, restart count)
+    probes: tuple[ContainerProbes, ...]
+    published: tuple[PublishedPort, ...]
+
+
+def _preferred(published: Sequence[PublishedPort]) -> dict[int, PublishedPort]:
+    """Per container port, the first (preferred) published entry."""
+    out: dict[int, PublishedPort] = {}
+    for p in published:
+        out.setdefault(p.container_port, p)
+    return out
+
+
+def container_ports(pod: Body) -> list[tuple[str, str | None, int, str]]:
+    """(container name, port name, container port, protocol) for every declared port."""
+    out: list[tuple[str, str | None, int, str]] = []
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        if not isinstance(c, Mapping):
+            continue
+        for p in c.get("ports") or []:
+            if isinstance(p, Mapping) and isinstance(p.get("containerPort"), int):
+                out.append((str(c.get("name", "")), p.get("name"), int(p["containerPort"]),
+                            str(p.get("protocol") or "TCP")))
+    return out
+
+
+class Replicas:
+    """Probe state and endpoints of the cloud pods on one virtual node."""
+
+    def __init__(self, *, prober: ProberLike | None, sink: EndpointSink | None,
+                 clock: Callable[[], float], drain_seconds: float) -> None:
+        self._prober = prober
+        self._sink = sink
+        self._clock = clock
+        self._drain = drain_seconds
+        self._tracked: dict[str, _Tracked] = {}
+        self._draining: dict[str, float] = {}  # uid -> clock() when endpoints went terminating
+        self._published: set[str] = set()  # uids the sink knows
+
+    # ---- the instance runs -------------------------------------------------------------------
+
+    def running(self, *, uid: str, pod: Body, provider: str, instance: Instance
+                ) -> ContainerProbeState | None:
+        """Probe the replica; the first container's probe state (None: it has no probes)."""
+        ident = (provider, instance.id, instance.restart_count)
+        tracked = self._tracked.get(uid)
+        if tracked is None:
+            try:
+                # exec probes of a running pod were allowed by its policy (execProbes: Ignore)
+                probes = parse_probes(pod, ignore_exec=True)
+            except ProbeSpecError as e:  # translation refused these before create
+                log.warning("probe cannot run", extra={"uid": uid, "field": e.field})
+                probes = ()
+            tracked = _Tracked(instance=ident, probes=probes, published=instance.published)
+            self._tracked[uid] = tracked
+            self._track(uid, tracked)
+        elif tracked.instance != ident or tracked.published != instance.published:
+            restarted = tracked.instance != ident
+            tracked.instance = ident
+            tracked.published = instance.published
+            if restarted:
+                self._track(uid, tracked)
+        state = self._state(uid)
+        self._publish(uid=uid, pod=pod, instance=instance, state=state, terminating=False)
+        return state
+
+    def _track(self, uid: str, tracked: _Tracked) -> None:
+        if self._prober is None or not any(c.any for c in tracked.probes):
+            return
+        by_port = _preferred(tracked.published)
+
+        def target(port: int) -> tuple[str, int, str | None] | None:
+            p = by_port.get(port)
+            return None if p is None else (p.host, p.port, p.scheme)
+
+        self._prober.track(uid, containers=tracked.probes, target=target,
+                           running_since=self._clock())
+
+    def _state(self, uid: str) -> ContainerProbeState | None:
+        tracked = self._tracked.get(uid)
+        if self._prober is None or tracked is None or not tracked.probes:
+            return None
+        if not tracked.probes[0].any:
+            return None
+        states = self._prober.state(uid)
+        return states[0] if states else None
+
+    def stopped(self, *, uid: str, pod: Body | None = None, instance: Instance | None = None
+                ) -> None:
+        """The instance is not running (booting, restarting, finished): stop probing it and
+        publish it as not ready (or not at all when nothing is published)."""
+        self._tracked.pop(uid, None)
+        if self._prober is not None:
+            self._prober.forget(uid)
+        if pod is not None and instance is not None and uid in self._published:
+            self._publish(uid=uid, pod=pod, instance=instance, state=None, terminating=False,
+                          ready=False)
+
+    # ---- the pod is being deleted ------------------------------------------------------------
+
+    def drain_left(self, *, uid: str, pod: Body, instance: Instance | None,
+                   was_ready: bool) -> float:
+        """Seconds to keep the instance while load balancers stop sending it requests.
+
+        The first call marks the endpoints terminating. 0 when nothing routes to the pod (it was
+        not Ready) or its grace period is 0."""
+        meta = pod.get("metadata") or {}
+        grace = meta.get("deletionGracePeriodSeconds")
+        limit = min(self._drain, float(grace)) if isinstance(grace, int | float) else self._drain
+        if not was_ready or limit <= 0:
+            return 0.0
+        start = self._draining.get(uid)
+        if start is None:
+            start = self._draining[uid] = self._clock()
+            if instance is not None:
+                self._publish(uid=uid, pod=pod, instance=instance, state=self._state(uid),
+                              terminating=True)
+        return max(0.0, start + limit - self._clock())
+
+    def forget(self, uid: str) -> None:
+        """The pod is gone (or its instance is): no probes, no endpoints."""
+        self._tracked.pop(uid, None)
+        self._draining.pop(uid, None)
+        if self._prober is not None:
+            self._prober.forget(uid)
+        if uid in self._published:
+            self._published.discard(uid)
+            if self._sink is not None:
+                self._sink.remove_pod(uid=uid)
+
+    # ---- publishing --------------------------------------------------------------------------
+
+    def _publish(self, *, uid: str, pod: Body, instance: Instance,
+                 state: ContainerProbeState | None, terminating: bool,
+                 ready: bool | None = None) -> None:
+        if self._sink is None:
+            return
+        if ready is None:
+            ready = state is None or (state.ready and state.started)
+        serving = ready
+        if terminating:
+            ready = False
+        meta = pod.get("metadata") or {}
+        targets = [
+            EndpointTarget(container_port=p.container_port, protocol=p.protocol, host=p.host,
+                           port=p.port, kind=p.kind, ready=ready, serving=serving,
+                           terminating=terminating)
+            for p in _preferred(instance.published).values()
+        ]
+        if not targets and uid not in self._published:
+            return
+        self._published.add(uid)
+        self._sink.set_pod(namespace=str(meta.get("namespace", "")),
+                           name=str(meta.get("name", "")), uid=uid,
+                           labels=dict(meta.get("labels") or {}),
+                           container_ports=container_ports(pod), endpoints=targets)
