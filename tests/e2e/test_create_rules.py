@@ -86,7 +86,7 @@ async def test_a_vanished_instance_is_recreated_only_where_the_pod_ran(
     pod = await eventually(lambda: pod_named(kube, namespace, "moved"), until=running,
                            timeout=60, what="the pod Running on cloud1 (cloud0 has no H100)")
     first = pod["metadata"]["annotations"]["vkprovider.io/instance-id"]
-    first_ip = pod["status"]["podIP"]
+    first_ip = pod["status"]["hostIP"]
     await cloud0.admin("PUT", "/admin/inventory", json={"offers": [
         {"gpu_type": "H100", "region": "us-east", "count": 16, "price_per_gpu_hour": 1.99}]})
     await cloud1.admin("DELETE", f"/instances/{first}")  # someone else deleted it
@@ -98,8 +98,8 @@ async def test_a_vanished_instance_is_recreated_only_where_the_pod_ran(
         what="the pod re-created on a new instance")
     assert pod["metadata"]["annotations"]["vkprovider.io/provider"] == "cloud1"
     # the status follows the new instance (IP lists replaced, not merged into two IPs)
-    assert pod["status"]["podIP"] != first_ip
-    assert pod["status"]["podIPs"] == [{"ip": pod["status"]["podIP"]}]
+    assert pod["status"]["hostIP"] != first_ip
+    assert pod["status"]["hostIPs"] == [{"ip": pod["status"]["hostIP"]}]
     assert (await cloud0.stats())["instances_created"] == 0, "never where it did not run"
     uid = pod["metadata"]["uid"]
     assert [e["uid"] for e in await cloud1.ledger()] == [uid, uid]

@@ -163,7 +163,11 @@ class Replicas:
         if not tracked.probes[0].any:
             return None
         states = self._prober.state(uid)
-        return states[0] if states else None
+        if states:
+            return states[0]
+        first = tracked.probes[0]  # probes declared but none run yet: not ready
+        return ContainerProbeState(name=first.name, started=first.startup is None, ready=False,
+                                   liveness_failed=False)
 
     def stopped(self, *, uid: str, pod: Body | None = None, instance: Instance | None = None
                 ) -> None:
