@@ -144,6 +144,9 @@ class LocalCluster:
         self.pki_dir = self.work_dir / "pki"
         self.pki_dir.mkdir()
         self.kubeconfig = self.work_dir / "kubeconfig"
+        #: The lab network's one address map (vkprovider.probing.dialing): every writer (fake
+        #: kubelet, mock clouds) publishes its routes here; created by the first writer.
+        self.address_map_dir = self.work_dir / "addressmap"
         self.api_port = 0
         self.server = ""
         self.components: dict[str, Component] = {}
@@ -186,13 +189,19 @@ class LocalCluster:
         comp.start(env=self._child_env())
         return comp
 
-    def start_fake_kubelet(self, *, start_delay: float = 0.5, max_grace: float = 2.0
-                           ) -> Component:
-        """Start :mod:`vkprovider.testing.fakekubelet` for the simulated internal GPU nodes."""
-        return self.start_component(name="fake-kubelet", argv=[
-            sys.executable, "-m", "vkprovider.testing.fakekubelet",
-            f"--kubeconfig={self.kubeconfig}", f"--start-delay={start_delay}",
-            f"--max-grace={max_grace}"])
+    def start_fake_kubelet(self, *, start_delay: float = 0.5, max_grace: float = 2.0,
+                           address_map_dir: Path | None = None) -> Component:
+        """Start :mod:`vkprovider.testing.fakekubelet` for the simulated internal GPU nodes.
+
+        With ``address_map_dir`` (e.g. :attr:`address_map_dir`), pods get real loopback
+        listeners routed from their virtual addresses there, and readiness probes are run;
+        per-pod counters: :func:`vkprovider.testing.fakekubelet.read_counters`."""
+        argv = [sys.executable, "-m", "vkprovider.testing.fakekubelet",
+                f"--kubeconfig={self.kubeconfig}", f"--start-delay={start_delay}",
+                f"--max-grace={max_grace}"]
+        if address_map_dir is not None:
+            argv.append(f"--address-map-dir={address_map_dir}")
+        return self.start_component(name="fake-kubelet", argv=argv)
 
     def pids(self) -> list[int]:
         return [c.process.pid for c in self.components.values() if c.process is not None]

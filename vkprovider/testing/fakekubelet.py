@@ -13,6 +13,27 @@ It manages every node labelled ``vkprovider.io/fake-kubelet=true``:
 * marks a pod Succeeded ``vkprovider.io/fake-run-seconds`` after it started, if annotated;
 * completes deletions after the pod's grace period, capped at ``max_grace`` seconds.
 
+With ``--address-map-dir DIR`` pods get real listeners behind their virtual addresses (issue 13):
+
+* each running pod gets one :class:`~vkprovider.testing.modelserver.ModelServer` on 127.0.0.1
+  per declared TCP container port (and per numeric probe port not declared: a real app listens
+  whether or not the port is declared), answering like a model server: ``503`` while it loads
+  for the container's ``MOCK_LOAD_SECONDS`` env (0 if absent), ``200`` after; ``/live`` always
+  ``200``; JSON ``{"pod", "namespace", "node", "container_port"}``;
+* the routes ``podIP:containerPort -> 127.0.0.1:listener`` are published to the address map
+  (owner ``fakekubelet``) before the pod is reported Running;
+* a pod with a ``readinessProbe`` is Ready when its probes say so: the shared
+  :class:`~vkprovider.probing.prober.Prober` runs them through the address map (``started``
+  follows the startup probe; a liveness or startup failure past its threshold restarts the
+  container: its model loads again and ``restartCount`` counts it). Pods without a
+  readinessProbe are Ready when running, as before;
+* listeners keep serving through the grace period after deletion (the app drains) and close
+  when the pod is finally gone (or Succeeded);
+* per-pod counters (traffic vs probe requests per port, restarts) are written about four times
+  a second, atomically, to :func:`counters_path` of the map (``<map>.fakekubelet-counters.json``
+  beside the map directory); read them with :func:`read_counters`. Pods that are gone stay
+  there (``"closed": true``), the last 1,000 of them.
+
 Run it with ``python -m vkprovider.testing.fakekubelet --kubeconfig FILE``.
 """
 
@@ -22,8 +43,16 @@ import argparse
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
+import os
+import tempfile
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from vkprovider import logs
@@ -31,7 +60,11 @@ from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
 from vkprovider.kube.watching import Informer
 from vkprovider.logs import kv
+from vkprovider.probing.dialing import AddressMap, Route, publish_routes
+from vkprovider.probing.prober import ContainerProbes, ContainerProbeState, Prober, parse_probes
+from vkprovider.probing.spec import ProbeSpecError
 from vkprovider.semantics.timefmt import format_micro_time, format_time
+from vkprovider.testing.modelserver import ModelServer
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +73,32 @@ START_DELAY_ANNOTATION = "vkprovider.io/fake-start-delay"
 RUN_SECONDS_ANNOTATION = "vkprovider.io/fake-run-seconds"
 GPU = "nvidia.com/gpu"
 GPU_PRODUCT = "nvidia.com/gpu.product"
+LOAD_SECONDS_ENV = "MOCK_LOAD_SECONDS"
+ROUTES_OWNER = "fakekubelet"
+_KEEP_CLOSED = 1000
+_COUNTERS_EVERY = 0.25
+
+
+def counters_path(address_map_dir: Path) -> Path:
+    """Where a fake kubelet serving into ``address_map_dir`` writes its per-pod counters."""
+    return address_map_dir.parent / f"{address_map_dir.name}.fakekubelet-counters.json"
+
+
+def read_counters(address_map_dir: Path) -> dict[str, Any]:
+    """The per-pod counters, keyed ``namespace/name`` ({} before the first write)::
+
+        {"ns/web-0": {"uid": ..., "node": ..., "ip": ..., "closed": false,
+                      "terminating": false, "traffic": 12, "probes": 30,
+                      "restarts": {"server": 0},
+                      "ports": {"8000": {"traffic": 12, "traffic_5xx": 0, "probes": 30,
+                                         "probes_failed": 8}}}}
+    """
+    try:
+        body = json.loads(counters_path(address_map_dir).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    pods = body.get("pods") if isinstance(body, dict) else None
+    return dict(pods) if isinstance(pods, dict) else {}
 
 
 def now_rfc3339() -> str:
@@ -144,6 +203,31 @@ async def create_gpu_nodes(
         )
 
 
+@dataclass(eq=False, kw_only=True)
+class _Replica:
+    """A running pod's listeners and what its status last said."""
+
+    uid: str
+    pod: dict[str, Any]
+    ip: str
+    started_at: str  # RFC 3339, the containers' state.running.startedAt
+    running_since: float  # monotonic, for the prober
+    servers: dict[int, ModelServer] = field(default_factory=dict)  # container port -> listener
+    port_owner: dict[int, str] = field(default_factory=dict)  # container port -> container
+    probes: tuple[ContainerProbes, ...] = ()  # non-empty: Ready follows the readiness probe
+    restarts: dict[str, int] = field(default_factory=dict)
+    reported: tuple[Any, ...] | None = None  # the last (ready, started, restarts) patched
+    terminating: bool = False
+
+    @property
+    def key(self) -> str:
+        meta = self.pod["metadata"]
+        return f"{meta['namespace']}/{meta['name']}"
+
+    def target(self, port: int) -> tuple[str, int] | None:
+        return (self.ip, port) if port in self.servers else None
+
+
 class FakeKubelet:
     def __init__(
         self,
@@ -152,11 +236,21 @@ class FakeKubelet:
         start_delay: float = 0.5,
         max_grace: float = 2.0,
         lease_seconds: int = 40,
+        address_map_dir: Path | None = None,
     ) -> None:
         self.kube = kube
         self.start_delay = start_delay
         self.max_grace = max_grace
         self.lease_seconds = lease_seconds
+        self.address_map_dir = address_map_dir
+        self.replicas: dict[str, _Replica] = {}  # pod uid -> listeners (address map only)
+        self._closed: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._syncing: dict[str, asyncio.Task[None]] = {}
+        self._dirty: set[str] = set()
+        self._background: set[asyncio.Task[None]] = set()
+        self.prober: Prober | None = None
+        if address_map_dir is not None:
+            self.prober = Prober(dialer=AddressMap(address_map_dir), on_change=self._probe_changed)
         self.nodes = Informer(
             client=kube,
             path="/api/v1/nodes",
@@ -180,6 +274,10 @@ class FakeKubelet:
             await self.nodes.synced.wait()  # pods are only ours once we know our nodes
             tg.create_task(self.pods.run())
             tg.create_task(self._heartbeat())
+            if self.prober is not None and self.address_map_dir is not None:
+                publish_routes(directory=self.address_map_dir, owner=ROUTES_OWNER, routes=())
+                tg.create_task(self.prober.run())
+                tg.create_task(self._write_counters())
 
     def _on_node(self, event: str, node: dict[str, Any]) -> None:
         if event != "ADDED":
@@ -257,10 +355,14 @@ class FakeKubelet:
             pending = self._pending.pop(uid, None)
             if pending:
                 pending[1].cancel()
+            self._drop(uid)
             return
         node = pod["spec"].get("nodeName", "")
         if not self._managed(node):
             return
+        replica = self.replicas.get(uid)
+        if replica is not None and meta.get("deletionTimestamp"):
+            replica.terminating = True  # still serving: the app drains through the grace period
         pending = self._pending.get(uid)
         if pending is not None:
             if pending[0] == "delete" or not meta.get("deletionTimestamp"):
@@ -281,6 +383,9 @@ class FakeKubelet:
         elif phase == "Running" and RUN_SECONDS_ANNOTATION in annotations:
             run_for = float(annotations[RUN_SECONDS_ANNOTATION])
             self._spawn(uid, "run", self._complete(pod, run_for))
+        if (phase == "Running" and self.prober is not None and uid not in self.replicas
+                and not meta.get("deletionTimestamp") and (pod.get("status") or {}).get("podIP")):
+            self._adopt(pod)  # Running before this process started: listen again
 
     def _spawn(self, uid: str, kind: str, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -306,6 +411,7 @@ class FakeKubelet:
             "address"
         ]
         containers = pod["spec"]["containers"]
+        replica = await self._serve(pod, ip=ip, started_at=now)
         status = {
             "phase": "Running",
             "podIP": ip,
@@ -337,7 +443,13 @@ class FakeKubelet:
                 for c in containers
             ],
         }
+        if replica is not None and replica.probes:
+            status.update(self._probed_status(replica, None))
+            replica.reported = self._report_key(replica, None)
         await self._patch_status(pod, status)
+        if replica is not None and replica.probes and self.prober is not None:
+            self.prober.track(replica.uid, containers=replica.probes, target=replica.target,
+                              running_since=replica.running_since)
         run_for = (pod["metadata"].get("annotations") or {}).get(RUN_SECONDS_ANNOTATION)
         if run_for is not None:
             await self._complete(pod, float(run_for))
@@ -372,6 +484,7 @@ class FakeKubelet:
             ],
         }
         await self._patch_status(pod, status)
+        self._drop(pod["metadata"]["uid"])  # the containers exited: nothing listens any more
 
     async def _patch_status(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
         try:
@@ -385,6 +498,197 @@ class FakeKubelet:
                 "pod status patch failed", extra=kv(pod=self._pod_path(pod), error=str(exc))
             )
 
+    # ---- listeners (address map only) ---------------------------------------------------------
+
+    async def _serve(self, pod: dict[str, Any], *, ip: str, started_at: str) -> _Replica | None:
+        """Start the pod's listeners and publish their routes; None without an address map."""
+        if self.address_map_dir is None:
+            return None
+        meta = pod["metadata"]
+        try:
+            probes = parse_probes(pod, ignore_exec=True)  # a real kubelet runs exec; we cannot
+        except ProbeSpecError as exc:
+            log.warning("pod probes cannot run; Ready when running",
+                        extra=kv(pod=self._pod_path(pod), error=str(exc)))
+            probes = ()
+        has_readiness = any(c.readiness is not None for c in probes)
+        replica = _Replica(uid=meta["uid"], pod=pod, ip=ip, started_at=started_at,
+                           running_since=time.monotonic(),
+                           probes=probes if has_readiness else (),
+                           restarts={c["name"]: 0 for c in pod["spec"]["containers"]})
+        self._drop(replica.uid)
+        self.replicas[replica.uid] = replica
+        for container, port in _listening_ports(pod, probes):
+            server = ModelServer(
+                identity={"pod": meta["name"], "namespace": meta["namespace"],
+                          "node": pod["spec"].get("nodeName", ""), "container_port": port},
+                load_seconds=_load_seconds(container))
+            replica.servers[port] = server
+            replica.port_owner[port] = str(container.get("name", ""))
+            await server.start()
+        self._publish()
+        return replica
+
+    def _adopt(self, pod: dict[str, Any]) -> None:
+        """A pod already Running (this process restarted): listen again, probe again."""
+        status = pod.get("status") or {}
+
+        async def adopt() -> None:
+            replica = await self._serve(pod, ip=status["podIP"],
+                                        started_at=status.get("startTime") or now_rfc3339())
+            if replica is not None and replica.probes and self.prober is not None:
+                self.prober.track(replica.uid, containers=replica.probes,
+                                  target=replica.target, running_since=replica.running_since)
+
+        self._background_task(adopt())
+
+    def _drop(self, uid: str) -> None:
+        """The pod is gone (or its containers exited): close its listeners, withdraw routes."""
+        replica = self.replicas.pop(uid, None)
+        if replica is None:
+            return
+        if self.prober is not None:
+            self.prober.forget(uid)
+        task = self._syncing.pop(uid, None)
+        if task is not None:
+            task.cancel()
+        self._dirty.discard(uid)
+        self._closed[replica.key] = {**self._counters_of(replica), "closed": True}
+        while len(self._closed) > _KEEP_CLOSED:
+            self._closed.popitem(last=False)
+        self._publish()
+        servers = list(replica.servers.values())
+        if servers:
+            self._background_task(_close_all(servers))
+
+    def _publish(self) -> None:
+        if self.address_map_dir is None:
+            return
+        routes = [Route(host=r.ip, port=port, to_host=server.host, to_port=server.port)
+                  for r in self.replicas.values() for port, server in r.servers.items()]
+        publish_routes(directory=self.address_map_dir, owner=ROUTES_OWNER, routes=routes)
+
+    def _background_task(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # ---- readiness from the probes -----------------------------------------------------------
+
+    def _probe_changed(self, uid: str) -> None:
+        if uid not in self.replicas:
+            return
+        self._dirty.add(uid)
+        if uid not in self._syncing:
+            task = asyncio.get_running_loop().create_task(self._sync_status(uid))
+            self._syncing[uid] = task
+            task.add_done_callback(lambda t: self._syncing.pop(uid, None)
+                                   if self._syncing.get(uid) is t else None)
+
+    async def _sync_status(self, uid: str) -> None:
+        """Patch the pod's readiness until it matches what the probes say."""
+        while uid in self._dirty:
+            self._dirty.discard(uid)
+            replica = self.replicas.get(uid)
+            if replica is None or self.prober is None:
+                return
+            states = self.prober.state(uid)
+            if states is not None and any(s.liveness_failed for s in states):
+                self._restart(replica, states)
+                states = self.prober.state(uid)
+            key = self._report_key(replica, states)
+            if key == replica.reported:
+                continue
+            await self._patch_status(replica.pod, self._probed_status(replica, states))
+            replica.reported = key
+
+    def _restart(self, replica: _Replica, states: tuple[ContainerProbeState, ...]) -> None:
+        """Liveness (or startup) failed past its threshold: the container restarts, its model
+        loads again, and every probe of the pod starts afresh."""
+        assert self.prober is not None
+        failed = {s.name for s in states if s.liveness_failed}
+        for name in failed:
+            replica.restarts[name] = replica.restarts.get(name, 0) + 1
+        for port, server in replica.servers.items():
+            if replica.port_owner.get(port) in failed:
+                server.restart()
+        log.info("container restarted after failed probes",
+                 extra=kv(pod=replica.key, containers=",".join(sorted(failed))))
+        replica.running_since = time.monotonic()
+        self.prober.track(replica.uid, containers=replica.probes, target=replica.target,
+                          running_since=replica.running_since)
+
+    def _states(self, replica: _Replica, states: tuple[ContainerProbeState, ...] | None
+                ) -> dict[str, tuple[bool, bool]]:
+        """Container name -> (ready, started); before any probe ran, the prober's initial."""
+        if states is not None:
+            return {s.name: (s.ready, s.started) for s in states}
+        return {c.name: (c.startup is None and c.readiness is None, c.startup is None)
+                for c in replica.probes}
+
+    def _report_key(self, replica: _Replica, states: tuple[ContainerProbeState, ...] | None
+                    ) -> tuple[Any, ...]:
+        return (tuple(sorted(self._states(replica, states).items())),
+                tuple(sorted(replica.restarts.items())))
+
+    def _probed_status(self, replica: _Replica, states: tuple[ContainerProbeState, ...] | None
+                       ) -> dict[str, Any]:
+        by_name = self._states(replica, states)
+        now = now_rfc3339()
+        statuses = []
+        for c in replica.pod["spec"]["containers"]:
+            ready, started = by_name.get(c["name"], (True, True))
+            statuses.append({
+                "name": c["name"],
+                "image": c.get("image", ""),
+                "imageID": "",
+                "containerID": f"fake://{replica.uid}-{c['name']}",
+                "ready": ready,
+                "started": started,
+                "restartCount": replica.restarts.get(c["name"], 0),
+                "state": {"running": {"startedAt": replica.started_at}},
+            })
+        all_ready = all(s["ready"] for s in statuses)
+        conditions = [
+            {"type": t, "status": "True" if all_ready else "False",
+             "lastTransitionTime": now,
+             **({} if all_ready else {"reason": "ContainersNotReady",
+                                      "message": "containers with unready status: ["
+                                      + " ".join(s["name"] for s in statuses if not s["ready"])
+                                      + "]"})}
+            for t in ("ContainersReady", "Ready")
+        ]
+        return {"conditions": conditions, "containerStatuses": statuses}
+
+    # ---- counters ----------------------------------------------------------------------------
+
+    def _counters_of(self, replica: _Replica) -> dict[str, Any]:
+        ports = {str(port): s.counters.as_dict() for port, s in replica.servers.items()}
+        return {"uid": replica.uid, "node": replica.pod["spec"].get("nodeName", ""),
+                "ip": replica.ip, "closed": False, "terminating": replica.terminating,
+                "traffic": sum(p["traffic"] for p in ports.values()),
+                "probes": sum(p["probes"] for p in ports.values()),
+                "restarts": dict(replica.restarts), "ports": ports}
+
+    async def _write_counters(self) -> None:
+        assert self.address_map_dir is not None
+        path = counters_path(self.address_map_dir)
+        last: dict[str, Any] | None = None
+        while True:
+            pods = dict(self._closed)
+            pods.update({r.key: self._counters_of(r) for r in self.replicas.values()})
+            if pods != last:
+                _write_json(path, {"pods": pods})
+                last = pods
+            await asyncio.sleep(_COUNTERS_EVERY)
+
+    async def aclose(self) -> None:
+        """Close every listener (the process is stopping)."""
+        for uid in list(self.replicas):
+            self._drop(uid)
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=3.0)
+
     async def _finish_deletion(self, pod: dict[str, Any], delay: float) -> None:
         await asyncio.sleep(delay)
         with contextlib.suppress(NotFoundError, ConflictError):
@@ -393,9 +697,63 @@ class FakeKubelet:
             )
 
 
+def _listening_ports(pod: Mapping[str, Any], probes: tuple[ContainerProbes, ...]
+                     ) -> list[tuple[Mapping[str, Any], int]]:
+    """(container, port) for each declared TCP container port and each probe port not declared
+    (named probe ports resolve to declared ones; ``parse_probes`` did that)."""
+    out: list[tuple[Mapping[str, Any], int]] = []
+    seen: set[int] = set()
+    containers = pod["spec"]["containers"]
+    for c in containers:
+        for p in c.get("ports") or []:
+            port = p.get("containerPort")
+            if isinstance(port, int) and (p.get("protocol") or "TCP") == "TCP" and port not in seen:
+                seen.add(port)
+                out.append((c, port))
+    by_name = {c.get("name"): c for c in containers}
+    for cp in probes:
+        for probe in (cp.startup, cp.readiness, cp.liveness):
+            if probe is not None and probe.port not in seen and cp.name in by_name:
+                seen.add(probe.port)
+                out.append((by_name[cp.name], probe.port))
+    return out
+
+
+def _load_seconds(container: Mapping[str, Any]) -> float:
+    for env in container.get("env") or []:
+        if env.get("name") == LOAD_SECONDS_ENV:
+            try:
+                return max(0.0, float(env.get("value") or 0))
+            except ValueError:
+                return 0.0
+    return 0.0
+
+
+async def _close_all(servers: list[ModelServer]) -> None:
+    await asyncio.gather(*(s.close() for s in servers), return_exceptions=True)
+
+
+def _write_json(path: Path, body: Mapping[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(body, f, separators=(",", ":"))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 async def _main(args: argparse.Namespace) -> None:
+    amap = Path(args.address_map_dir) if args.address_map_dir else None
     async with KubeClient.from_kubeconfig(kubeconfig=args.kubeconfig) as kube:
-        await FakeKubelet(kube=kube, start_delay=args.start_delay, max_grace=args.max_grace).run()
+        kubelet = FakeKubelet(kube=kube, start_delay=args.start_delay, max_grace=args.max_grace,
+                              address_map_dir=amap)
+        try:
+            await kubelet.run()
+        finally:
+            await kubelet.aclose()
 
 
 def main() -> None:
@@ -403,6 +761,8 @@ def main() -> None:
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--start-delay", type=float, default=0.5)
     parser.add_argument("--max-grace", type=float, default=2.0)
+    parser.add_argument("--address-map-dir", default="",
+                        help="serve pods on real loopback listeners, routed by this address map")
     args = parser.parse_args()
     logs.setup(level="INFO", fmt="text")
     with contextlib.suppress(KeyboardInterrupt):

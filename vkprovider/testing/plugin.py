@@ -6,7 +6,8 @@ cluster and tests isolate by namespace. Use it from your own tests with
 
 Fixtures:
 
-* ``local_cluster`` (session): a started :class:`LocalCluster` with the fake kubelet running.
+* ``local_cluster`` (session): a started :class:`LocalCluster` with the fake kubelet running,
+  serving pods on real listeners behind ``local_cluster.address_map_dir``.
 * ``kube`` (function, async): an admin :class:`KubeClient`.
 * ``namespace`` (function, async): a fresh namespace, deleted after the test.
 * ``mock_cloud`` (function, async): a mock GPU cloud in the test's loop, optionally with a
@@ -55,7 +56,8 @@ def local_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     cluster = LocalCluster(log_dir=log_dir)
     try:
         asyncio.run(cluster.start())
-        cluster.start_fake_kubelet(start_delay=0.3, max_grace=1)
+        cluster.start_fake_kubelet(start_delay=0.3, max_grace=1,
+                                   address_map_dir=cluster.address_map_dir)
         request.config.stash[_CLUSTER_KEY] = cluster
         yield cluster
     finally:
