@@ -35,6 +35,7 @@ from vkprovider.kube.leader import LeaderElector
 from vkprovider.kube.refs import KubeRefSource
 from vkprovider.logs import kv
 from vkprovider.metrics import Metrics
+from vkprovider.node.endpointslices import EndpointSliceController
 from vkprovider.node.pods import PodController
 from vkprovider.node.providerset import ProviderSource
 from vkprovider.node.virtualnode import NodeAgent
@@ -160,9 +161,11 @@ async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str,
     metrics = Metrics()
     events = EventRecorder(client=client, component="vkprovider", host=settings.node.name)
     prober = Prober(dialer=_dialer(settings), max_concurrent=settings.pods.probe_concurrency)
+    slices = EndpointSliceController(client=client, node=settings.node.name, events=events,
+                                     metrics=metrics)
     controller = PodController(client=client, settings=settings, providers=providers,
                                events=events, refs=KubeRefSource(client=client), metrics=metrics,
-                               prober=prober)
+                               prober=prober, endpoints=slices)
     prober.on_change = controller.queue.add  # a probe result changed: reconcile that pod
     agent = NodeAgent(client=client, settings=settings.node, capacity=controller.node_capacity,
                       version=f"v1.37.2-vkprovider-{__version__}")
@@ -190,6 +193,7 @@ async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str,
                     if source is not None:
                         inner.create_task(source.run(), name="gpuproviders")
                     inner.create_task(controller.run(), name="pods")
+                    inner.create_task(slices.run(), name="endpointslices")
 
             tasks = [
                 tg.create_task(agent.run(), name="node"),

@@ -18,10 +18,13 @@ class FakeProber:
         self.tracked: dict[str, tuple[Sequence[ContainerProbes], Callable[[int], Any], float]] = {}
         self.states: dict[str, ContainerProbeState] = {}
         self.tracks = 0
+        self.assumed = False
 
     def track(self, key: str, *, containers: Sequence[ContainerProbes],
-              target: Callable[[int], Any], running_since: float) -> None:
+              target: Callable[[int], Any], running_since: float,
+              assume_ready: bool = False) -> None:
         self.tracks += 1
+        self.assumed = assume_ready
         self.tracked[key] = (containers, target, running_since)
 
     def forget(self, key: str) -> None:
@@ -152,3 +155,15 @@ def test_stopped_forgets_probes_and_unpublishes_readiness() -> None:
     r.stopped(uid="u1", pod=pod(), instance=instance())
     assert "u1" not in prober.tracked
     assert sink.pods["u1"]["endpoints"][0].ready is False
+
+
+def test_a_new_process_keeps_a_ready_replica_ready_until_its_probes_say_otherwise() -> None:
+    r, prober, _, _ = make()
+    ready_pod = pod()
+    ready_pod["metadata"]["annotations"] = {"vkprovider.io/instance-id": "i-1"}
+    ready_pod["status"] = {"containerStatuses": [{"ready": True, "restartCount": 0}]}
+    r.running(uid="u1", pod=ready_pod, provider="mock", instance=instance())
+    assert prober.assumed is True
+    r2, prober2, _, _ = make()
+    r2.running(uid="u1", pod=ready_pod, provider="mock", instance=instance(iid="i-9"))
+    assert prober2.assumed is False, "another instance: its probes start from zero"

@@ -395,12 +395,22 @@ class PodController:
             self.inherited = set(self.pod_keys)  # a predecessor may have created for these
             await self.spend.load()  # before the first sweep counts anything
             await self.sweep()  # adopt what exists before any worker may create
+            self._publish_running()  # endpoints of adopted replicas, before slices are pruned
             log.info("pods synced and instances adopted; starting workers",
                      extra=kv(pods=len(self.pod_keys), instances=len(self.placed),
                               unlisted=",".join(n for n, ok in self.listed.items() if not ok)))
             tg.create_task(self._sweeper(), name="status-sweeper")
             for i in range(self.settings.pods.workers):
                 tg.create_task(self._worker(), name=f"pod-worker-{i}")
+
+    def _publish_running(self) -> None:
+        for uid, placed in self.placed.items():
+            key = self.pod_keys.get(uid)
+            pod = self.informer.store.get(key) if key else None
+            if pod is not None and placed.instance.state == InstanceState.RUNNING:
+                self.replicas.running(uid=uid, pod=pod, provider=placed.provider,
+                                      instance=placed.instance)
+        self.replicas.synced()
 
     def _on_pod(self, event: str, pod: Body) -> None:
         uid = str(pod["metadata"].get("uid", ""))

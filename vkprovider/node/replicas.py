@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from providers.base import Instance, PublishedPort
 from vkprovider.errors import VKError
+from vkprovider.node.endpointslices import EndpointTarget
 from vkprovider.probing.prober import ContainerProbeState
 from vkprovider.probing.spec import ContainerProbes, ProbeSpecError, parse_probes
 
@@ -38,26 +39,12 @@ log = logging.getLogger(__name__)
 Body = Mapping[str, Any]
 
 
-@dataclass(frozen=True, kw_only=True)
-class EndpointTarget:
-    """How one container port of a replica is reached now, and whether to send it traffic."""
-
-    container_port: int
-    protocol: str
-    host: str
-    port: int
-    kind: str  # "ip" | "hostname"
-    ready: bool
-    serving: bool
-    terminating: bool
-
-
 class EndpointSink(Protocol):
     """Where replicas' endpoints are published (node/endpointslices.py)."""
 
     def set_pod(self, *, namespace: str, name: str, uid: str, labels: Mapping[str, str],
                 container_ports: Sequence[tuple[str, str | None, int, str]],
-                endpoints: Sequence[Any]) -> None: ...
+                endpoints: Sequence[EndpointTarget]) -> None: ...
 
     def remove_pod(self, *, uid: str) -> None: ...
 
@@ -65,7 +52,7 @@ class EndpointSink(Protocol):
 class ProberLike(Protocol):
     def track(self, key: str, *, containers: Sequence[ContainerProbes],
               target: Callable[[int], tuple[str, int] | tuple[str, int, str | None] | None],
-              running_since: float) -> None: ...
+              running_since: float, assume_ready: bool = False) -> None: ...
 
     def forget(self, key: str) -> None: ...
 
@@ -104,6 +91,17 @@ def container_ports(pod: Body) -> list[tuple[str, str | None, int, str]]:
     return out
 
 
+def _was_ready_on(pod: Body, instance: Instance) -> bool:
+    """The pod's status says this very instance (same id and restart count) is Ready: a
+    previous process's probes passed, so a new process starts from Ready, not from zero."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    if annotations.get("vkprovider.io/instance-id") != instance.id:
+        return False
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    first = statuses[0] if statuses and isinstance(statuses[0], Mapping) else {}
+    return bool(first.get("ready")) and first.get("restartCount", 0) == instance.restart_count
+
+
 class Replicas:
     """Probe state and endpoints of the cloud pods on one virtual node."""
 
@@ -133,7 +131,7 @@ class Replicas:
                 probes = ()
             tracked = _Tracked(instance=ident, probes=probes, published=instance.published)
             self._tracked[uid] = tracked
-            self._track(uid, tracked)
+            self._track(uid, tracked, assume_ready=_was_ready_on(pod, instance))
         elif tracked.instance != ident or tracked.published != instance.published:
             restarted = tracked.instance != ident
             tracked.instance = ident
@@ -144,7 +142,7 @@ class Replicas:
         self._publish(uid=uid, pod=pod, instance=instance, state=state, terminating=False)
         return state
 
-    def _track(self, uid: str, tracked: _Tracked) -> None:
+    def _track(self, uid: str, tracked: _Tracked, *, assume_ready: bool = False) -> None:
         if self._prober is None or not any(c.any for c in tracked.probes):
             return
         by_port = _preferred(tracked.published)
@@ -154,7 +152,7 @@ class Replicas:
             return None if p is None else (p.host, p.port, p.scheme)
 
         self._prober.track(uid, containers=tracked.probes, target=target,
-                           running_since=self._clock())
+                           running_since=self._clock(), assume_ready=assume_ready)
 
     def _state(self, uid: str) -> ContainerProbeState | None:
         tracked = self._tracked.get(uid)
@@ -179,6 +177,13 @@ class Replicas:
         if pod is not None and instance is not None and uid in self._published:
             self._publish(uid=uid, pod=pod, instance=instance, state=None, terminating=False,
                           ready=False)
+
+    def synced(self) -> None:
+        """Every running pod has been published once (after the first sweep): the endpoint
+        sink may now delete slices no pod backs."""
+        mark = getattr(self._sink, "mark_pods_synced", None)
+        if mark is not None:
+            mark()
 
     # ---- the pod is being deleted ------------------------------------------------------------
 

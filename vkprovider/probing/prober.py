@@ -106,11 +106,14 @@ class Prober:
         return len(self._entries)
 
     def track(self, key: str, *, containers: Sequence[ContainerProbes], target: Target,
-              running_since: float) -> None:
+              running_since: float, assume_ready: bool = False) -> None:
         """Probe ``key``'s containers; a new ``running_since`` (a restart) starts them afresh.
 
         Calling again with the same ``running_since`` only updates ``target`` (a cloud may
-        publish its addresses late)."""
+        publish its addresses late). ``assume_ready``: the container was started and Ready
+        before this process took over (a restart of the prober's owner, not of the container):
+        it stays so until its probes say otherwise, as a restarted kubelet keeps a Ready pod
+        Ready, so a provider restart never pulls every replica out of its Services."""
         entry = self._entries.get(key)
         if entry is not None and entry.running_since == running_since:
             entry.target = target
@@ -118,7 +121,8 @@ class Prober:
         if entry is not None:
             self._cancel(entry)
         cs = [_Container(spec=c, state=ContainerProbeState(
-            name=c.name, started=c.startup is None, ready=c.startup is None and c.readiness is None,
+            name=c.name, started=assume_ready or c.startup is None,
+            ready=assume_ready or (c.startup is None and c.readiness is None),
             liveness_failed=False)) for c in containers]
         entry = _Entry(target=target, running_since=running_since, containers=cs)
         self._entries[key] = entry
