@@ -22,6 +22,7 @@ from vkprovider.testing.harness import (
     install_provider_rbac,
     service_account_kubeconfig,
 )
+from vkprovider.testing.kueue import kueue  # noqa: F401 - the session's real Kueue fixture
 
 
 @pytest.fixture(scope="session")
