@@ -597,8 +597,11 @@ class EndpointSliceController:
             except (APIError, _Retry) as exc:
                 delay = self.queue.add_rate_limited(
                     key, at_least=getattr(exc, "retry_after", None) or 0.0)
-                log.info("endpointslice reconcile failed; retrying",
-                         extra=kv(service=key, error=str(exc), delay=round(delay, 2)))
+                # a 409 now and then is the watch lagging our own write; a repeat is news
+                level = logging.WARNING if self.queue.failures(key) > 3 else logging.INFO
+                log.log(level, "endpointslice reconcile failed; retrying",
+                        extra=kv(service=key, error=str(exc), delay=round(delay, 2),
+                                 failures=self.queue.failures(key)))
             except Exception:  # a bug in one Service must not stop the others
                 log.exception("endpointslice reconcile crashed", extra=kv(service=key))
                 self.queue.add_rate_limited(key)
