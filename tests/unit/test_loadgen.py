@@ -4,12 +4,14 @@ server it is pointed at in labs (a real loopback listener, no cluster)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
 
+from vkprovider.kube import KubeClient
 from vkprovider.testing.loadgen import (
+    LoadGenerator,
     NoEndpointClock,
     RoundRobin,
     Tally,
@@ -149,3 +151,36 @@ async def test_model_server_loads_then_serves_and_counts_probes_apart() -> None:
         await server.close()
     with pytest.raises(OSError):
         await asyncio.open_connection("127.0.0.1", port)
+
+
+async def test_failures_are_classified_by_kind() -> None:
+    async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(5)
+
+    async def slam(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readline()
+        writer.transport.abort()
+
+    slow = await asyncio.start_server(hang, "127.0.0.1", 0)
+    rude = await asyncio.start_server(slam, "127.0.0.1", 0)
+    loading = ModelServer(identity={"pod": "p"}, load_seconds=60)
+    await loading.start()
+    closed = await asyncio.start_server(hang, "127.0.0.1", 0)
+    closed_port = closed.sockets[0].getsockname()[1]
+    closed.close()
+    await closed.wait_closed()
+    lg = LoadGenerator(kube=cast(KubeClient, object()), namespace="ns", service="s", rate=10,
+                       timeout=0.3)
+    lg._client = httpx.AsyncClient()
+    lg._tally = Tally(service="ns/s", rate=10, started=0.0)
+    try:
+        for port in (slow.sockets[0].getsockname()[1], rude.sockets[0].getsockname()[1],
+                     loading.port, closed_port):
+            await lg._one(("127.0.0.1", int(port)), 0)
+        assert dict(lg._tally.chapters[0].failures) == {"timeout": 1, "reset": 1,
+                                                        "http_5xx": 1, "connect": 1}
+    finally:
+        await lg._client.aclose()
+        for s in (slow, rude):
+            s.close()
+        await loading.close()

@@ -13,10 +13,11 @@ replica does not slow the offered load, as real users would not wait for each ot
 ``max_in_flight`` are outstanding; a scheduled request beyond that is *skipped* and counted as
 such (the generator, not the site, ran out of room).
 
-What counts as failed: a connection error (refused, reset, no route), a timeout (the whole
-request, ``timeout`` seconds), a 5xx answer, or no ready endpoint at all when the request was due
-(kube-proxy rejects such a connection). Kinds: ``connect``, ``timeout``, ``http_5xx``,
-``no_endpoint``, ``error``.
+What counts as failed: a connection error (``connect``: refused, no route; ``reset``: the
+connection broke or closed mid-request), a timeout (``timeout``: the whole request took over
+``timeout`` seconds), a 5xx answer (``http_5xx``), no ready endpoint at all when the request was
+due (``no_endpoint``: kube-proxy rejects such a connection; such requests count as sent), or any
+other HTTP error (``error``).
 
 Use::
 
@@ -64,7 +65,7 @@ __all__ = [
 ]
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
-FAILURE_KINDS = ("connect", "timeout", "http_5xx", "no_endpoint", "error")
+FAILURE_KINDS = ("connect", "reset", "timeout", "http_5xx", "no_endpoint", "error")
 MAX_FAILURE_EVENTS = 10_000
 
 Target = tuple[str, int]
@@ -554,6 +555,8 @@ class LoadGenerator:
             kind, detail = "timeout", type(exc).__name__
         except httpx.ConnectError as exc:
             kind, detail = "connect", str(exc)
+        except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+            kind, detail = "reset", f"{type(exc).__name__}: {exc}"
         except httpx.HTTPError as exc:
             kind, detail = "error", f"{type(exc).__name__}: {exc}"
         else:
