@@ -260,7 +260,8 @@ def _dev_up(args: argparse.Namespace) -> int:
     if out is not None and out.is_dir():
         raise ConfigError(f"--kubeconfig-out {args.kubeconfig_out}: is a directory")
     options = DevOptions(gpu_nodes=args.gpu_nodes, gpus_per_node=args.gpus,
-                         cluster_only=args.cluster_only, kubeconfig_out=out, inventory=inventory)
+                         cluster_only=args.cluster_only, kubeconfig_out=out, inventory=inventory,
+                         kueue=args.kueue)
     return asyncio.run(run_dev_up(options=options))
 
 
@@ -504,6 +505,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "(removed at exit)")
     up.add_argument("--inventory", help="the mock cloud's offers, TYPE:REGION:COUNT:PRICE[,...] "
                     "(default: 8 H100 in us-east and in eu-west, 8 A100 in us-east)")
+    up.add_argument("--kueue", action="store_true",
+                    help="also run real Kueue v0.17.0 (its CRDs, the manager, its webhooks on "
+                         "loopback); needs VKP_KUEUE_BIN=$(bash tools/kueue/build.sh)")
     up.set_defaults(func=_dev_up)
     return parser
 

@@ -74,6 +74,7 @@ class DevOptions:
     cluster_only: bool = False
     kubeconfig_out: Path | None = None
     inventory: str = DEFAULT_INVENTORY
+    kueue: bool = False  # also real Kueue (vkprovider.testing.kueue; VKP_KUEUE_BIN)
 
 
 def shown_path(path: Path, *, cwd: Path | None = None) -> str:
@@ -143,6 +144,8 @@ def try_it(*, kubeconfig: str, options: DevOptions, deployment: str, policy: str
             "    kubectl -n dev get events --field-selector reason=MovedBack",
             "    kubectl -n dev get pods -o wide",
         ]
+    if options.kueue:
+        lines += ["    kubectl get resourceflavors,clusterqueues,localqueues,workloads -A"]
     lines += ["", "Ctrl-C stops everything."]
     return "\n".join(lines) + "\n"
 
@@ -189,6 +192,13 @@ class DevEnv:
                 kube=kube, cluster=self.cluster, path=self.work / "provider.kubeconfig")
             self.n.say(f"CRDs {', '.join(crds)}; namespace {NAMESPACE} and RBAC from "
                        "manifests/base")
+            if opts.kueue:  # imported here: vkprovider.testing.kueue also holds a pytest fixture
+                from vkprovider.testing.kueue import KUEUE_VERSION, KueueManager
+
+                kueue = KueueManager(cluster=self.cluster)  # cluster.stop() ends it
+                await kueue.start()
+                self.n.say(f"Kueue {KUEUE_VERSION}: its CRDs, the manager, its webhooks at "
+                           f"{kueue.url} (signed by the cluster CA)")
             if not opts.cluster_only:
                 await self._start_system(kube=kube, provider_config=provider_config)
         if opts.kubeconfig_out is not None:
