@@ -9,8 +9,9 @@ the other adapters): httpx, tenacity retries only there, secrets never in messag
 
 Endpoints used: ``GET /v2/pods`` (list; the API does not paginate it), ``POST /v2/pods``
 (create), ``GET /v2/pods/{id}`` (:meth:`RunPodProvider.get`), ``DELETE /v2/pods/{id}``,
-``GET /v2/pods/{id}/logs`` (Server-Sent Events) and
-``GET /v2/catalog/gpus?include=AVAILABILITY&product=POD&cloud=...`` (capacity).
+``GET /v2/pods/{id}/logs`` (Server-Sent Events),
+``GET /v2/catalog/gpus?include=AVAILABILITY&product=POD&cloud=...`` (capacity) and, for private
+images, ``GET``/``POST /v2/registries`` and ``DELETE /v2/registries/{id}``.
 :meth:`RunPodProvider.gpu_metrics_all` reads GPU utilization from the same ``GET /v2/pods`` as
 ``list`` (every pod carries ``runtime``; no extra parameter or call).
 
@@ -57,6 +58,30 @@ RunPod maps it; when both exist the direct mapping comes first. The v2 spec has 
 ``publicIp``/``portMappings`` fields (those are REST v1's); ``runtime.ports`` carries the same
 facts per port.
 
+Private images: a spec's ``registry_auth`` (the pod's ``imagePullSecrets``) becomes a RunPod
+container registry credential (``/v2/registries``), whose id goes into the create body's
+``registry``; it wins over the option ``registry_id`` (a node-wide default, as a node's own
+credentials come after a pod's pull Secrets in the kubelet). RunPod's credentials hold only a
+username and a password (no registry host; RunPod uses it for the pod's image), so both must be
+non-empty, else the pod is refused (InvalidSpec naming ``imagePullSecrets``) before any call.
+
+* Naming and reuse: the credential is named :meth:`RunPodProvider.registry_name`,
+  ``vkp-<owner tag>-<digest>``: the owner tag is 8 hex digits of SHA-256(owner), the digest 24
+  hex digits of HMAC-SHA-256 keyed with the API key over (registry, username, password). So a
+  re-create (or another pod with the same credential) reuses the credential, a changed password
+  makes a new one, and the name reveals nothing that could be guessed offline without the API
+  key. Before a POST the adapter lists the credentials (``GET /v2/registries``) and reuses one
+  with that name (the lowest id, if several). Only a create that has to POST a pod makes or
+  reuses one (an adopted pod needs none).
+* Cleanup: :meth:`RunPodProvider.sweep_registry_auth` deletes this owner's credentials (names
+  starting ``vkp-<owner tag>-``) that no pod of the account references (``Pod.registry``) and no
+  create in progress is about to use; RunPod refuses to delete one a pod still uses (400), which
+  leaves it for the next sweep. ``delete`` does not clean up itself (RunPod may still report the
+  terminating pod); it marks a sweep due, and the sweep is a no-op (no call) unless one is due or
+  it is the first since start. The pod controller calls it through
+  :func:`providers.base.sweep_registry_auth` after deletes and in its periodic sweep.
+* Every password sent is scrubbed from the messages RunPod sends back.
+
 Status mapping: ``PROVISIONING``/``STARTING`` -> PENDING, ``RUNNING`` -> RUNNING, ``EXITED`` and
 ``ERROR`` -> FAILED (v2 reports no exit code), ``TERMINATED`` -> FAILED from :meth:`get`; ``list``
 leaves ``TERMINATED`` pods out, as RunPod does once the delete completes, so the service sees
@@ -84,7 +109,8 @@ naming the option):
 ``volume_gb`` (int >= 10, default none) and ``volume_path`` (str, default ``/workspace``)
     A host-local persistent volume (GPU pods only).
 ``registry_id`` (str, default none)
-    A RunPod container-registry credential id, for private images.
+    A RunPod container-registry credential id, for private images whose pod has no pull
+    credential of its own (see "Private images"). Never deleted by the adapter.
 ``allowed_cuda_versions`` (list of ``"major.minor"``, default ``[]``) or ``min_cuda_version``
 (``"major.minor"``, default none)
     CUDA constraints on the host, sent as ``gpu.allowedCudaVersions``/``gpu.minCudaVersion``;
@@ -121,6 +147,8 @@ from __future__ import annotations
 import asyncio
 import builtins
 import collections
+import hashlib
+import hmac
 import ipaddress
 import json
 import math
@@ -148,14 +176,17 @@ from providers.base import (
     ProviderError,
     PublishedPort,
     QuotaError,
+    RegistryAuth,
     TransientError,
 )
 from providers.http import MAX_SERVER_MESSAGE, HTTPAdapter, RetryPolicy, parse_retry_after
+from providers.registryauth import RegistrySecrets, refuse
 
 __all__ = [
     "ANY_REGION",
     "COMMAND_UNSUPPORTED",
     "DEFAULT_BASE_URL",
+    "REGISTRY_PREFIX",
     "STATUS_MAP",
     "TAGS_ENV",
     "RunPodProvider",
@@ -219,6 +250,8 @@ _OPTION_KEYS = frozenset(
 )
 #: The region of an offer for a GPU type that no data center has in stock now.
 ANY_REGION = "*"
+#: Names of the container registry credentials the adapter makes start with this.
+REGISTRY_PREFIX = "vkp-"
 
 
 # -- options ---------------------------------------------------------------------------------
@@ -452,6 +485,18 @@ class RunPodProvider(HTTPAdapter):
             auth_headers={"Authorization": f"Bearer {api_key}"} if api_key else None,
             secret=api_key,
         )
+        self._name_key = (api_key or "").encode()
+        self._registry_owner_prefix = (
+            f"{REGISTRY_PREFIX}{hashlib.sha256(owner.encode()).hexdigest()[:8]}-"
+        )
+        self._registry_lock = asyncio.Lock()
+        self._registries_in_flight: collections.Counter[str] = collections.Counter()
+        self._sweep_due = True  # the first sweep since start cleans up after an earlier run
+        self._registry_secrets = RegistrySecrets()
+
+    def _scrub(self, text: str) -> str:
+        """``text`` without the API key or any registry password this adapter has sent."""
+        return self._registry_secrets.scrub(super()._scrub(text))
 
     @property
     def runs_without_gpu(self) -> bool:
@@ -463,15 +508,118 @@ class RunPodProvider(HTTPAdapter):
     async def create(self, spec: InstanceSpec) -> Instance:
         """Adopt this owner's live pod named ``spec.name``, or create it (list-before-create)."""
         body = self.create_body(spec)  # InvalidSpec before any HTTP call
+        auth = spec.registry_auth
+        self._registry_secrets.remember(auth)
         what = f"create pod {spec.name!r}"
 
         async def attempt() -> Instance:
             existing = [i for i in await self._list_once(what=what) if i.name == spec.name]
             if existing:
                 return min(existing, key=lambda i: i.created_at or datetime.max.replace(tzinfo=UTC))
-            request = self._client.build_request("POST", "/v2/pods", json=body)
+            if auth is None:
+                return await post(body)
+            registry_id = await self._registry_for(spec, auth)
+            try:
+                return await post({**body, "registry": registry_id})
+            finally:
+                self._registries_in_flight[registry_id] -= 1
+                if self._registries_in_flight[registry_id] <= 0:
+                    del self._registries_in_flight[registry_id]
+
+        async def post(data: Mapping[str, Any]) -> Instance:
+            request = self._client.build_request("POST", "/v2/pods", json=data)
             response = await self._send(request, what=what, stream=False, op="create")
             return self._instance(self._json(response, what=what), what=what)
+
+        return await self._retrying(attempt)
+
+    def registry_name(self, auth: RegistryAuth) -> str:
+        """The name of the RunPod credential for ``auth`` (see "Private images"); no secret."""
+        message = "\0".join((auth.registry, auth.username, auth.password)).encode()
+        digest = hmac.new(self._name_key, message, hashlib.sha256).hexdigest()[:24]
+        return f"{self._registry_owner_prefix}{digest}"
+
+    async def _registry_for(self, spec: InstanceSpec, auth: RegistryAuth) -> str:
+        """The id of the credential named for ``auth``, made when missing; held as in flight.
+
+        The caller releases it (``_registries_in_flight``) once its pod POST is answered.
+        """
+        name = self.registry_name(auth)
+        async with self._registry_lock:
+            try:
+                found = [r["id"] for r in await self._registries(what="list registry credentials")
+                         if r["name"] == name]
+                if found:
+                    registry_id = min(found)
+                else:
+                    what = f"create registry credential {name}"
+                    payload = {"name": name, "username": auth.username, "password": auth.password}
+                    request = self._client.build_request("POST", "/v2/registries", json=payload)
+                    response = await self._send(request, what=what, stream=False,
+                                                op="create-registry")
+                    made = self._json(response, what=what).get("id")
+                    if not isinstance(made, str) or not made:
+                        raise self._malformed(what)
+                    registry_id = made
+            except InvalidSpec as exc:
+                raise refuse(self.name, "RunPod", spec, auth,
+                             f"was refused by RunPod: {exc}") from None
+            self._registries_in_flight[registry_id] += 1
+            return registry_id
+
+    async def _registries(self, *, what: str) -> builtins.list[dict[str, str]]:
+        """Every container registry credential of the account: ``[{id, name}]``."""
+        request = self._client.build_request("GET", "/v2/registries")
+        data = self._json(await self._send(request, what=what, stream=False, op="registries"),
+                          what=what)
+        items = data.get("registries")
+        if not isinstance(items, builtins.list):
+            raise self._malformed(what)
+        out: builtins.list[dict[str, str]] = []
+        for item in items:
+            if not isinstance(item, Mapping) or not isinstance(item.get("id"), str):
+                raise self._malformed(what)
+            out.append({"id": item["id"], "name": str(item.get("name") or "")})
+        return out
+
+    async def sweep_registry_auth(self) -> int:
+        """Delete this owner's registry credentials that no pod uses; how many were deleted.
+
+        A no-op (no call) unless a ``delete`` happened since the last complete sweep, or it is
+        the first since start. Credentials RunPod refuses to delete (a pod still uses one) are
+        left for the next sweep. Errors other than that propagate (the sweep stays due).
+        """
+        if not self._sweep_due:
+            return 0
+        what = "sweep registry credentials"
+
+        async def attempt() -> int:
+            async with self._registry_lock:
+                request = self._client.build_request("GET", "/v2/pods")
+                pods = self._json(await self._send(request, what=what, stream=False, op="list"),
+                                  what=what).get("pods")
+                if not isinstance(pods, builtins.list):
+                    raise self._malformed(what)
+                used = {str(p.get("registry")) for p in pods
+                        if isinstance(p, Mapping) and p.get("registry")}
+                used.update(self._registries_in_flight)
+                unused = [r["id"] for r in await self._registries(what=what)
+                          if r["name"].startswith(self._registry_owner_prefix)
+                          and r["id"] not in used]
+                deleted, kept = 0, 0
+                for registry_id in unused:
+                    path = f"/v2/registries/{quote(registry_id, safe='')}"
+                    request = self._client.build_request("DELETE", path)
+                    try:
+                        await self._send(request, what=f"delete registry credential "
+                                         f"{registry_id}", stream=False, op="delete-registry")
+                        deleted += 1
+                    except NotFound:
+                        continue  # gone already
+                    except InvalidSpec:
+                        kept += 1  # a pod still uses it (RunPod answers 400): next sweep
+                self._sweep_due = kept > 0
+                return deleted
 
         return await self._retrying(attempt)
 
@@ -524,6 +672,8 @@ class RunPodProvider(HTTPAdapter):
             await self._retrying(attempt)
         except NotFound:
             return
+        finally:
+            self._sweep_due = True  # its registry credential may be unused now
 
     async def logs(self, instance_id: str, opts: LogOptions) -> AsyncGenerator[bytes, None]:
         """The pod's log lines (``GET /v2/pods/{id}/logs``, SSE) as bytes, one line a chunk.
@@ -711,7 +861,14 @@ class RunPodProvider(HTTPAdapter):
             body["dataCenterIds"] = data_centers
         if self._opts.disk_gb is not None:
             body["disk"] = self._opts.disk_gb
-        if self._opts.registry_id is not None:
+        if spec.registry_auth is not None:
+            auth = spec.registry_auth
+            for what, value in (("username", auth.username), ("password", auth.password)):
+                if not value:
+                    raise refuse(p, "RunPod", spec, auth, f"has an empty {what}; RunPod's "
+                                 "registry credentials need a username and a password")
+            # the credential's id is added by create (it needs a call to find or make it)
+        elif self._opts.registry_id is not None:
             body["registry"] = self._opts.registry_id
         return body
 
@@ -887,7 +1044,7 @@ class RunPodProvider(HTTPAdapter):
             return "", "", []
 
         def clean(value: Any) -> str:
-            return self._scrub(str(value)[:MAX_SERVER_MESSAGE])
+            return self._scrub(str(value))[:MAX_SERVER_MESSAGE]
 
         title = clean(data.get("title") or "")
         detail = clean(data.get("detail") or "")

@@ -19,6 +19,11 @@ ports mapped to a public port on ``203.0.113.7``, ``http`` ports unmapped, repla
 (``GET /v2/catalog/gpus``). Creates take GPUs from stock and fail like RunPod does (400 problem
 details) when none is left; deletes give them back. Names are not unique, as on RunPod.
 
+Container registry credentials (``GET/POST /v2/registries``, ``GET/DELETE /v2/registries/{id}``)
+are kept in :attr:`FakeRunPod.registries` with their username and password (write-only: never in
+an answer). A pod create whose ``registry`` names no credential answers 404 (the spec's "unknown
+referenced object"); deleting a credential a pod uses answers 400, as the spec says.
+
 Faults, in RunPod's error format (RFC 9457 ``application/problem+json``):
 :meth:`FakeRunPod.fail_next` (any status, optional ``Retry-After``), :meth:`no_capacity`,
 :meth:`rate_limit` and :meth:`server_error`. Every request, valid or not, is in
@@ -68,7 +73,8 @@ NO_CAPACITY_DETAIL = (
 )
 #: The operations this fake implements; any other operation of the spec is a violation.
 IMPLEMENTED = frozenset({"listPods", "createPod", "getPod", "deletePod", "getPodLogs",
-                         "listGpuTypes"})
+                         "listGpuTypes", "listRegistries", "createRegistry", "getRegistry",
+                         "deleteRegistry"})
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -258,6 +264,8 @@ class FakeRunPod:
         self._faults: list[_Fault] = []
         self._random = random.Random(seed)
         self._holds: dict[str, tuple[str, str, int]] = {}  # pod id -> (gpu id, dc, count)
+        #: registry credential id -> {id, name, username, password}
+        self.registries: dict[str, dict[str, str]] = {}
 
     # -- faults -------------------------------------------------------------------------
 
@@ -368,6 +376,35 @@ class FakeRunPod:
         else:
             runtime["ports"] = [dict(p) for p in ports]
 
+    def add_registry(self, *, name: str, username: str = "user", password: str = "pass",
+                     registry_id: str | None = None) -> dict[str, str]:
+        """A container registry credential made outside the adapter."""
+        registry_id = registry_id or self._new_registry_id()
+        entry = {"id": registry_id, "name": name, "username": username, "password": password}
+        self.registries[registry_id] = entry
+        return entry
+
+    def registry_public(self, registry_id: str) -> dict[str, str]:
+        """What the API shows of a credential (``Registry``: id and name only)."""
+        entry = self.registries[registry_id]
+        return {"id": entry["id"], "name": entry["name"]}
+
+    def delete_registry(self, registry_id: str) -> int:
+        """204 when deleted, 404 when unknown, 400 when a pod uses it (as the spec says)."""
+        if registry_id not in self.registries:
+            return 404
+        if any(p.get("registry") == registry_id for p in self.pods.values()):
+            return 400
+        del self.registries[registry_id]
+        return 204
+
+    def _new_registry_id(self) -> str:
+        alphabet = string.ascii_lowercase + string.digits
+        while True:
+            registry_id = "".join(self._random.choice(alphabet) for _ in range(8))
+            if registry_id not in self.registries:
+                return registry_id
+
     def add_log(self, pod_id: str, line: str, *, source: str = "container",
                 ts: str | None = None) -> None:
         stamp = ts or _now_rfc3339(self.clock())
@@ -423,6 +460,8 @@ class FakeRunPod:
         gpu, cpu = body.get("gpu"), body.get("cpu")
         if (gpu is None) == (cpu is None):
             return 400, {"detail": "exactly one of gpu or cpu must be set"}
+        if body.get("registry") is not None and body["registry"] not in self.registries:
+            return 404, {"detail": "container registry credential not found"}
         mounts = body.get("mounts") or {}
         if "persistent" in mounts and "network" in mounts:
             return 400, {"detail": "mounts.persistent and mounts.network are mutually exclusive"}
@@ -731,6 +770,32 @@ def create_app(fake: FakeRunPod | None = None, *, specs_dir: str | Path | None =
             "".join(events), media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
+
+    @app.get("/v2/registries")
+    async def list_registries() -> Response:
+        return ok({"registries": [fake.registry_public(r) for r in fake.registries]})
+
+    @app.post("/v2/registries")
+    async def create_registry(request: Request) -> Response:
+        body = await request.json()
+        entry = fake.add_registry(name=body["name"], username=body["username"],
+                                  password=body["password"])
+        return ok(fake.registry_public(entry["id"]), 201)
+
+    @app.get("/v2/registries/{registry_id}")
+    async def get_registry(registry_id: str) -> Response:
+        if registry_id not in fake.registries:
+            return _problem(404, "container registry credential not found")
+        return ok(fake.registry_public(registry_id))
+
+    @app.delete("/v2/registries/{registry_id}")
+    async def delete_registry(registry_id: str) -> Response:
+        status = fake.delete_registry(registry_id)
+        if status == 404:
+            return _problem(404, "container registry credential not found")
+        if status == 400:
+            return _problem(400, "Registry credential is in use by a pod and cannot be deleted")
+        return Response(status_code=204)
 
     @app.get("/v2/catalog/gpus")
     async def list_gpu_types(request: Request) -> Response:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -36,9 +37,17 @@ from providers.base import (
     PublishedPort,
     QuotaError,
     RateLimited,
+    RegistryAuth,
     TransientError,
+    sweep_registry_auth,
 )
-from providers.runpod import COMMAND_UNSUPPORTED, STATUS_MAP, TAGS_ENV, RunPodProvider
+from providers.runpod import (
+    COMMAND_UNSUPPORTED,
+    REGISTRY_PREFIX,
+    STATUS_MAP,
+    TAGS_ENV,
+    RunPodProvider,
+)
 from tests.fakes.common import TRANSPORT_FAILURES, FailingTransport, Providers, assert_never_shown
 from tests.fakes.runpod_fake import (
     NO_CAPACITY_DETAIL,
@@ -170,6 +179,7 @@ async def test_the_fake_flags_a_response_the_spec_forbids(
 async def test_create_maps_the_spec_onto_create_pod(
     fake: FakeRunPod, make_provider: MakeProvider
 ) -> None:
+    fake.add_registry(name="made-by-hand", registry_id="reg-1")
     provider = make_provider(options={"disk_gb": 40, "registry_id": "reg-1",
                                       "allowed_cuda_versions": ["12.8", "12.6"]})
     inst = await provider.create(spec(
@@ -875,3 +885,180 @@ def test_bad_options_are_refused_naming_the_option(options: dict[str, Any], matc
     with pytest.raises(ValueError, match=match):
         RunPodProvider(name="runpod", base_url=BASE_URL, owner=OWNER, api_key=API_KEY,
                        options=options)
+
+
+# -- private images: container registry credentials ----------------------------------------
+
+PASSWORD = "hunter2-Registry-Pa55"
+AUTH = RegistryAuth(registry="ghcr.io", username="acme-bot", password=PASSWORD, secret="regcred")
+
+
+def registry_calls(fake: FakeRunPod) -> list[str]:
+    return [r.operation or "" for r in fake.requests if "Registr" in (r.operation or "")]
+
+
+async def test_a_pull_credential_becomes_a_registry_credential_attached_on_create(
+    fake: FakeRunPod, provider: RunPodProvider
+) -> None:
+    inst = await provider.create(spec(registry_auth=AUTH))
+    (made,) = fake.calls("createRegistry")
+    name = provider.registry_name(AUTH)
+    assert made.body == {"name": name, "username": "acme-bot", "password": PASSWORD}
+    assert name.startswith(REGISTRY_PREFIX) and PASSWORD not in name and "acme" not in name
+    (registry_id,) = fake.registries
+    (body,) = posted(fake)
+    assert body["registry"] == registry_id
+    assert fake.pods[inst.id]["registry"] == registry_id
+    # write-only: no answer carries the username or password
+    assert all(PASSWORD not in json.dumps(r.body) for r in fake.requests
+               if r.operation != "createRegistry")
+    assert registry_calls(fake) == ["listRegistries", "createRegistry"]
+
+
+async def test_the_same_credential_is_reused_across_creates_and_restarts(
+    fake: FakeRunPod, provider: RunPodProvider, make_provider: MakeProvider
+) -> None:
+    await provider.create(spec("vk-gpu-burst-uid-1", registry_auth=AUTH))
+    await provider.create(spec("vk-gpu-burst-uid-2", registry_auth=AUTH))
+    restarted = make_provider()
+    await restarted.create(spec("vk-gpu-burst-uid-3", registry_auth=AUTH))
+    assert len(fake.calls("createRegistry")) == 1
+    assert len({b["registry"] for b in posted(fake)}) == 1
+    # a changed password (or user, or registry) is a different credential
+    rotated = RegistryAuth(registry="ghcr.io", username="acme-bot", password=PASSWORD + "2")
+    await provider.create(spec("vk-gpu-burst-uid-4", registry_auth=rotated))
+    assert len(fake.registries) == 2
+    assert provider.registry_name(rotated) != provider.registry_name(AUTH)
+
+
+async def test_a_pod_credential_wins_over_the_registry_id_option(
+    fake: FakeRunPod, make_provider: MakeProvider
+) -> None:
+    fake.add_registry(name="node-wide", registry_id="reg-static")
+    provider = make_provider(options={"registry_id": "reg-static"})
+    await provider.create(spec("vk-gpu-burst-uid-1"))
+    await provider.create(spec("vk-gpu-burst-uid-2", registry_auth=AUTH))
+    first, second = posted(fake)
+    assert first["registry"] == "reg-static"
+    assert second["registry"] != "reg-static" and second["registry"] in fake.registries
+
+
+async def test_an_adopted_pod_needs_no_credential(
+    fake: FakeRunPod, provider: RunPodProvider
+) -> None:
+    await provider.create(spec())
+    await provider.create(spec(registry_auth=AUTH))
+    assert registry_calls(fake) == [] and fake.registries == {}
+
+
+@pytest.mark.parametrize("auth", [
+    RegistryAuth(registry="ghcr.io", username="", password=PASSWORD, secret="regcred"),
+    RegistryAuth(registry="ghcr.io", username="acme-bot", password="", secret="regcred"),
+])
+async def test_a_credential_runpod_cannot_hold_is_refused_before_any_call(
+    fake: FakeRunPod, provider: RunPodProvider, auth: RegistryAuth
+) -> None:
+    with pytest.raises(InvalidSpec, match="imagePullSecrets") as info:
+        await provider.create(spec(registry_auth=auth))
+    assert "'regcred'" in str(info.value) and "ghcr.io" in str(info.value)
+    assert fake.requests == []
+
+
+async def test_a_refused_credential_is_invalid_spec_naming_image_pull_secrets(
+    fake: FakeRunPod, provider: RunPodProvider
+) -> None:
+    fake.fail_next("createRegistry", status=422, detail=f"bad password {PASSWORD}")
+    with pytest.raises(InvalidSpec, match="imagePullSecrets") as info:
+        await provider.create(spec(registry_auth=AUTH))
+    assert "***" in str(info.value)
+    assert_never_shown(PASSWORD, info.value)
+    assert fake.calls("createPod") == []
+
+
+async def test_the_password_is_never_shown_in_errors_reprs_or_logs(
+    fake: FakeRunPod, provider: RunPodProvider, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    the_spec = spec(registry_auth=AUTH)
+    fake.fail_next("createPod", status=422, detail=f"cannot pull with {PASSWORD}",
+                   errors=[f"password {PASSWORD} rejected"])
+    with pytest.raises(InvalidSpec) as pod_error:
+        await provider.create(the_spec)
+    fake.fail_next("listRegistries", status=500, detail=f"echo {PASSWORD}", times=4)
+    with pytest.raises(TransientError) as list_error:
+        await provider.create(spec("vk-gpu-burst-uid-2", registry_auth=AUTH))
+    inst = await provider.create(spec("vk-gpu-burst-uid-3", registry_auth=AUTH))
+    assert_never_shown(PASSWORD, pod_error.value, list_error.value, the_spec, AUTH, provider,
+                       inst, await provider.get(inst.id))
+    assert "***" in str(pod_error.value)
+    for record in caplog.records:
+        assert PASSWORD not in record.getMessage() and PASSWORD not in str(record.args)
+
+
+async def test_the_sweep_deletes_only_this_owners_unused_credentials(
+    fake: FakeRunPod, provider: RunPodProvider, make_provider: MakeProvider
+) -> None:
+    other_auth = RegistryAuth(registry="quay.io", username="q", password="other-pass")
+    kept = await provider.create(spec("vk-gpu-burst-uid-1", registry_auth=AUTH))
+    gone = await provider.create(spec("vk-gpu-burst-uid-2", registry_auth=other_auth))
+    other_owner = make_provider(owner="vk-other-node")
+    await other_owner.create(spec("vk-other-node-uid-9", registry_auth=other_auth))
+    await other_owner.delete((await other_owner.list())[0].id)
+    fake.add_registry(name="made-by-hand")
+    assert len(fake.registries) == 4
+
+    await provider.delete(gone.id)
+    assert await sweep_registry_auth(provider) == 1
+    names = {r["name"] for r in fake.registries.values()}
+    assert provider.registry_name(AUTH) in names  # its pod still uses it
+    assert provider.registry_name(other_auth) not in names
+    assert other_owner.registry_name(other_auth) in names  # another node's: its sweep's job
+    assert "made-by-hand" in names
+
+    # nothing deleted since: no call at all
+    before = len(fake.requests)
+    assert await provider.sweep_registry_auth() == 0
+    assert len(fake.requests) == before
+
+    await provider.delete(kept.id)
+    assert await provider.sweep_registry_auth() == 1
+    assert provider.registry_name(AUTH) not in {r["name"] for r in fake.registries.values()}
+    assert await other_owner.sweep_registry_auth() == 1
+
+
+async def test_the_first_sweep_cleans_up_after_an_earlier_run(
+    fake: FakeRunPod, provider: RunPodProvider, make_provider: MakeProvider
+) -> None:
+    inst = await provider.create(spec(registry_auth=AUTH))
+    fake.delete(inst.id)  # the pod went away while no provider ran
+    assert await make_provider().sweep_registry_auth() == 1
+    assert fake.registries == {}
+
+
+async def test_a_credential_runpod_still_holds_is_kept_for_the_next_sweep(
+    fake: FakeRunPod, provider: RunPodProvider
+) -> None:
+    inst = await provider.create(spec(registry_auth=AUTH))
+    await provider.delete(inst.id)
+    fake.fail_next("deleteRegistry", status=400,
+                   detail="Registry credential is in use by a pod and cannot be deleted")
+    assert await provider.sweep_registry_auth() == 0
+    assert len(fake.registries) == 1
+    assert await provider.sweep_registry_auth() == 1  # still due: tried again
+    assert fake.registries == {}
+
+
+async def test_the_sweep_never_deletes_a_credential_a_create_is_about_to_use(
+    fake: FakeRunPod, provider: RunPodProvider
+) -> None:
+    # white-box: hold the credential the way create does between finding it and its POST
+    registry_id = await provider._registry_for(spec(), AUTH)
+    assert await provider.sweep_registry_auth() == 0
+    assert registry_id in fake.registries
+
+
+async def test_providers_without_credentials_to_clean_sweep_nothing() -> None:
+    class Plain:
+        pass
+
+    assert await sweep_registry_auth(Plain()) == 0
