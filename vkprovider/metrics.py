@@ -56,6 +56,16 @@ class Metrics:
             "vkprovider_probe_restarts_total",
             "Instances restarted because their liveness or startup probe failed.",
             ["provider"], registry=r)
+        self.endpointslice_hostname_only = Gauge(
+            "vkprovider_endpointslice_hostname_only_endpoints",
+            "Service+pod pairs with a Service port the cloud publishes only by hostname (or at "
+            "an address slices refuse): not in any EndpointSlice.", registry=r)
+        self.endpointslice_writes = Counter(
+            "vkprovider_endpointslice_writes",
+            "Writes of provider-managed EndpointSlices by operation (create, update, delete) "
+            "and result (ok or the error class).", ["operation", "result"], registry=r)
+        self.endpointslices = Gauge("vkprovider_endpointslices",
+                                    "Provider-managed EndpointSlices of this node.", registry=r)
         self.orphans_deleted = Counter("vkprovider_orphan_instances_deleted_total",
                                        "Instances with no pod deleted by the garbage collector.",
                                        ["provider"], registry=r)

@@ -93,8 +93,9 @@ def test_running_tracks_once_and_targets_the_preferred_published_address() -> No
     _, target, _ = prober.tracked["u1"]
     assert target(8000) == ("198.18.0.1", 30000, None)
     assert target(9999) is None
-    (ep,) = sink.pods["u1"]["endpoints"]
+    ep, proxy = sink.pods["u1"]["endpoints"]  # every published entry, preferred first
     assert (ep.host, ep.port, ep.ready, ep.terminating) == ("198.18.0.1", 30000, True, False)
+    assert (proxy.kind, proxy.host) == ("hostname", "x.example")
 
 
 def test_probe_state_decides_endpoint_readiness() -> None:
@@ -132,7 +133,7 @@ def test_drain_marks_terminating_then_counts_down_within_the_grace_period() -> N
     r, _, sink, clock = make()
     r.running(uid="u1", pod=pod(probe=False), provider="mock", instance=instance())
     assert r.drain_left(uid="u1", pod=pod(grace=30), instance=instance(), was_ready=True) == 5.0
-    (ep,) = sink.pods["u1"]["endpoints"]
+    ep = sink.pods["u1"]["endpoints"][0]
     assert (ep.ready, ep.serving, ep.terminating) == (False, True, True)
     clock.now += 3
     assert r.drain_left(uid="u1", pod=pod(grace=30), instance=instance(), was_ready=True) == 2.0

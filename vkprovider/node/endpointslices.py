@@ -49,12 +49,9 @@ import hashlib
 import ipaddress
 import json
 import logging
-import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
-
-from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
@@ -425,34 +422,6 @@ def not_routable_message(service_name: str, items: Sequence[Unroutable], namespa
     return f"Pod {namespace}/{first.pod_name} (Service {service_name}): port {ports} {why}"
 
 
-# ---- metrics (registered once per registry) ------------------------------------------------------
-
-
-class _SliceMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.hostname_only = Gauge(
-            "vkprovider_endpointslice_hostname_only_endpoints",
-            "Service+pod pairs with a Service port the cloud publishes only by hostname (or at "
-            "an address slices refuse): not in any EndpointSlice.", registry=registry)
-        self.writes = Counter(
-            "vkprovider_endpointslice_writes",
-            "Writes of provider-managed EndpointSlices by operation (create, update, delete) "
-            "and result (ok or the error class).", ["operation", "result"], registry=registry)
-        self.slices = Gauge("vkprovider_endpointslices",
-                            "Provider-managed EndpointSlices of this node.", registry=registry)
-
-
-_METRICS: weakref.WeakKeyDictionary[CollectorRegistry, _SliceMetrics] = (
-    weakref.WeakKeyDictionary())
-
-
-def _metrics_for(registry: CollectorRegistry) -> _SliceMetrics:
-    found = _METRICS.get(registry)
-    if found is None:
-        found = _METRICS[registry] = _SliceMetrics(registry)
-    return found
-
-
 def _slim_service(obj: Body) -> Body:
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
@@ -494,7 +463,7 @@ class EndpointSliceController:
         self.client = client
         self.node = node
         self.events = events
-        self.metrics = _metrics_for(metrics.registry) if metrics is not None else None
+        self.metrics = metrics
         self.workers = workers
         self.batch_seconds = batch_seconds
         self.pods_sync_timeout = pods_sync_timeout
@@ -677,7 +646,7 @@ class EndpointSliceController:
 
     def _set_slice_gauge(self) -> None:
         if self.metrics is not None:
-            self.metrics.slices.set(len(self.slices.store))
+            self.metrics.endpointslices.set(len(self.slices.store))
 
     # ---- reconcile -------------------------------------------------------------------------
 
@@ -773,7 +742,7 @@ class EndpointSliceController:
     def _count(self, operation: str, result: str) -> None:
         self.writes += 1  # every write request sent, whatever its answer
         if self.metrics is not None:
-            self.metrics.writes.labels(operation, result).inc()
+            self.metrics.endpointslice_writes.labels(operation, result).inc()
 
     def _note_unroutable(self, key: str, items: list[Unroutable]) -> None:
         by_pod: dict[str, list[Unroutable]] = {}
@@ -784,7 +753,8 @@ class EndpointSliceController:
         else:
             self._hostname_only.pop(key, None)
         if self.metrics is not None:
-            self.metrics.hostname_only.set(sum(len(v) for v in self._hostname_only.values()))
+            self.metrics.endpointslice_hostname_only.set(
+                sum(len(v) for v in self._hostname_only.values()))
         if not by_pod:
             return
         svc = self.services.store.get(key) or {}

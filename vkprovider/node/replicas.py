@@ -234,7 +234,7 @@ class Replicas:
             EndpointTarget(container_port=p.container_port, protocol=p.protocol, host=p.host,
                            port=p.port, kind=p.kind, ready=ready, serving=serving,
                            terminating=terminating)
-            for p in _preferred(instance.published).values()
+            for p in instance.published  # every entry: the sink publishes the first IP one
         ]
         if not targets and uid not in self._published:
             return
