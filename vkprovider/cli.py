@@ -323,6 +323,8 @@ def _mock_cloud(args: argparse.Namespace) -> int:
     from providers.mock.server import DEFAULT_INVENTORY, InventoryOffer, MockCloudState, serve
 
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    if not args.name or "/" in args.name or args.name.startswith("."):
+        raise ConfigError(f"--name: {args.name!r} is not a plain name (it names a file)")
     scenario = None
     if args.scenario:
         try:
@@ -345,9 +347,9 @@ def _mock_cloud(args: argparse.Namespace) -> int:
         api_key=api_key, inventory=inventory, scenario=scenario,
         boot_delay=1.0 if args.boot_delay is None else args.boot_delay,
         delete_delay=0.0 if args.delete_delay is None else args.delete_delay,
-        seed=0 if args.seed is None else args.seed)
+        seed=0 if args.seed is None else args.seed, name=args.name)
     asyncio.run(serve(host=args.host, port=args.port, state=state, log_level="warning",
-                      announce=_announce))
+                      announce=_announce, address_map_dir=args.address_map_dir))
     return 0
 
 
@@ -456,6 +458,11 @@ def build_parser() -> argparse.ArgumentParser:
                       "scenario's, else a small mix")
     mock.add_argument("--scenario", help="scenario YAML: inventory, delays, seed, faults "
                       "(docs/testing-with-the-mock-cloud.md); flags given here win")
+    mock.add_argument("--address-map-dir", metavar="DIR",
+                      help="publish the routes to the instances' real listeners in this "
+                           "address map directory (as mock-NAME.json), for a lab network")
+    mock.add_argument("--name", default="mock",
+                      help="this cloud's name in the address map (default: mock)")
     mock.set_defaults(func=_mock_cloud)
 
     comp = sub.add_parser("descheduler", help="run the companion: overflow admission by policy",

@@ -23,6 +23,7 @@ from providers.mock.bodies import (
     ExitBody,
     FailBody,
     FaultBody,
+    HealthBody,
     InventoryBody,
     LoadBody,
 )
@@ -183,6 +184,10 @@ def create_app(*, state: MockCloudState) -> FastAPI:
             return Response(status_code=204)
         return JSONResponse(instance, status_code=202)
 
+    @app.post("/instances/{instance_id}/restart", dependencies=[admitted("restart")])
+    async def restart_instance(instance_id: str) -> JSONResponse:
+        return JSONResponse(state.restart(instance_id))
+
     @app.get("/instances/{instance_id}/logs", dependencies=[admitted("logs")])
     async def logs(
         request: Request,
@@ -257,6 +262,19 @@ def create_app(*, state: MockCloudState) -> FastAPI:
         state.set_load(instance_id, gpu_utilization=body.gpu_utilization)
         return JSONResponse(state.get(instance_id))
 
+    @app.post("/admin/instances/{instance_id}/health", dependencies=admin_only)
+    async def admin_health(request: Request, instance_id: str) -> JSONResponse:
+        body = await _parse_body(request, HealthBody)
+        return JSONResponse(state.set_health(instance_id, live=body.live, ready=body.ready))
+
+    @app.get("/admin/traffic", dependencies=admin_only)
+    async def admin_traffic() -> JSONResponse:
+        return JSONResponse(state.traffic())
+
+    @app.get("/admin/listeners", dependencies=admin_only)
+    async def admin_listeners() -> JSONResponse:
+        return JSONResponse(state.listener_json())
+
     def inventory_json() -> dict[str, Any]:
         return {
             "offers": [
@@ -299,6 +317,8 @@ def create_app(*, state: MockCloudState) -> FastAPI:
             state.quota_gpus = body.quota_gpus
         if "max_gpus_per_instance" in fields and body.max_gpus_per_instance is not None:
             state.max_gpus_per_instance = body.max_gpus_per_instance
+        if "load_seconds" in fields:
+            state.load_seconds = body.load_seconds or 0.0
         return JSONResponse(state.config())
 
     @app.get("/admin/faults", dependencies=admin_only)

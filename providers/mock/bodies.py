@@ -17,6 +17,7 @@ __all__ = [
     "ExitBody",
     "FailBody",
     "FaultBody",
+    "HealthBody",
     "InventoryBody",
     "LoadBody",
     "OfferBody",
@@ -87,4 +88,10 @@ class ConfigBody(BaseModel):
     delete_delay: float | None = Field(default=None, ge=0)
     quota_gpus: int | None = Field(default=None, ge=0)
     max_gpus_per_instance: int | None = Field(default=None, ge=1)
+    load_seconds: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+
+
+class HealthBody(BaseModel):
+    live: bool | None = None
+    ready: bool | None = None
 

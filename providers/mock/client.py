@@ -197,6 +197,16 @@ class MockProvider(HTTPAdapter):
         except NotFound:
             return
 
+    async def restart(self, instance_id: str) -> None:
+        """Restart the instance's container (``restart_count`` goes up). Errors are typed as
+        for any call: :class:`~providers.base.NotFound` when it is gone, a
+        :class:`~providers.base.ProviderError` (409) once it stopped. Not retried on timeouts
+        or 5xx: a lost answer may hide a restart that was done."""
+        await self._request(
+            "POST", f"/instances/{instance_id}/restart", what=f"restart instance {instance_id}",
+            retry_transient=False,
+        )
+
     async def logs(self, instance_id: str, opts: LogOptions) -> AsyncGenerator[bytes, None]:
         """The container's output as raw byte chunks; with ``follow``, until it stops."""
         params: dict[str, str | int] = {}

@@ -16,7 +16,9 @@ from providers.mock.errors import FAULT_CODES, MockCloudError
 __all__ = ["ENDPOINTS", "INJECTED_KINDS", "Fault", "FaultPlan"]
 
 #: The endpoints that are counted and can be given faults (admin endpoints are neither).
-ENDPOINTS: tuple[str, ...] = ("create", "list", "get", "delete", "logs", "metrics", "capacity")
+ENDPOINTS: tuple[str, ...] = (
+    "create", "list", "get", "delete", "logs", "metrics", "capacity", "restart",
+)
 
 #: The scenario faults counted in ``stats()`` as ``injected_<kind>``.
 INJECTED_KINDS = (

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from providers.mock.bodies import PortBody
 
@@ -72,6 +72,15 @@ class Record:
     crash_exit_code: int | None = None
     crashed: bool = False
     delete_fails: bool = False  # scenario fault: the pending delete comes to nothing
+    # The container's current run (it restarts: POST /instances/{id}/restart); ``started`` is
+    # the first start (billing, logs), ``run_started`` this run's (exit, load time).
+    run_started: float | None = None
+    restart_count: int = 0
+    load_seconds: float = 0.0  # the model server answers 503 for this long after each start
+    live_ok: bool = True  # admin health knobs of the model server
+    ready_ok: bool = True
+    #: Requests the container's listeners served, by container port: [traffic, probes].
+    served: dict[int, list[int]] = field(default_factory=dict)
 
     @property
     def price_per_hour(self) -> float:
@@ -95,17 +104,21 @@ class Record:
         if self.deleting is None:
             if self.phase is Phase.PENDING and now >= self.boot_at:
                 self.phase = Phase.RUNNING
-                self.started = self.boot_at
-            if self.phase is Phase.RUNNING and self.started is not None:
+                self.run_started = self.boot_at
+                if self.started is None:
+                    self.started = self.boot_at
+            if self.phase is Phase.RUNNING and self.run_started is not None:
                 exit_at = (
-                    self.started + self.run_seconds if self.run_seconds is not None else math.inf
+                    self.run_started + self.run_seconds
+                    if self.run_seconds is not None
+                    else math.inf
                 )
                 crash_at = self.crash_at if self.crash_at is not None else math.inf
                 if now >= min(exit_at, crash_at):
                     if crash_at < exit_at:
                         self.crashed = True
                         self.phase = Phase.FAILED
-                        self.finished = max(crash_at, self.started)
+                        self.finished = max(crash_at, self.run_started)
                         self.exit_code = self.crash_exit_code
                         self.message = self.crash_message
                     else:
@@ -119,6 +132,15 @@ class Record:
                 self.advance(now=now)
             else:
                 self.released = self.delete_done
+
+    @property
+    def serving(self) -> bool:
+        """The container runs and no delete was asked for: its ports are listened on."""
+        return self.phase is Phase.RUNNING and self.deleting is None and self.released is None
+
+    def loaded_at(self) -> float | None:
+        """When this run's model server has loaded (answers 200), None before it starts."""
+        return None if self.run_started is None else self.run_started + self.load_seconds
 
     def cost(self, *, now: float) -> float:
         if self.started is None:

@@ -200,6 +200,8 @@ class Scenario(_Strict):
                                      allow_inf_nan=False)
     delete_delay: float | None = Field(default=None, ge=0.0, le=MAX_DELAY_SECONDS,
                                        allow_inf_nan=False)
+    load_seconds: float | None = Field(default=None, ge=0.0, le=MAX_DELAY_SECONDS,
+                                       allow_inf_nan=False)
     inventory: list[OfferSpec] | None = None
     faults: Faults = Field(default_factory=Faults)
 

@@ -9,9 +9,19 @@ in the cheapest region, and cost 0.50" or "the cloud was never called".
 
 Everything lives in one :class:`MockCloudState` (no module-level singletons; several clouds can
 run in one process). Time comes from an injectable monotonic clock: lifecycle transitions are
-computed lazily from timestamps, so there are no background tasks, and unit tests advance a
-:class:`ManualClock` instead of sleeping. The state's methods never ``await`` while mutating, so
-they are atomic under asyncio without locks.
+computed lazily from timestamps, and unit tests advance a :class:`ManualClock` instead of
+sleeping. The state's methods never ``await`` while mutating, so they are atomic under asyncio
+without locks. The one background task is the listeners' ticker (:func:`serve` and the
+``mock_cloud`` fixture start it): every 0.1 s it applies due transitions so that each running
+container's TCP ports have real listeners (:mod:`providers.mock.listeners`), opened after boot
+and closed at once when the container exits, fails, restarts or is asked to delete.
+
+The package is split by concern: :mod:`~providers.mock.state` (the cloud: inventory,
+instances, billing, stats), :mod:`~providers.mock.records` (one instance and its lifecycle),
+:mod:`~providers.mock.faults` (scripted faults), :mod:`~providers.mock.logs`,
+:mod:`~providers.mock.gpumetrics`, :mod:`~providers.mock.listeners` (the real listeners and
+the address map), :mod:`~providers.mock.bodies` and :mod:`~providers.mock.app` (the HTTP API);
+this module serves it and re-exports the public names.
 
 HTTP API (all JSON; an error is ``{"error": {"code": str, "message": str}}``)
 ------------------------------------------------------------------------------
@@ -56,12 +66,21 @@ nothing, a create can lose its answer after making the instance (the duplicate t
     and protocol) say how the instance is reached from outside: ``public_ip:public_port``. Public
     ports count up from 30000 per instance, skipping the instance's own container ports, so a
     public port never equals a container port. Both are assigned at create, in every state.
-    Nothing listens there (yet). ``state`` is one of ``pending``,
+    While the container runs, each TCP port is served for real on ``127.0.0.1`` (an ephemeral
+    port; ``GET /admin/listeners``), and with ``--address-map-dir`` the route ``public_ip:
+    public_port -> 127.0.0.1:port`` is published there for the test harness's address map;
+    nothing ever listens on, or dials, the virtual addresses. ``state`` is one of ``pending``,
     ``running``, ``exited`` (see ``exit_code``), ``failed`` (see ``message``), ``terminating``.
-    Timestamps are ISO 8601 UTC or null. Env values are never returned.
+    ``restart_count`` counts restarts. Timestamps are ISO 8601 UTC or null. Env values are
+    never returned (``MOCK_LOAD_SECONDS`` alone is read: the instance's load time).
 ``DELETE /instances/{id}``
     202 with the instance in ``terminating`` (gone after ``delete_delay``), or 204 when
     ``delete_delay`` is 0. 404 ``not_found`` for unknown or already gone instances.
+``POST /instances/{id}/restart``
+    The container restarts: its listeners close, it is ``pending`` for ``boot_delay``, then
+    ``running`` (its model server loads again), and ``restart_count`` goes up. Answers the
+    instance. 404 ``not_found`` when gone, 409 ``invalid_state`` once it exited, failed or is
+    terminating. Counted as ``restart`` (faults apply).
 ``GET /instances/{id}/logs?tail_lines&since_seconds&timestamps&limit_bytes&follow``
     ``text/plain``. The fake container prints a ``pulling image`` line at creation, a start line
     naming image and instance, one ``heartbeat`` line per second of running time, and a final
@@ -83,15 +102,31 @@ Admin endpoints (for tests and for people trying policies):
     The container fails (state ``failed``); 409 ``invalid_state`` if it already stopped.
 ``POST /admin/instances/{id}/exit`` ``{exit_code}``
     The container exits (state ``exited``).
+``POST /admin/instances/{id}/health`` ``{live?: bool, ready?: bool}``
+    Steers the instance's model server: ``live`` false makes ``/live`` answer 500, ``ready``
+    false makes ``/ready``, ``/healthz`` and traffic answer 503, until set back. Answers
+    ``{instance, live, ready}``.
+``GET /admin/listeners``
+    ``[{instance, public_host, public_port, container_port, host: "127.0.0.1", port}]``: the
+    real listeners open now (empty unless the listeners were started).
+``GET /admin/traffic``
+    ``{"<instance id>": {traffic, probes, ports: {"<container port>": {traffic, probes}}}}``:
+    requests the listeners served, for every instance that ever had one. A request to
+    ``/live``, ``/ready``, ``/healthz``, ``/startup``, one from a ``kube-probe/`` user agent, or
+    a connection closed without a request, is a probe; the rest is traffic.
 ``POST /admin/instances/{id}/load`` ``{gpu_utilization: 0..1 | null}``
     Pins the instance's GPU load (e.g. 0.02 to look idle); null restores the default.
 ``GET|PUT /admin/inventory`` ``{"offers": [{gpu_type, region, count, price_per_gpu_hour}]}``
     Reads or replaces the inventory. Running instances are kept even if they no longer fit.
-``GET|PATCH /admin/config`` ``{boot_delay, delete_delay, quota_gpus, max_gpus_per_instance}``
+``GET|PATCH /admin/config`` ``{boot_delay, delete_delay, quota_gpus, max_gpus_per_instance,
+load_seconds}``
+    ``load_seconds``: how long each container's model server answers 503 after it starts
+    (default 0; the container env ``MOCK_LOAD_SECONDS`` overrides it per instance).
 ``GET|POST|DELETE /admin/faults``
     POST ``{endpoint, status, count, retry_after}``: the next ``count`` requests to ``endpoint``
-    (``create, list, get, delete, logs, metrics, capacity`` or ``*``) answer ``status`` (with a
-    ``Retry-After`` header when ``retry_after`` is set) without doing anything.
+    (``create, list, get, delete, logs, metrics, capacity, restart`` or ``*``) answer
+    ``status`` (with a ``Retry-After`` header when ``retry_after`` is set) without doing
+    anything.
 ``GET|PUT|DELETE /admin/scenario``
     PUT takes a scenario (:mod:`providers.mock.scenario`, as JSON) and applies it now: what it
     sets (inventory, delays, seed) and its fault profile, replacing the previous profile; 422
@@ -99,7 +134,7 @@ Admin endpoints (for tests and for people trying policies):
     random faults off (the scripted ``/admin/faults`` stay).
 ``GET /admin/stats``
     ``{create_calls, list_calls, get_calls, delete_calls, logs_calls, metrics_calls,
-    capacity_calls, injected_<kind> (errors, hangs, rate_limited, lost_creates,
+    capacity_calls, restart_calls, injected_<kind> (errors, hangs, rate_limited, lost_creates,
     capacity_refusals, crashes, slow_deletes, failed_deletes), unauthorized_calls,
     faults_injected (scripted and scenario), instances_created, live_instances}``.
     Calls are counted when received, including idempotent repeats, rejected and faulted ones.
@@ -117,6 +152,12 @@ Tags understood by the mock (optional, for scripted workloads):
 ``mock.vkprovider.io/run-seconds`` (the container exits after that many seconds of running),
 ``mock.vkprovider.io/exit-code`` (its exit code then, default 0) and
 ``mock.vkprovider.io/gpu-utilization`` (0..1, like the admin ``load`` endpoint).
+
+The model server on each listener (:mod:`providers.mock.listeners`): ``/live`` answers 200
+(500 with the ``live`` knob off); while loading every other path answers 503 ``{"loading":
+true, ...}``; then ``/ready``, ``/healthz``, ``/startup`` answer 200 and every other path 200
+``{instance, name, namespace, pod, container_port}`` (namespace and pod from the
+``vkprovider.io/namespace`` and ``vkprovider.io/pod`` tags).
 """
 
 from __future__ import annotations
@@ -124,6 +165,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from pathlib import Path
 
 import uvicorn
 
@@ -184,11 +226,16 @@ async def serve(
     state: MockCloudState,
     log_level: str = "warning",
     announce: Callable[[str], None] | None = None,
+    address_map_dir: Path | str | None = None,
 ) -> None:
     """Run the mock cloud with uvicorn until cancelled or signalled (await it).
 
-    ``announce`` is called once with :func:`startup_line` when the port is listening.
+    ``announce`` is called once with :func:`startup_line` when the port is listening. The
+    containers' listeners run meanwhile and are all closed on the way out; with
+    ``address_map_dir`` (else the state's) their routes are published there.
     """
+    if address_map_dir is not None:
+        state.listeners.address_map_dir = Path(address_map_dir)
     config = uvicorn.Config(
         create_app(state=state),
         host=host,
@@ -203,9 +250,11 @@ async def serve(
         if announce is not None
         else None
     )
+    state.start_listeners()
     try:
         await server.serve()  # a port it cannot bind exits as uvicorn decides (status 3)
     finally:
+        await state.aclose_listeners()
         if watcher is not None:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -21,6 +21,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -36,6 +37,7 @@ from providers.mock.errors import (
 )
 from providers.mock.faults import ENDPOINTS, INJECTED_KINDS, FaultPlan
 from providers.mock.gpumetrics import metrics_json
+from providers.mock.listeners import ListenerSet
 from providers.mock.logs import LogLine, LogView, format_line
 from providers.mock.records import (
     TAG_EXIT_CODE,
@@ -47,7 +49,13 @@ from providers.mock.records import (
 )
 from providers.mock.scenario import Faults, Scenario, ScenarioError
 
-__all__ = ["DEFAULT_INVENTORY", "InventoryOffer", "ManualClock", "MockCloudState"]
+__all__ = [
+    "DEFAULT_INVENTORY",
+    "ENV_LOAD_SECONDS",
+    "InventoryOffer",
+    "ManualClock",
+    "MockCloudState",
+]
 
 class ManualClock:
     """A monotonic clock that moves only when told to; pass it (and its ``sleep``) to the state."""
@@ -95,8 +103,19 @@ DEFAULT_INVENTORY: tuple[InventoryOffer, ...] = (
 )
 
 
+#: The container env variable that sets the instance's model server load time (seconds); the
+#: one env value the mock reads (the others are never stored).
+ENV_LOAD_SECONDS = "MOCK_LOAD_SECONDS"
+
+
 def _parse_tag_float(tags: Mapping[str, str], key: str, *, lo: float, hi: float) -> float | None:
-    raw = tags.get(key)
+    return _parse_float(tags, key, what="tag", lo=lo, hi=hi)
+
+
+def _parse_float(
+    values: Mapping[str, str], key: str, *, what: str, lo: float, hi: float
+) -> float | None:
+    raw = values.get(key)
     if raw is None:
         return None
     try:
@@ -105,7 +124,8 @@ def _parse_tag_float(tags: Mapping[str, str], key: str, *, lo: float, hi: float)
         value = math.nan
     if not lo <= value <= hi:  # also rejects NaN
         raise MockCloudError(
-            status=400, code="invalid_spec", message=f"tag {key} must be a number in [{lo}, {hi}]"
+            status=400, code="invalid_spec",
+            message=f"{what} {key} must be a number in [{lo}, {hi}]",
         )
     return value
 
@@ -116,7 +136,14 @@ class MockCloudState:
     The knobs are plain attributes, changeable at any time: ``boot_delay`` and ``delete_delay``
     (seconds; 0 means at once), ``quota_gpus`` (max GPUs held at once, None for no quota),
     ``max_gpus_per_instance``, ``follow_poll_interval`` and ``follow_max_seconds`` (for followed
-    logs; both on the injected clock). ``faults`` arms scripted failures.
+    logs; both on the injected clock), ``load_seconds`` (how long each container's model server
+    answers 503 after it starts; the container env ``MOCK_LOAD_SECONDS`` overrides it per
+    instance). ``faults`` arms scripted failures.
+
+    Real listeners (:mod:`providers.mock.listeners`) serve each running container's TCP ports
+    once :meth:`start_listeners` was called in a running event loop (``serve`` and the
+    ``mock_cloud`` fixture do) until :meth:`aclose_listeners`; with ``address_map_dir`` their
+    routes are published there as ``mock-<name>.json``.
 
     ``scenario`` (:mod:`providers.mock.scenario`) sets inventory, delays and seed and arms a
     random fault profile (:meth:`apply_scenario`, :meth:`set_faults`). Random faults are drawn
@@ -140,6 +167,9 @@ class MockCloudState:
         follow_poll_interval: float = 0.5,
         follow_max_seconds: float = 3600.0,
         scenario: Scenario | None = None,
+        load_seconds: float = 0.0,
+        name: str = "mock",
+        address_map_dir: Path | str | None = None,
     ) -> None:
         self._api_key = api_key
         # Real clouds' ids are unique to that cloud only; two mock clouds seeded alike must
@@ -159,6 +189,14 @@ class MockCloudState:
         self.delete_delay: float = delete_delay
         self.quota_gpus: int | None = quota_gpus
         self.max_gpus_per_instance: int = max_gpus_per_instance
+        self._initial_load_seconds = load_seconds
+        self.load_seconds: float = load_seconds
+        self.name = name
+        self.listeners = ListenerSet(
+            clock=clock,
+            address_map_dir=None if address_map_dir is None else Path(address_map_dir),
+            owner=f"mock-{name}",
+        )
         self.follow_poll_interval = follow_poll_interval
         self.follow_max_seconds = follow_max_seconds
         self.faults = FaultPlan()
@@ -199,7 +237,24 @@ class MockCloudState:
             record.advance(now=now)
             if record.released is not None:
                 del self._live[record.id]
+        self.listeners.sync(self._live.values())
         return now
+
+    def tick(self) -> None:
+        """Apply every transition due by now (what the listeners' ticker calls)."""
+        self._tick()
+
+    # -- listeners --------------------------------------------------------------------------
+
+    def start_listeners(self, *, interval: float = 0.1) -> None:
+        """Serve the running containers' ports for real from now on (needs a running loop),
+        ticking every ``interval`` seconds so boots and crashes open and close them."""
+        self.listeners.start(tick=self.tick, interval=interval)
+        self._tick()
+
+    async def aclose_listeners(self) -> None:
+        """Close every listener and connection and remove this cloud's routes."""
+        await self.listeners.aclose()
 
     # -- admission --------------------------------------------------------------------------
 
@@ -271,6 +326,8 @@ class MockCloudState:
             self.boot_delay = scenario.boot_delay
         if scenario.delete_delay is not None:
             self.delete_delay = scenario.delete_delay
+        if scenario.load_seconds is not None:
+            self.load_seconds = scenario.load_seconds
         if scenario.seed is not None:
             self.seed = scenario.seed
             self.rng = random.Random(scenario.seed)
@@ -400,6 +457,8 @@ class MockCloudState:
         run_seconds = _parse_tag_float(body.tags, TAG_RUN_SECONDS, lo=0.0, hi=math.inf)
         exit_code = _parse_tag_float(body.tags, TAG_EXIT_CODE, lo=0, hi=255)
         load = _parse_tag_float(body.tags, TAG_GPU_UTILIZATION, lo=0.0, hi=1.0)
+        load_seconds = _parse_float(body.env, ENV_LOAD_SECONDS, what="env",
+                                    lo=0.0, hi=math.inf)
         offer = self._choose_offer(body)
         if self.quota_gpus is not None:
             held = sum(r.gpu_count for r in self._live.values())
@@ -429,11 +488,13 @@ class MockCloudState:
             run_seconds=run_seconds,
             run_exit_code=int(exit_code or 0),
             load=load,
+            load_seconds=max(0.0, self.load_seconds) if load_seconds is None else load_seconds,
         )
         self._draw_crash(record, after=record.boot_at)
         record.advance(now=now)
         self._live[record.id] = record
         self._all.append(record)
+        self.listeners.sync_one(record)
         lost = self.scenario_faults.lost_create_responses
         if lost.rate and self.rng.random() < lost.rate:
             self._count("lost_creates")
@@ -512,7 +573,7 @@ class MockCloudState:
             "finished_at": self._iso(r.finished),
             "exit_code": r.exit_code,
             "message": message,
-            "restart_count": 0,
+            "restart_count": r.restart_count,
         }
 
     def _live_record(self, instance_id: str) -> Record:
@@ -555,9 +616,24 @@ class MockCloudState:
             record.deleting = now
             record.delete_done = now + delay
             record.advance(now=now)
+        self.listeners.sync_one(record)  # a delete asked for: the ports close at once
         if record.released is not None:
             del self._live[record.id]
             return None
+        return self._instance_json(record)
+
+    def restart(self, instance_id: str) -> dict[str, Any]:
+        """Restart the container: its ports close, it boots again (``boot_delay``), then its
+        model server loads again; ``restart_count`` goes up. 409 once it stopped."""
+        record = self._stoppable(instance_id)
+        now = self.clock()
+        record.restart_count += 1
+        record.phase = Phase.PENDING
+        record.run_started = None
+        record.boot_at = now + max(0.0, self.boot_delay)
+        self._draw_crash(record, after=record.boot_at)
+        record.advance(now=now)
+        self.listeners.sync_one(record)
         return self._instance_json(record)
 
     def fail(self, instance_id: str, *, message: str, exit_code: int | None = None) -> None:
@@ -567,6 +643,7 @@ class MockCloudState:
         record.finished = self.clock()
         record.exit_code = exit_code
         record.message = message
+        self.listeners.sync_one(record)
 
     def exit(self, instance_id: str, *, exit_code: int) -> None:
         """Make the container exit now with ``exit_code``."""
@@ -577,6 +654,7 @@ class MockCloudState:
         record.phase = Phase.EXITED
         record.finished = now
         record.exit_code = exit_code
+        self.listeners.sync_one(record)
 
     def set_load(self, instance_id: str, *, gpu_utilization: float | None) -> None:
         if gpu_utilization is not None and not 0.0 <= gpu_utilization <= 1.0:
@@ -584,6 +662,18 @@ class MockCloudState:
                 status=400, code="invalid_spec", message="gpu_utilization must be in [0, 1]"
             )
         self._live_record(instance_id).load = gpu_utilization
+
+    def set_health(
+        self, instance_id: str, *, live: bool | None = None, ready: bool | None = None
+    ) -> dict[str, Any]:
+        """Steer the model server: ``live`` False makes ``/live`` answer 500, ``ready`` False
+        makes ``/ready``, ``/healthz`` and traffic answer 503, until set back."""
+        record = self._live_record(instance_id)
+        if live is not None:
+            record.live_ok = live
+        if ready is not None:
+            record.ready_ok = ready
+        return {"instance": record.id, "live": record.live_ok, "ready": record.ready_ok}
 
     def _stoppable(self, instance_id: str) -> Record:
         record = self._live_record(instance_id)
@@ -667,12 +757,34 @@ class MockCloudState:
             "instances": entries,
         }
 
+    def traffic(self) -> dict[str, dict[str, Any]]:
+        """Requests the listeners served, per instance ever served (by id): ``traffic`` and
+        ``probes`` in all, and the same by container port."""
+        result: dict[str, dict[str, Any]] = {}
+        for r in self._all:
+            if not r.served:
+                continue
+            result[r.id] = {
+                "traffic": sum(t for t, _ in r.served.values()),
+                "probes": sum(p for _, p in r.served.values()),
+                "ports": {str(port): {"traffic": t, "probes": p}
+                          for port, (t, p) in sorted(r.served.items())},
+            }
+        return result
+
+    def listener_json(self) -> list[dict[str, Any]]:
+        """The real listeners open now: ``{instance, public_host, public_port, container_port,
+        host, port}`` each."""
+        self._tick()
+        return self.listeners.to_json()
+
     def config(self) -> dict[str, Any]:
         return {
             "boot_delay": self.boot_delay,
             "delete_delay": self.delete_delay,
             "quota_gpus": self.quota_gpus,
             "max_gpus_per_instance": self.max_gpus_per_instance,
+            "load_seconds": self.load_seconds,
         }
 
     def reset(self) -> None:
@@ -681,7 +793,9 @@ class MockCloudState:
         (self.boot_delay, self.delete_delay, self.quota_gpus, self.max_gpus_per_instance) = (
             self._initial_knobs
         )
+        self.load_seconds = self._initial_load_seconds
         self._live.clear()
+        self.listeners.sync(())
         self._all.clear()
         self.calls.clear()
         self.unauthorized_calls = 0

@@ -104,8 +104,10 @@ class MockCloudProcess(_Process):
 
     def __init__(self, *, work_dir: Path, name: str = "mock", boot_delay: float = 0.5,
                  delete_delay: float = 0.0, inventory: str | None = None,
-                 scenario: str | Path | None = None) -> None:
+                 scenario: str | Path | None = None,
+                 address_map_dir: Path | None = None) -> None:
         self.name = name
+        self.address_map_dir = address_map_dir  # routes to its listeners: mock-<name>.json
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.component = Component(
@@ -113,7 +115,9 @@ class MockCloudProcess(_Process):
             argv=[sys.executable, "-m", "vkprovider", "mock-cloud", "--port", str(self.port),
                   "--boot-delay", str(boot_delay), "--delete-delay", str(delete_delay),
                   *(["--inventory", inventory] if inventory else []),
-                  *(["--scenario", str(scenario)] if scenario else [])],
+                  *(["--scenario", str(scenario)] if scenario else []),
+                  *(["--address-map-dir", str(address_map_dir), "--name", name]
+                    if address_map_dir is not None else [])],
             log_path=work_dir / f"mock-cloud-{name}.log",
         )
 

@@ -6,6 +6,9 @@ port hunt and a teardown. The cloud runs in the test's own event loop (uvicorn o
 bind to port 0, so there is no race for the port), over real HTTP, so anything that can talk to
 a URL can use it; and the test holds the :class:`~providers.mock.server.MockCloudState` itself,
 so it can read the ledger, arm faults or change the inventory without going through HTTP.
+Running containers' ports are served for real on loopback (``mock_cloud.listeners()``,
+``mock_cloud.traffic()``); pass ``address_map_dir`` to publish their routes for an address map.
+Every listener is closed when the block ends.
 
 Use it with ``pytest_plugins = ["vkprovider.testing.plugin"]``::
 
@@ -78,6 +81,14 @@ class MockCloud:
     def stats(self) -> dict[str, int]:
         return self.state.stats()
 
+    def listeners(self) -> list[dict[str, Any]]:
+        """The containers' real listeners open now (what ``GET /admin/listeners`` answers)."""
+        return self.state.listener_json()
+
+    def traffic(self) -> dict[str, dict[str, Any]]:
+        """Requests the listeners served, by instance (what ``GET /admin/traffic`` answers)."""
+        return self.state.traffic()
+
     def set_faults(self, faults: Faults | Mapping[str, Any] | None = None, /,
                    **fields: Any) -> None:
         """Replace the fault profile: a :class:`Faults`, its dict form, or keyword fields
@@ -125,7 +136,8 @@ def resolve_scenario(scenario: str | Path | Scenario | Mapping[str, Any], *,
 @contextlib.asynccontextmanager
 async def start_mock_cloud(*, scenario: Scenario | None = None, host: str = "127.0.0.1",
                            **state_kwargs: Any) -> AsyncIterator[MockCloud]:
-    """Serve a fresh mock cloud in this event loop until the block ends."""
+    """Serve a fresh mock cloud in this event loop until the block ends, with its containers'
+    listeners (closed, with their routes, when it ends)."""
     state = MockCloudState(scenario=scenario, **state_kwargs)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -144,8 +156,10 @@ async def start_mock_cloud(*, scenario: Scenario | None = None, host: str = "127
                 task.result()  # raises why it could not start
                 raise RuntimeError("the mock cloud stopped before it started")
             await asyncio.sleep(0.005)
+        state.start_listeners()
         yield cloud
     finally:
+        await state.aclose_listeners()
         await cloud.aclose_providers()
         server.should_exit = True
         try:

@@ -1,0 +1,480 @@
+"""Real listeners for the mock cloud's containers: a tiny "model server" per container port.
+
+Why it exists: cloud pods are Ready by their readiness probes, which the provider runs over the
+network against the address the cloud publishes for each container port (``public_ip``,
+``public_port``), and load tests send traffic there. So while an instance's container runs, each
+declared TCP container port has one real HTTP/1.1 server on ``127.0.0.1`` (an ephemeral port).
+Nothing ever dials a virtual address (198.18.x.y): the test harness's *address map* plays DNAT,
+and this module publishes ``public_ip:public_port -> 127.0.0.1:port`` there when the cloud was
+given a map directory (see ``vkprovider.probing.dialing``; ``providers/`` may not import
+``vkprovider``, so the same file format is written here by :func:`write_routes`).
+
+Thousands of instances may run in one process, so a listener is a plain asyncio server with an
+:mod:`h11` protocol (keep-alive, pipelining), no task per connection and no ASGI stack. Answers
+are computed from the instance's record when a request arrives:
+
+* ``/live``: 200 (500 when the admin ``live`` knob is off), also while loading;
+* while loading (``load_seconds`` after this run started): every other path 503
+  ``{"loading": true, ...identity}``;
+* then ``/ready`` and ``/healthz``: 200 (503 when the admin ``ready`` knob is off);
+  ``/startup``: 200; any other path: 200 ``{instance, name, namespace, pod, container_port}``
+  (503 when not ready).
+
+A request to ``/live``, ``/ready``, ``/healthz`` or ``/startup``, or one whose ``User-Agent``
+starts with ``kube-probe/``, or a connection closed without a request (a TCP probe), counts as a
+probe; every other request as traffic (:attr:`Record.served <providers.mock.records.Record>`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import h11
+
+from providers.base import TAG_NAMESPACE, TAG_POD
+from providers.mock.records import Record
+
+__all__ = ["LISTEN_HOST", "PROBE_PATHS", "Listener", "ListenerSet", "answer", "write_routes"]
+
+log = logging.getLogger(__name__)
+
+#: Where the listeners bind: loopback only, always.
+LISTEN_HOST = "127.0.0.1"
+#: The paths a probe asks; the rest is traffic.
+PROBE_PATHS = frozenset({"/live", "/ready", "/healthz", "/startup"})
+_PROBE_AGENT = b"kube-probe/"
+#: Route files are rewritten at most this often; a burst of changes is written once.
+_ROUTES_MIN_INTERVAL = 0.05
+_MAX_BODY = 1 << 20
+_REASONS = {200: b"OK", 400: b"Bad Request", 500: b"Internal Server Error",
+            503: b"Service Unavailable"}
+
+
+def write_routes(*, directory: Path, owner: str, routes: Iterable[tuple[str, int, str, int]]
+                 ) -> None:
+    """Replace ``owner``'s routes ``(host, port, to_host, to_port)`` in the address map at
+    ``directory``: ``<owner>.json``, written to a temporary file in the same directory and
+    renamed over the old one, so that a reader never sees half a file."""
+    if not owner or "/" in owner or owner.startswith("."):
+        raise ValueError(f"address map owner must be a plain file name, got {owner!r}")
+    directory.mkdir(parents=True, exist_ok=True)
+    body = {"routes": [{"host": h, "port": p, "to_host": th, "to_port": tp}
+                       for h, p, th, tp in routes]}
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(body, f, separators=(",", ":"))
+        os.replace(tmp, directory / f"{owner}.json")
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def answer(record: Record, *, container_port: int, path: str, now: float) -> tuple[int, Any]:
+    """The model server's status and JSON body for ``path`` at ``now``."""
+    identity = {
+        "instance": record.id,
+        "name": record.name,
+        "namespace": record.tags.get(TAG_NAMESPACE),
+        "pod": record.tags.get(TAG_POD),
+        "container_port": container_port,
+    }
+    if path == "/live":
+        return (200 if record.live_ok else 500), {"live": record.live_ok, **identity}
+    loaded_at = record.loaded_at()
+    if loaded_at is None or now < loaded_at:
+        left = 0.0 if loaded_at is None else round(loaded_at - now, 3)
+        return 503, {"loading": True, "ready_in_seconds": left, **identity}
+    if path == "/startup":
+        return 200, {"started": True, **identity}
+    if path in ("/ready", "/healthz"):
+        return (200 if record.ready_ok else 503), {"ready": record.ready_ok, **identity}
+    if not record.ready_ok:
+        return 503, {"ready": False, **identity}
+    return 200, identity
+
+
+@dataclass(eq=False, kw_only=True)
+class Listener:
+    """One real server for one container port of one run of an instance."""
+
+    record: Record
+    run: int  # the record's restart_count when it opened
+    container_port: int
+    public_host: str
+    public_port: int
+    sock: socket.socket
+    port: int
+    server: asyncio.AbstractServer | None = None
+    closed: bool = False
+    connections: set[_Connection] = field(default_factory=set)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "instance": self.record.id,
+            "public_host": self.public_host,
+            "public_port": self.public_port,
+            "container_port": self.container_port,
+            "host": LISTEN_HOST,
+            "port": self.port,
+        }
+
+    def close(self) -> None:
+        """Stop listening and drop every connection now (the container is gone)."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.server is not None:
+            self.server.close()
+        else:
+            self.sock.close()  # never served: the opening task sees ``closed`` and stops
+        for conn in list(self.connections):
+            conn.abort()
+
+    def count(self, *, probe: bool) -> None:
+        served = self.record.served.setdefault(self.container_port, [0, 0])
+        served[1 if probe else 0] += 1
+
+
+class _Connection(asyncio.Protocol):
+    """One HTTP/1.1 connection to a listener (h11, keep-alive); answers as :func:`answer`."""
+
+    def __init__(self, listener: Listener, owner: ListenerSet) -> None:
+        self._listener = listener
+        self._owner = owner
+        self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=64 * 1024)
+        self._transport: asyncio.Transport | None = None
+        self._request: h11.Request | None = None
+        self._body = 0
+        self._requests = 0
+        self._aborted = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        if self._listener.closed:
+            transport.abort()
+            return
+        self._listener.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._listener.connections.discard(self)
+        if self._requests == 0 and not self._aborted and not self._listener.closed:
+            self._listener.count(probe=True)  # opened and closed: a TCP probe
+
+    def abort(self) -> None:
+        self._aborted = True
+        if self._transport is not None:
+            self._transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        self._h11.receive_data(data)
+        self._process()
+
+    def eof_received(self) -> bool | None:
+        self._h11.receive_data(b"")
+        self._process()
+        return None  # close our side too
+
+    def _process(self) -> None:
+        transport = self._transport
+        while transport is not None and not transport.is_closing():
+            try:
+                event = self._h11.next_event()
+            except h11.RemoteProtocolError:
+                self._bad_request()
+                return
+            if event is h11.NEED_DATA:
+                return
+            if event is h11.PAUSED:
+                if (self._h11.our_state is h11.DONE and self._h11.their_state is h11.DONE):
+                    self._h11.start_next_cycle()
+                    continue
+                return
+            if isinstance(event, h11.Request):
+                self._request, self._body = event, 0
+            elif isinstance(event, h11.Data):
+                self._body += len(event.data)
+                if self._body > _MAX_BODY:
+                    self._bad_request()
+                    return
+            elif isinstance(event, h11.EndOfMessage):
+                self._respond()
+            elif isinstance(event, h11.ConnectionClosed):
+                transport.close()
+                return
+
+    def _respond(self) -> None:
+        request, self._request = self._request, None
+        transport = self._transport
+        if request is None or transport is None:
+            return
+        listener = self._listener
+        record = listener.record
+        now = self._owner.clock()
+        record.advance(now=now)
+        if listener.closed or not record.serving or record.restart_count != listener.run:
+            self.abort()  # the container is gone: no answer, as from a dead process
+            self._owner.request_sync()
+            return
+        self._requests += 1
+        path = request.target.split(b"?", 1)[0].decode("ascii", "replace")
+        agent = next((v for k, v in request.headers if k == b"user-agent"), b"")
+        listener.count(probe=path in PROBE_PATHS or agent.startswith(_PROBE_AGENT))
+        status, body = answer(record, container_port=listener.container_port, path=path, now=now)
+        payload = json.dumps(body).encode()
+        self._send(status, b"" if request.method == b"HEAD" else payload, length=len(payload))
+
+    def _send(self, status: int, payload: bytes, *, length: int) -> None:
+        transport = self._transport
+        assert transport is not None
+        headers = [(b"content-type", b"application/json"),
+                   (b"content-length", str(length).encode())]
+        try:
+            data = self._h11.send(h11.Response(status_code=status, headers=headers,
+                                               reason=_REASONS.get(status, b"")))
+            out = [data or b""]
+            if payload:
+                out.append(self._h11.send(h11.Data(data=payload)) or b"")
+            out.append(self._h11.send(h11.EndOfMessage()) or b"")
+        except h11.LocalProtocolError:
+            transport.abort()
+            return
+        transport.write(b"".join(out))
+        if self._h11.our_state is h11.MUST_CLOSE:
+            transport.close()
+
+    def _bad_request(self) -> None:
+        transport = self._transport
+        assert transport is not None
+        if self._h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            with contextlib.suppress(h11.LocalProtocolError):
+                body = b'{"error": "bad request"}'
+                transport.write(
+                    self._h11.send(h11.Response(
+                        status_code=400, reason=b"Bad Request",
+                        headers=[(b"content-type", b"application/json"),
+                                 (b"content-length", str(len(body)).encode()),
+                                 (b"connection", b"close")])) or b"")
+                transport.write(self._h11.send(h11.Data(data=body)) or b"")
+                transport.write(self._h11.send(h11.EndOfMessage()) or b"")
+        transport.close()
+
+
+class ListenerSet:
+    """The listeners of one mock cloud, kept in step with its records by :meth:`sync`.
+
+    Inactive until :meth:`start` (inside a running event loop): a state driven only through
+    ``httpx.ASGITransport`` and a manual clock never opens a socket. Once started, a ticker
+    calls ``tick`` every ``interval`` seconds (the state advances its records and calls
+    :meth:`sync`), so boots, crashes and timed exits open and close listeners without anyone
+    asking. With ``address_map_dir`` the routes are written to ``<owner>.json`` there.
+    """
+
+    def __init__(self, *, clock: Callable[[], float], address_map_dir: Path | None = None,
+                 owner: str = "mock") -> None:
+        if not owner or "/" in owner or owner.startswith("."):
+            raise ValueError(f"address map owner must be a plain file name, got {owner!r}")
+        self.clock = clock
+        self.address_map_dir = address_map_dir
+        self.owner = owner
+        self._open: dict[tuple[str, int], Listener] = {}  # (instance id, container port)
+        self._by_record: dict[str, list[Listener]] = {}
+        self._opening: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._tick: Callable[[], object] | None = None
+        self._routes_dirty = False
+        self._routes_written = -1e18
+        self._routes_timer: asyncio.TimerHandle | None = None
+        self._sync_pending = False
+
+    def __repr__(self) -> str:
+        return f"ListenerSet(open={len(self._open)}, active={self.active})"
+
+    @property
+    def active(self) -> bool:
+        return self._loop is not None
+
+    # -- life -------------------------------------------------------------------------------
+
+    def start(self, *, tick: Callable[[], object], interval: float = 0.1) -> None:
+        """Open listeners from now on (in the running loop) and tick every ``interval``."""
+        if self._loop is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._tick = tick
+        self._ticker = self._loop.create_task(self._tick_forever(interval))
+        if self.address_map_dir is not None:
+            self._routes_dirty = True
+            self._flush_routes()
+
+    async def aclose(self) -> None:
+        """Stop ticking, close every listener and connection, and remove our routes."""
+        self._loop = None  # inactive from here: sync() opens nothing any more
+        self._tick = None
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+            self._ticker = None
+        for instance_id in list(self._by_record):
+            self._close_record(instance_id)
+        while self._opening:
+            await asyncio.gather(*self._opening, return_exceptions=True)
+        if self._routes_timer is not None:
+            self._routes_timer.cancel()
+            self._routes_timer = None
+        self._routes_dirty = False
+        # aborted transports close their sockets on the next loop iteration
+        for _ in range(3):
+            await asyncio.sleep(0)
+        if self.address_map_dir is not None:
+            (self.address_map_dir / f"{self.owner}.json").unlink(missing_ok=True)
+
+    async def _tick_forever(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                assert self._tick is not None
+                self._tick()
+            except Exception:  # one bad tick (a full disk) must not stop the next ones
+                log.exception("mock cloud: listener tick failed")
+
+    # -- keeping in step with the records ---------------------------------------------------
+
+    def sync(self, records: Iterable[Record]) -> None:
+        """Listeners for exactly the serving records (their current run), no others."""
+        if self._loop is None:
+            return
+        self._sync_pending = False
+        serving: dict[str, Record] = {r.id: r for r in records if r.serving}
+        for instance_id, listeners in list(self._by_record.items()):
+            record = serving.get(instance_id)
+            if record is None or record.restart_count != listeners[0].run:
+                self._close_record(instance_id)
+        for instance_id, record in serving.items():
+            if instance_id not in self._by_record:
+                self._open_record(record)
+        self._flush_routes()
+
+    def sync_one(self, record: Record) -> None:
+        """:meth:`sync` for one record (after the state changed it)."""
+        if self._loop is None:
+            return
+        listeners = self._by_record.get(record.id)
+        if listeners is not None and (not record.serving
+                                      or record.restart_count != listeners[0].run):
+            self._close_record(record.id)
+        if record.serving and record.id not in self._by_record:
+            self._open_record(record)
+        self._flush_routes()
+
+    def close_all(self) -> None:
+        for instance_id in list(self._by_record):
+            self._close_record(instance_id)
+        self._flush_routes()
+
+    def request_sync(self) -> None:
+        """A listener found its container gone: tick soon (once, however many ask)."""
+        if self._loop is None or self._sync_pending or self._tick is None:
+            return
+        self._sync_pending = True
+        self._loop.call_soon(self._tick)
+
+    def _open_record(self, record: Record) -> None:
+        assert self._loop is not None
+        opened: list[Listener] = []
+        for container_port, protocol, public_port in record.published:
+            if protocol != "TCP":
+                continue
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.bind((LISTEN_HOST, 0))
+                sock.listen(128)
+                sock.setblocking(False)
+            except OSError:
+                sock.close()
+                log.exception("mock cloud: cannot listen for %s:%d", record.id, container_port)
+                continue
+            listener = Listener(record=record, run=record.restart_count,
+                                container_port=container_port, public_host=record.public_ip,
+                                public_port=public_port, sock=sock,
+                                port=sock.getsockname()[1])
+            record.served.setdefault(container_port, [0, 0])
+            opened.append(listener)
+            self._open[(record.id, container_port)] = listener
+            task = self._loop.create_task(self._serve(listener))
+            self._opening.add(task)
+            task.add_done_callback(self._opening.discard)
+        if opened:
+            self._by_record[record.id] = opened
+            self._routes_dirty = True
+
+    def _close_record(self, instance_id: str) -> None:
+        for listener in self._by_record.pop(instance_id, ()):
+            self._open.pop((instance_id, listener.container_port), None)
+            listener.close()
+            self._routes_dirty = True
+
+    async def _serve(self, listener: Listener) -> None:
+        if listener.closed:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            # without start_serving this does not suspend, so ``closed`` cannot change meanwhile
+            server = await loop.create_server(lambda: _Connection(listener, self),
+                                                    sock=listener.sock, start_serving=False)
+        except OSError:
+            listener.sock.close()
+            log.exception("mock cloud: cannot serve %s", listener.to_json())
+            return
+        listener.server = server
+        if listener.closed:
+            server.close()
+            return
+        await server.start_serving()
+
+    # -- what is open -----------------------------------------------------------------------
+
+    def listeners(self) -> list[Listener]:
+        return list(self._open.values())
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [listener.to_json() for listener in self._open.values()]
+
+    def routes(self) -> list[tuple[str, int, str, int]]:
+        return [(lst.public_host, lst.public_port, LISTEN_HOST, lst.port)
+                for lst in self._open.values()]
+
+    def _flush_routes(self) -> None:
+        """Write the routes if they changed: at once, or (when the last write was very
+        recent) once a short moment later, so a burst of changes costs one write."""
+        if self.address_map_dir is None or not self._routes_dirty or self._loop is None:
+            return
+        wait = self._routes_written + _ROUTES_MIN_INTERVAL - time.monotonic()
+        if wait > 0:
+            if self._routes_timer is None:
+                self._routes_timer = self._loop.call_later(wait, self._timer_flush)
+            return
+        self._routes_dirty = False
+        self._routes_written = time.monotonic()
+        write_routes(directory=self.address_map_dir, owner=self.owner, routes=self.routes())
+
+    def _timer_flush(self) -> None:
+        self._routes_timer = None
+        try:
+            self._flush_routes()
+        except OSError:
+            log.exception("mock cloud: cannot write the address map")
