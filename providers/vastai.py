@@ -71,12 +71,21 @@ is a ``ValueError`` naming the option):
     ``runtype: "ssh"``: the container then runs Vast.ai's SSH init, and the instance does not
     exit when the command does.
 ``image_login`` (str, default none)
-    Registry credentials for private images (``image_login``, Docker login flags). Secret.
+    Registry credentials for private images (``image_login``, Docker login flags), for every
+    instance whose pod has no pull credential of its own. Secret.
 ``log_poll_attempts`` (int >= 1, default 10), ``log_poll_interval`` (float seconds, default 1.0)
     How long ``logs()`` waits for the log file Vast.ai uploads to ``result_url``.
 ``max_attempts`` (int >= 1, default 4), ``backoff_initial`` (default 0.1), ``backoff_max``
 (default 2.0), ``retry_after_cap`` (default 5.0)
     Retries at the HTTP edge (see above).
+
+Private images: a spec's ``registry_auth`` (the pod's ``imagePullSecrets``) becomes the rent's
+``image_login``, ``"-u <username> -p <password> <registry>"`` (the Docker login flags Vast.ai
+documents; ``docker.io`` for Docker Hub), and wins over the option ``image_login``. Vast.ai splits
+that string on spaces, so a username or password that is empty or holds whitespace, a quote or a
+backslash cannot be sent: such a pod is refused (InvalidSpec naming ``imagePullSecrets``) before
+any call. Vast.ai keeps nothing between rents, so there is nothing to clean up. Every password
+sent is scrubbed from the messages Vast.ai sends back.
 
 Not supported, and said so rather than ignored: ``command`` in ``"reject"`` mode, pods without
 GPUs (Vast.ai rents GPU machines), log ``follow``/``since_seconds``/``timestamps`` (Vast.ai only
@@ -114,10 +123,12 @@ from providers.base import (
     ProviderError,
     PublishedPort,
     QuotaError,
+    RegistryAuth,
     TransientError,
     Unsupported,
 )
 from providers.http import MAX_SERVER_MESSAGE, HTTPAdapter, RetryPolicy
+from providers.registryauth import RegistrySecrets, refuse
 
 __all__ = ["LABEL_PREFIX", "VastAIProvider", "decode_label", "encode_label", "map_status"]
 
@@ -313,6 +324,11 @@ class VastAIProvider(HTTPAdapter):
             auth_headers={"Authorization": f"Bearer {api_key}"} if api_key else None,
         )
         self._blob_client = httpx.AsyncClient(timeout=timeout, transport=transport)
+        self._registry_secrets = RegistrySecrets()
+
+    def _scrub(self, text: str) -> str:
+        """``text`` without the API key or any registry password this adapter has sent."""
+        return self._registry_secrets.scrub(super()._scrub(text))
 
     async def aclose(self) -> None:
         await super().aclose()
@@ -323,6 +339,7 @@ class VastAIProvider(HTTPAdapter):
     async def create(self, spec: InstanceSpec) -> Instance:
         """Adopt the instance labelled for ``spec.name``, or rent the cheapest matching offer."""
         body, label = self._rent_body(spec)  # InvalidSpec before any HTTP call
+        self._registry_secrets.remember(spec.registry_auth)
         search = self._search_body(spec)
         existing = await self._list(select_filters={"label": {"eq": label}})
         if existing:
@@ -528,9 +545,24 @@ class VastAIProvider(HTTPAdapter):
             if spec.args is not None:
                 body["args"] = list(spec.args)
         body["env"] = self._env(spec)
-        if self._opts.image_login:
+        if spec.registry_auth is not None:
+            body["image_login"] = self._image_login(spec, spec.registry_auth)
+        elif self._opts.image_login:
             body["image_login"] = self._opts.image_login
         return body, label
+
+    def _image_login(self, spec: InstanceSpec, auth: RegistryAuth) -> str:
+        """``-u <username> -p <password> <registry>``, or InvalidSpec when it cannot carry them."""
+        for what, value in (("username", auth.username), ("password", auth.password),
+                            ("registry", auth.registry)):
+            if not value:
+                raise refuse(self.name, "Vast.ai", spec, auth, f"has an empty {what}, which "
+                             "Vast.ai's image_login cannot carry")
+            if _UNSAFE_IN_STRING.search(value):
+                raise refuse(self.name, "Vast.ai", spec, auth, f"has a {what} holding "
+                             "whitespace, quotes or backslashes, which Vast.ai's image_login "
+                             "(docker login flags split on spaces) cannot carry")
+        return f"-u {auth.username} -p {auth.password} {auth.registry}"
 
     def _env(self, spec: InstanceSpec) -> str | dict[str, str]:
         for key in spec.env:
@@ -723,7 +755,7 @@ class VastAIProvider(HTTPAdapter):
             status_msg = item.get("status_msg")
             message = reason
             if isinstance(status_msg, str) and status_msg.strip():
-                detail = status_msg.strip()[:MAX_SERVER_MESSAGE]
+                detail = self._scrub(status_msg.strip())[:MAX_SERVER_MESSAGE]
                 message = f"{reason}: {detail}" if reason else detail
             ip = item.get("public_ipaddr")
             ip = ip.strip() if isinstance(ip, str) and ip.strip() else None
@@ -844,7 +876,7 @@ class VastAIProvider(HTTPAdapter):
         except ValueError:
             pass
         message = self._status_message(
-            what, status, label=code, detail=detail[:MAX_SERVER_MESSAGE]
+            what, status, label=self._scrub(code), detail=self._scrub(detail)[:MAX_SERVER_MESSAGE]
         )
         p = self.name
         lowered = f"{code} {detail}".lower()

@@ -565,6 +565,13 @@ class FakeVastAI:
             if denied is not None:
                 return denied
             body = await request.json()
+            login = body.get("image_login")
+            if login is not None and not _IMAGE_LOGIN.fullmatch(login):
+                # the documented form (docker login flags, split on spaces); never echo it
+                text = "createInstance: image_login is not '-u <user> -p <password> <registry>'"
+                self.violations.append(text)
+                return JSONResponse(status_code=VIOLATION_STATUS,
+                                    content=self.violation_body(text))
             offer = next((o for o in self.offers if o["id"] == offer_id), None)
             if offer is None or not offer.get("rentable", True):
                 return JSONResponse(status_code=404, content={
@@ -784,6 +791,10 @@ def _parse_env_string(env: str) -> Iterable[tuple[str, str]]:
         elif flag == "-p":
             pairs.append((f"-p {value}", "1"))
     return pairs
+
+
+#: ``image_login`` as Vast.ai documents it: ``"-u username -p password docker.io"``.
+_IMAGE_LOGIN = re.compile(r"-u \S+ -p \S+ \S+")
 
 
 def _default_error(status: int) -> str:

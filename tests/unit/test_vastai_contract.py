@@ -12,6 +12,7 @@ logs, capacity, and that the API key never leaks. Nothing sleeps: retries run wi
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -35,6 +36,7 @@ from providers.base import (
     PublishedPort,
     QuotaError,
     RateLimited,
+    RegistryAuth,
     TransientError,
     Unsupported,
 )
@@ -854,3 +856,101 @@ def test_bad_options_are_refused_naming_the_option(options: dict[str, Any], matc
     with pytest.raises(ValueError, match=match):
         VastAIProvider(name="vast", base_url=BASE_URL, owner=OWNER, api_key=API_KEY,
                        options=options)
+
+
+# -- private images: image_login --------------------------------------------------------------
+
+PASSWORD = "hunter2-Registry-Pa55"
+AUTH = RegistryAuth(registry="ghcr.io", username="acme-bot", password=PASSWORD, secret="regcred")
+
+
+def stock(fake: FakeVastAI) -> None:
+    for _ in range(3):
+        fake.add_offer(gpu_name="H100 SXM")
+    fake.add_offer(gpu_name="RTX 4090")
+
+
+async def test_a_pull_credential_becomes_the_rents_image_login(
+    fake: FakeVastAI, provider: VastAIProvider
+) -> None:
+    stock(fake)
+    await provider.create(spec(registry_auth=AUTH))
+    (body,) = rents(fake)
+    assert body["image_login"] == f"-u acme-bot -p {PASSWORD} ghcr.io"
+    hub = RegistryAuth(registry="docker.io", username="u", password="p-1")
+    await provider.create(spec("vk-gpu-burst-uid-2", image="acme/private:1", gpu_type="RTX4090",
+                               registry_auth=hub))
+    assert rents(fake)[1]["image_login"] == "-u u -p p-1 docker.io"
+    assert all("image_login" not in b for b in searches(fake))
+
+
+async def test_a_pod_credential_wins_over_the_image_login_option(
+    fake: FakeVastAI, make_provider: MakeProvider
+) -> None:
+    stock(fake)
+    provider = make_provider(options={"image_login": "-u node -p wide docker.io"})
+    await provider.create(spec("vk-gpu-burst-uid-1"))
+    await provider.create(spec("vk-gpu-burst-uid-2", gpu_type="RTX4090", registry_auth=AUTH))
+    first, second = rents(fake)
+    assert first["image_login"] == "-u node -p wide docker.io"
+    assert second["image_login"] == f"-u acme-bot -p {PASSWORD} ghcr.io"
+
+
+@pytest.mark.parametrize(("username", "password", "why"), [
+    ("acme-bot", "two words", "whitespace"),
+    ("acme-bot", 'quo"te', "quotes"),
+    ("acme bot", PASSWORD, "whitespace"),
+    ("acme-bot", "back\\slash", "backslashes"),
+    ("", PASSWORD, "empty username"),
+    ("acme-bot", "", "empty password"),
+])
+async def test_a_credential_image_login_cannot_carry_is_refused_before_any_call(
+    fake: FakeVastAI, provider: VastAIProvider, username: str, password: str, why: str
+) -> None:
+    auth = RegistryAuth(registry="ghcr.io", username=username, password=password,
+                        secret="regcred")
+    with pytest.raises(InvalidSpec, match="imagePullSecrets") as info:
+        await provider.create(spec(registry_auth=auth))
+    assert why in str(info.value) and "'regcred'" in str(info.value)
+    assert "ghcr.io" in str(info.value)
+    if password:
+        assert_never_shown(password, info.value)
+    assert fake.requests == []
+
+
+async def test_the_password_is_never_shown_in_errors_reprs_or_logs(
+    fake: FakeVastAI, provider: VastAIProvider, caplog: pytest.LogCaptureFixture
+) -> None:
+    stock(fake)
+    caplog.set_level(logging.DEBUG)
+    the_spec = spec(registry_auth=AUTH)
+    fake.fail("createInstance", 400, error="invalid_args",
+              msg=f"docker login -u acme-bot -p {PASSWORD} ghcr.io failed")
+    with pytest.raises(InvalidSpec) as rent_error:
+        await provider.create(the_spec)
+    assert "***" in str(rent_error.value)
+    inst = await provider.create(spec("vk-gpu-burst-uid-2", registry_auth=AUTH))
+    fake.set_status(int(inst.id), "exited",
+                    status_msg=f"pull failed: unauthorized for acme-bot:{PASSWORD}")
+    (listed,) = [i for i in await provider.list() if i.id == inst.id]
+    assert listed.message is not None and "***" in listed.message
+    assert_never_shown(PASSWORD, rent_error.value, the_spec, AUTH, provider, inst, listed,
+                       listed.message)
+    for record in caplog.records:
+        assert PASSWORD not in record.getMessage() and PASSWORD not in str(record.args)
+
+
+async def test_the_fake_flags_an_image_login_not_in_the_documented_form(
+    fake: FakeVastAI,
+) -> None:
+    stock(fake)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=fake.app),
+                                 base_url=BASE_URL) as client:
+        offer = fake.offers[0]["id"]
+        answer = await client.put(f"/api/v0/asks/{offer}",
+                                  headers={"Authorization": f"Bearer {API_KEY}"},
+                                  json={"image": "x", "image_login": "user:pass@ghcr.io"})
+    assert answer.status_code == VIOLATION_STATUS
+    assert fake.violations and "image_login" in fake.violations[0]
+    assert "user:pass" not in fake.violations[0]
+    fake.violations.clear()
