@@ -68,7 +68,9 @@ a decimal string, seconds may be written ``"30s"``, and an unknown key or a bad 
     Before creating a GPU group, ask ``sce-gpu-availability``; none free is a CapacityError
     (so placement can try elsewhere) instead of a group that waits for a node.
 ``registry_authentication`` (mapping, default none)
-    Passed as ``container.registry_authentication`` for private images. Secret.
+    Passed as ``container.registry_authentication`` for private images whose pod has no pull
+    credential of its own; any kind the spec lists (``basic``, ``docker_hub``, ``aws_ecr``,
+    ``gcp_gar``, ``gcp_gcr``). Secret.
 ``gpu_classes_ttl`` (float seconds, default 300)
     How long the GPU class list is cached.
 ``log_poll_interval`` (float seconds, default 2.0)
@@ -78,6 +80,18 @@ a decimal string, seconds may be written ``"30s"``, and an unknown key or a bad 
     Retries at the HTTP edge: timeouts, connection errors and 5xx are retried; a 429 after its
     ``Retry-After`` when at most ``retry_after_cap`` (Salad documents no ``Retry-After``; without
     one, backoff is exponential).
+
+Private images: a spec's ``registry_auth`` (the pod's ``imagePullSecrets``) becomes
+``container.registry_authentication: {basic: {username, password}}`` and wins over the option
+``registry_authentication``. Only ``basic`` is built from a pull Secret: a dockerconfigjson entry
+holds a username and a password, which is what ``basic`` takes, while Salad's cloud-specific kinds
+need what a pull Secret does not hold (``aws_ecr``: an access key pair, not ECR's 12-hour
+token; ``gcp_gar``/``gcp_gcr``: a service account key; ``docker_hub``: the same username and
+token as ``basic``). Those kinds are available through the option. The spec allows 1 to 10000
+characters without a line break in each field; a credential outside that is refused
+(InvalidSpec naming ``imagePullSecrets``) before any call. Salad keeps the credential with the
+container group, which ``delete`` removes, so there is nothing else to clean up. Every password
+sent is scrubbed from the messages Salad sends back.
 
 Not supported, and said so (InvalidSpec, before any HTTP call) rather than ignored: more than one
 GPU (one GPU per Salad node), ``args`` without ``command`` (Salad's ``command`` replaces the
@@ -120,8 +134,10 @@ from providers.base import (
     ProviderError,
     PublishedPort,
     QuotaError,
+    RegistryAuth,
 )
 from providers.http import MAX_SERVER_MESSAGE, HTTPAdapter, RetryPolicy
+from providers.registryauth import RegistrySecrets, refuse
 
 __all__ = ["META_ENV", "SaladProvider", "map_status", "salad_name"]
 
@@ -130,6 +146,8 @@ META_ENV = "VKPROVIDER_INSTANCE"
 _NAME = re.compile(r"^[a-z][a-z0-9-]{0,61}[a-z0-9]$")
 _COUNTRY = re.compile(r"^[a-z]{2}$")
 _ENV_MAX = 1000
+_REGISTRY_FIELD_MAX = 10000  # ContainerRegistryAuthenticationBasic: maxLength, pattern ^.*$
+_LINE_BREAK = re.compile("[\n\r\u2028\u2029]")
 _ARG_MAX = 1000
 _LOG_PAGE = 100
 _PRICE_ROOM = 16  # the price in VKPROVIDER_INSTANCE is filled in after the spec is checked
@@ -298,6 +316,11 @@ class SaladProvider(HTTPAdapter):
         self.runs_without_gpu = True  # a container group with no GPU class runs on CPU nodes
         self._groups_path = f"/organizations/{org}/projects/{project}/containers"
         self._classes: tuple[float, builtins.list[_GpuClass]] | None = None
+        self._registry_secrets = RegistrySecrets()
+
+    def _scrub(self, text: str) -> str:
+        """``text`` without the API key or any registry password this adapter has sent."""
+        return self._registry_secrets.scrub(super()._scrub(text))
 
     def __repr__(self) -> str:
         return (
@@ -312,6 +335,7 @@ class SaladProvider(HTTPAdapter):
         """Adopt the group named for ``spec.name``, or create (and start) it."""
         group_name = salad_name(spec.name)
         body = self._body(spec, group_name)  # InvalidSpec before any HTTP call
+        self._registry_secrets.remember(spec.registry_auth)
         found = await self._get_group(group_name)
         if found is not None:
             return await self._adopt(spec, found)
@@ -501,7 +525,9 @@ class SaladProvider(HTTPAdapter):
                     f"at most {_ARG_MAX} characters"
                 )
             container["command"] = command
-        if self._opts.registry_authentication:
+        if spec.registry_auth is not None:
+            container["registry_authentication"] = self._basic_auth(spec, spec.registry_auth)
+        elif self._opts.registry_authentication:
             container["registry_authentication"] = self._opts.registry_authentication
         body: dict[str, Any] = {
             "name": group_name,
@@ -521,6 +547,16 @@ class SaladProvider(HTTPAdapter):
                 "auth": self._opts.networking_auth,
             }
         return body
+
+    def _basic_auth(self, spec: InstanceSpec, auth: RegistryAuth) -> dict[str, Any]:
+        """``{basic: {username, password}}``, or InvalidSpec outside the spec's limits."""
+        for what, value in (("username", auth.username), ("password", auth.password)):
+            if not value or len(value) > _REGISTRY_FIELD_MAX or _LINE_BREAK.search(value):
+                raise refuse(self.name, "SaladCloud", spec, auth, f"has a {what} that is "
+                             f"empty, longer than {_REGISTRY_FIELD_MAX} characters or holds a "
+                             "line break, which SaladCloud's registry_authentication does not "
+                             "accept")
+        return {"basic": {"username": auth.username, "password": auth.password}}
 
     def _countries(self, spec: InstanceSpec) -> builtins.list[str]:
         region = (spec.region or "").strip()
@@ -737,7 +773,8 @@ class SaladProvider(HTTPAdapter):
         self, status: str, current: Mapping[str, Any], counts: Mapping[str, Any]
     ) -> str | None:
         description = current.get("description")
-        text = description.strip()[:MAX_SERVER_MESSAGE] if isinstance(description, str) else ""
+        text = (self._scrub(description.strip())[:MAX_SERVER_MESSAGE]
+                if isinstance(description, str) else "")
         if status == "stopped":
             text = "stopped outside vkprovider" + (f": {text}" if text else "")
         elif status in ("pending", "deploying", "running") and not text:
@@ -835,7 +872,8 @@ class SaladProvider(HTTPAdapter):
         except ValueError:
             pass
         message = self._status_message(
-            what, status, label=title[:MAX_SERVER_MESSAGE], detail=detail[:MAX_SERVER_MESSAGE]
+            what, status, label=self._scrub(title)[:MAX_SERVER_MESSAGE],
+            detail=self._scrub(detail)[:MAX_SERVER_MESSAGE],
         )
         p = self.name
         lowered = f"{title} {detail}".lower()

@@ -13,6 +13,7 @@ Nothing sleeps: retries run with zero backoff and the log poll interval is zero.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -37,6 +38,7 @@ from providers.base import (
     PublishedPort,
     QuotaError,
     RateLimited,
+    RegistryAuth,
     TransientError,
 )
 from providers.salad import META_ENV, SaladProvider, _published, map_status, salad_name
@@ -735,3 +737,75 @@ def test_bad_options_are_refused_naming_the_option(options: dict[str, Any], matc
 
 def test_the_fake_serves_under_the_spec_server_path() -> None:
     assert BASE_URL.endswith(BASE_PATH)
+
+
+# -- private images: container.registry_authentication ----------------------------------------
+
+PASSWORD = "hunter2-Registry-Pa55"
+AUTH = RegistryAuth(registry="ghcr.io", username="acme-bot", password=PASSWORD, secret="regcred")
+
+
+async def test_a_pull_credential_becomes_basic_registry_authentication(
+    fake: FakeSalad, provider: SaladProvider
+) -> None:
+    await provider.create(spec(registry_auth=AUTH))
+    (body,) = created(fake)
+    assert body["container"]["registry_authentication"] == {
+        "basic": {"username": "acme-bot", "password": PASSWORD}}
+    group = await provider.list()
+    assert PASSWORD not in json.dumps([r.body for r in fake.requests
+                                       if r.method != "POST" or not r.path.endswith("/containers")])
+    assert group
+
+
+async def test_a_pod_credential_wins_over_the_registry_authentication_option(
+    fake: FakeSalad, make_provider: MakeProvider
+) -> None:
+    static = {"gcp_gcr": {"service_key": '{"type": "service_account"}'}}
+    provider = make_provider(options={"registry_authentication": static})
+    await provider.create(spec("vk-gpu-burst-uid-1"))
+    await provider.create(spec("vk-gpu-burst-uid-2", registry_auth=AUTH))
+    first, second = created(fake)
+    assert first["container"]["registry_authentication"] == static
+    assert second["container"]["registry_authentication"] == {
+        "basic": {"username": "acme-bot", "password": PASSWORD}}
+
+
+@pytest.mark.parametrize(("username", "password"), [
+    ("acme-bot", '{\n  "type": "service_account"\n}'),
+    ("acme-bot", "line\rbreak"),
+    ("", PASSWORD),
+    ("acme-bot", ""),
+    ("acme-bot", "x" * 10001),
+])
+async def test_a_credential_outside_the_specs_limits_is_refused_before_any_call(
+    fake: FakeSalad, provider: SaladProvider, username: str, password: str
+) -> None:
+    auth = RegistryAuth(registry="gcr.io", username=username, password=password,
+                        secret="regcred")
+    with pytest.raises(InvalidSpec, match="imagePullSecrets") as info:
+        await provider.create(spec(registry_auth=auth))
+    assert "'regcred'" in str(info.value) and "gcr.io" in str(info.value)
+    if password:
+        assert_never_shown(password, info.value)
+    assert fake.requests == []
+
+
+async def test_the_password_is_never_shown_in_errors_reprs_or_logs(
+    fake: FakeSalad, provider: SaladProvider, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    the_spec = spec(registry_auth=AUTH)
+    fake.fail("create_container_group", 400, title=f"Bad {PASSWORD}",
+              detail=f"registry rejected acme-bot/{PASSWORD}")
+    with pytest.raises(InvalidSpec) as create_error:
+        await provider.create(the_spec)
+    assert "***" in str(create_error.value)
+    inst = await provider.create(the_spec)
+    fake.set_state(salad_name(NAME), "failed", description=f"pull failed with {PASSWORD}")
+    (listed,) = await provider.list()
+    assert listed.message is not None and "***" in listed.message
+    assert_never_shown(PASSWORD, create_error.value, the_spec, AUTH, provider, inst, listed,
+                       listed.message)
+    for record in caplog.records:
+        assert PASSWORD not in record.getMessage() and PASSWORD not in str(record.args)
