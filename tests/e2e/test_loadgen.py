@@ -87,11 +87,11 @@ async def test_loadgen_follows_slices_ready_and_reports_no_endpoint_window(
         lg.mark("b-unready")
         await asyncio.sleep(1.5)
 
+        lg.mark("none")  # before the deletions: every no-endpoint failure falls in this chapter
         for name in ("web-vkp", "web-other"):
             await kube.delete(f"{slices}/{name}")
         await eventually(lambda: _now(lg.endpoints), until=lambda e: e == (),
                          timeout=10, interval=0.05, what="no endpoints seen")
-        lg.mark("none")
         await asyncio.sleep(1.0)
 
         await kube.create(slices, endpoint_slice("web-back", service="web",
@@ -113,7 +113,8 @@ async def test_loadgen_follows_slices_ready_and_reports_no_endpoint_window(
     assert unready.failed == 0 and unready.sent >= 40
     assert unready.by_endpoint == {f"{A}:8080": unready.sent}
     # no endpoint: every due request fails as such, the window is measured, nothing crashed
-    assert none.failures_by_kind.keys() == {"no_endpoint"} and none.failed == none.sent >= 20
+    assert none.failures_by_kind.keys() == {"no_endpoint"} and none.failed >= 30
+    assert none.longest_no_endpoint == pytest.approx(report.longest_no_endpoint)
     assert 0.9 <= report.longest_no_endpoint < 5
     assert report.total_no_endpoint == pytest.approx(report.longest_no_endpoint)
     assert back.failed == 0 and back.by_replica.keys() == {"inst-b"}
