@@ -290,7 +290,8 @@ class ListenerSet:
         self.address_map_dir = address_map_dir
         self.owner = owner
         self._open: dict[tuple[str, int], Listener] = {}  # (instance id, container port)
-        self._by_record: dict[str, list[Listener]] = {}
+        # instance id -> (the run they serve, its listeners; empty when none could open)
+        self._by_record: dict[str, tuple[int, list[Listener]]] = {}
         self._opening: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ticker: asyncio.Task[None] | None = None
@@ -360,9 +361,9 @@ class ListenerSet:
             return
         self._sync_pending = False
         serving: dict[str, Record] = {r.id: r for r in records if r.serving}
-        for instance_id, listeners in list(self._by_record.items()):
+        for instance_id, (run, _) in list(self._by_record.items()):
             record = serving.get(instance_id)
-            if record is None or record.restart_count != listeners[0].run:
+            if record is None or record.restart_count != run:
                 self._close_record(instance_id)
         for instance_id, record in serving.items():
             if instance_id not in self._by_record:
@@ -373,9 +374,8 @@ class ListenerSet:
         """:meth:`sync` for one record (after the state changed it)."""
         if self._loop is None:
             return
-        listeners = self._by_record.get(record.id)
-        if listeners is not None and (not record.serving
-                                      or record.restart_count != listeners[0].run):
+        entry = self._by_record.get(record.id)
+        if entry is not None and (not record.serving or record.restart_count != entry[0]):
             self._close_record(record.id)
         if record.serving and record.id not in self._by_record:
             self._open_record(record)
@@ -418,12 +418,13 @@ class ListenerSet:
             task = self._loop.create_task(self._serve(listener))
             self._opening.add(task)
             task.add_done_callback(self._opening.discard)
+        self._by_record[record.id] = (record.restart_count, opened)  # not retried every tick
         if opened:
-            self._by_record[record.id] = opened
             self._routes_dirty = True
 
     def _close_record(self, instance_id: str) -> None:
-        for listener in self._by_record.pop(instance_id, ()):
+        _, listeners = self._by_record.pop(instance_id, (0, []))
+        for listener in listeners:
             self._open.pop((instance_id, listener.container_port), None)
             listener.close()
             self._routes_dirty = True

@@ -164,6 +164,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -244,7 +245,7 @@ async def serve(
         access_log=False,
         lifespan="off",
     )
-    server = uvicorn.Server(config)
+    server = _Server(config, state=state)
     watcher = (
         asyncio.ensure_future(_announce_once_listening(server, state=state, announce=announce))
         if announce is not None
@@ -259,6 +260,19 @@ async def serve(
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+
+
+class _Server(uvicorn.Server):
+    """Closes the containers' listeners (and drops their routes) as it shuts down: after a
+    SIGTERM uvicorn re-raises the signal once it has stopped, so nothing after it would run."""
+
+    def __init__(self, config: uvicorn.Config, *, state: MockCloudState) -> None:
+        super().__init__(config)
+        self._state = state
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await self._state.aclose_listeners()
+        await super().shutdown(sockets=sockets)
 
 
 async def _announce_once_listening(

@@ -34,7 +34,9 @@ from providers.mock import InventoryOffer, ManualClock, MockCloudState, create_a
 from providers.mock.bodies import CreateBody
 from providers.mock.listeners import PROBE_PATHS, ListenerSet, write_routes
 from providers.mock.server import PUBLIC_PORT_BASE, TAG_RUN_SECONDS
+from vkprovider.cli import build_parser
 from vkprovider.probing.dialing import AddressMap, NoRoute
+from vkprovider.testing.harness import MockCloudProcess
 from vkprovider.testing.mockcloud import MockCloud, start_mock_cloud
 
 POLL = 0.02
@@ -430,3 +432,32 @@ async def test_hundreds_of_instances_open_and_close_without_leaking(tmp_path: Pa
     assert len(asyncio.all_tasks()) == before_tasks
     assert _open_fds() <= before_fds
     assert os.listdir(tmp_path) == []
+
+
+# -- the command -----------------------------------------------------------------------------------
+
+
+def test_the_command_takes_an_address_map_dir_and_a_name() -> None:
+    args = build_parser().parse_args(["mock-cloud", "--address-map-dir", "/tmp/m", "--name", "c"])
+    assert (args.address_map_dir, args.name) == ("/tmp/m", "c")
+    assert build_parser().parse_args(["mock-cloud"]).address_map_dir is None
+
+
+async def test_the_mock_cloud_process_publishes_routes_and_removes_them_when_stopped(
+        tmp_path: Path) -> None:
+    map_dir = tmp_path / "map"
+    cloud = MockCloudProcess(work_dir=tmp_path, name="c9", boot_delay=0.0,
+                             address_map_dir=map_dir)
+    try:
+        await cloud.start()
+        inst = await cloud.admin("POST", "/instances", json={
+            "name": "vk-p", "image": "i", "gpu_count": 1, "ports": [{"container_port": 8000}]})
+        key = (inst["public_ip"], inst["ports"][0]["public_port"])
+        amap = AddressMap(map_dir, recheck_seconds=0)
+        await eventually(lambda: key in amap.routes(), "the route is published")
+        _, port = amap.resolve(*key)
+        assert (await get(port, "/v1/models")).json()["instance"] == inst["id"]
+        assert (await cloud.admin("GET", "/admin/traffic"))[inst["id"]]["traffic"] == 1
+    finally:
+        cloud.stop()
+    assert not (map_dir / "mock-c9.json").exists(), cloud.log_text()
