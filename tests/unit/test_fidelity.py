@@ -278,6 +278,7 @@ def warned_pod() -> dict[str, Any]:
         imagePullPolicy="Never", lifecycle={"preStop": {"sleep": {"seconds": 5}}},
         ports=[{"name": "http", "containerPort": 8000, "hostPort": 80}],
         readinessProbe={"httpGet": {"path": "/health", "port": "http"}},
+        livenessProbe={"grpc": {"port": 8000}},
         resizePolicy=[{"resourceName": "cpu", "restartPolicy": "RestartContainer"}],
         restartPolicy="Always", restartPolicyRules=[
             {"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}],
@@ -301,7 +302,7 @@ def warned_pod() -> dict[str, Any]:
 WARNED_ON_MOCK = {
     "spec.activeDeadlineSeconds", "spec.automountServiceAccountToken", "spec.dnsConfig",
     "spec.dnsPolicy", "spec.hostAliases", "spec.hostUsers", "spec.hostname",
-    "spec.hostnameOverride", "spec.imagePullSecrets", "spec.os.name", "spec.resourceClaims",
+    "spec.hostnameOverride", "spec.os.name", "spec.resourceClaims",
     "spec.resources", "spec.restartPolicy", "spec.runtimeClassName", "spec.setHostnameAsFQDN",
     "spec.shareProcessNamespace", "spec.subdomain", "spec.terminationGracePeriodSeconds",
     *(f"spec.securityContext.{k}" for k in (
@@ -309,7 +310,7 @@ WARNED_ON_MOCK = {
         "runAsUser", "seLinuxChangePolicy", "seLinuxOptions", "seccompProfile",
         "supplementalGroups", "supplementalGroupsPolicy", "sysctls", "windowsOptions")),
     *(f"spec.containers[0].{k}" for k in (
-        "imagePullPolicy", "lifecycle", "readinessProbe", "ports[0].hostPort",
+        "imagePullPolicy", "lifecycle", "livenessProbe", "ports[0].hostPort",
         "resizePolicy[0].restartPolicy", "restartPolicy", "restartPolicyRules", "stdin",
         "stdinOnce", "tty", "terminationMessagePath", "terminationMessagePolicy",
         "volumeMounts[1]", "workingDir", "resources.limits[ephemeral-storage]",
@@ -330,7 +331,8 @@ def test_a_pod_that_sets_warned_fields_gets_a_warning_for_each() -> None:
     by_field = {d.field: d.message for d in dropped}
     assert by_field["spec.containers[0].workingDir"] == (
         "not passed to the cloud: the image's WORKDIR applies")
-    assert "yet" in by_field["spec.imagePullSecrets"]
+    assert "spec.imagePullSecrets" not in by_field, "sent to every cloud now"
+    assert "TCP connect" in by_field["spec.containers[0].livenessProbe"]
 
 
 def test_every_warned_entry_warns_for_some_value() -> None:

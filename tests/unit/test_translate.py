@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import copy
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -935,3 +937,39 @@ async def test_an_exec_probe_is_ignored_when_the_policy_says_so() -> None:
     c0(pod)["livenessProbe"] = {"exec": {"command": ["true"]}}
     spec = await translate(pod=pod, node_name=NODE, refs=FakeRefs(), ignore_exec_probes=True)
     assert spec.image == c0(pod)["image"]
+
+
+def _dockerconfig(registry: str, user: str, password: str) -> dict[str, str]:
+    auth = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return {".dockerconfigjson": json.dumps({"auths": {registry: {"auth": auth}}})}
+
+
+async def test_image_pull_secrets_become_the_instance_registry_auth() -> None:
+    pod = make_pod()
+    pod["spec"]["containers"][0]["image"] = "registry.example.com/team/llm:1"
+    pod["spec"]["imagePullSecrets"] = [{"name": "missing"}, {"name": "other"},
+                                       {"name": "regcred"}]
+    refs = FakeRefs(secrets={
+        ("infer", "other"): _dockerconfig("ghcr.io", "gh", "gh-pass"),
+        ("infer", "regcred"): _dockerconfig("registry.example.com", "bot", "s3cret-pw"),
+    })
+    spec = await translate(pod=pod, node_name=NODE, refs=refs)
+    assert spec.registry_auth is not None
+    assert (spec.registry_auth.username, spec.registry_auth.password) == ("bot", "s3cret-pw")
+    assert "s3cret-pw" not in repr(spec)
+    assert ("secret", "infer", "missing") in refs.reads, "a missing Secret is skipped"
+
+
+async def test_no_pull_secret_no_registry_auth() -> None:
+    spec = await translate(pod=make_pod(), node_name=NODE, refs=FakeRefs())
+    assert spec.registry_auth is None
+
+
+async def test_a_malformed_pull_secret_keeps_the_pod_waiting_with_the_field_named() -> None:
+    pod = make_pod()
+    pod["spec"]["imagePullSecrets"] = [{"name": "broken"}]
+    refs = FakeRefs(secrets={("infer", "broken"): {".dockerconfigjson": "{not json hunter2"}})
+    with pytest.raises(PodConfigPending) as err:
+        await translate(pod=pod, node_name=NODE, refs=refs)
+    assert err.value.field == "spec.imagePullSecrets"
+    assert "broken" in err.value.message and "hunter2" not in err.value.message

@@ -222,6 +222,10 @@ def _not_the_admission_token(concrete: str, value: Any) -> bool:
     return not (isinstance(name, str) and name.startswith(_TOKEN_VOLUME_PREFIX))
 
 
+def _not_run_as_written(concrete: str, value: Any) -> bool:
+    return isinstance(value, Mapping) and ("exec" in value or "grpc" in value)
+
+
 def _longer_than_default_grace(concrete: str, value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 30
 
@@ -238,7 +242,6 @@ _ENV = "resolved here (Secret and ConfigMap refs, downward API, $(VAR) expansion
 _ENV_FROM = "merged into the environment, then sent as "
 _RESTART = ("not passed to the cloud: a container that fails ends the pod, it is not restarted "
             "in place")
-_PULL = "not passed to the cloud yet: a private image needs the provider option "
 
 
 ENTRIES: tuple[Entry, ...] = (
@@ -271,11 +274,14 @@ ENTRIES: tuple[Entry, ...] = (
     _w("spec.hostUsers", "not applied: the cloud decides the user namespace", quiet=(True,)),
     _w("spec.hostname", "not applied: the cloud names the instance's host"),
     _w("spec.hostnameOverride", "not applied: the cloud names the instance's host"),
-    _w("spec.imagePullSecrets", _each(
-        mock=_warned("not passed to the cloud yet (the mock cloud pulls no image)"),
-        runpod=_warned(_PULL + "registry_id"),
-        vastai=_warned(_PULL + "image_login"),
-        salad=_warned(_PULL + "registry_authentication"))),
+    _hh("spec.imagePullSecrets",
+        mock="the image's credential (dockerconfigjson, kubelet matching) is sent with the "
+             "create; the mock checks it for its private registries",
+        runpod="the image's credential becomes a RunPod registry credential (/v2/registries, "
+               "reused by content, deleted when unused), named on the pod create",
+        vastai="the image's credential is sent as the instance's image_login",
+        salad="the image's credential is sent as the container's registry_authentication "
+              "(basic)"),
     _r("spec.initContainers", "init containers are not supported",
        when="not empty", refuse_if="non-empty"),
     _h("spec.nodeName",
@@ -392,7 +398,12 @@ ENTRIES: tuple[Entry, ...] = (
     _w(f"{_C0}.lifecycle", "hooks are not run and stopSignal is not sent: the cloud stops "
                            "the instance its own way"),
     _w(f"{_C0}.{_PROBES}",
-       "not run yet: the pod is Ready as soon as its instance runs",
+       "run by the provider against the address the cloud publishes for the probed port, "
+       "with the kubelet's rules (Ready and the EndpointSlices follow readiness; a liveness "
+       "failure restarts the instance). Warned only where not run as written: an exec probe "
+       "is dropped (OverflowPolicy execProbes: Ignore), a grpc probe runs as a TCP connect to "
+       "its port (no gRPC health client yet)",
+       when="exec (ignored by the policy) or grpc", warns_if=_not_run_as_written,
        also=("initialDelaySeconds", "periodSeconds", "timeoutSeconds", "successThreshold",
              "failureThreshold", "terminationGracePeriodSeconds")),
     _r(f"{_C0}.{_PROBES}.exec",

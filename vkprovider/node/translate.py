@@ -44,7 +44,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any, Protocol
 
-from providers.base import TAG_NAMESPACE, TAG_NODE, TAG_POD, TAG_UID, InstanceSpec, Port
+from providers.base import (
+    TAG_NAMESPACE,
+    TAG_NODE,
+    TAG_POD,
+    TAG_UID,
+    InstanceSpec,
+    Port,
+    RegistryAuth,
+)
 from vkprovider.errors import PodConfigPending, PodRejected
 from vkprovider.logs import kv
 from vkprovider.node import fidelity
@@ -53,6 +61,12 @@ from vkprovider.node.fidelity import (
     REASON_INVALID_RESOURCES,
     REASON_UNSUPPORTED,
     FieldsDropped,
+)
+from vkprovider.node.pullsecrets import (
+    PullSecret,
+    PullSecretError,
+    pull_secret_names,
+    registry_auth_for_image,
 )
 from vkprovider.semantics.gpus import GPU_RESOURCE, container_gpus
 from vkprovider.semantics.quantity import (
@@ -612,9 +626,8 @@ async def translate(*, pod: Mapping[str, Any], node_name: str, refs: RefSource,
     uid = _str(meta, "uid")
     container = _map(pod, "spec")["containers"][0]
 
-    env = await _build_env(
-        pod=pod, container=container, refs=_Refs(refs, namespace), namespace=namespace
-    )
+    cached = _Refs(refs, namespace)
+    env = await _build_env(pod=pod, container=container, refs=cached, namespace=namespace)
     command = _strings(container, "command", env)
     args = _strings(container, "args", env)
     ports = tuple(
@@ -628,6 +641,7 @@ async def translate(*, pod: Mapping[str, Any], node_name: str, refs: RefSource,
     resources = _map(container, "resources")
     cpu = _quantity(resources, "cpu")
     memory = _quantity(resources, "memory")
+    registry_auth = await _registry_auth(pod=pod, image=str(container["image"]), refs=cached)
 
     if on_dropped is not None:
         dropped = fields_dropped(pod, adapters=adapters)
@@ -647,4 +661,24 @@ async def translate(*, pod: Mapping[str, Any], node_name: str, refs: RefSource,
         cpu_millis=cpu_millis(cpu) if cpu is not None else 0,
         memory_bytes=memory_bytes(memory) if memory is not None else 0,
         tags={TAG_NODE: node_name, TAG_NAMESPACE: namespace, TAG_POD: pod_name, TAG_UID: uid},
+        registry_auth=registry_auth,
     )
+
+
+async def _registry_auth(*, pod: Mapping[str, Any], image: str, refs: _Refs
+                         ) -> RegistryAuth | None:
+    """The credential the cloud pulls ``image`` with, from the pod's ``imagePullSecrets``.
+
+    As the kubelet does: only the pod's list is read (the ServiceAccount admission plugin has
+    already copied the ServiceAccount's into a pod that had none); a Secret that does not exist
+    is skipped (the pull may still work anonymously, or the cloud refuses it by name); one that
+    cannot be parsed keeps the pod waiting, as a failing pull does, with the Secret named."""
+    secrets: list[PullSecret] = []
+    for name in pull_secret_names(pod):
+        data = await refs.get("secret", name)
+        if data is not None:
+            secrets.append(PullSecret(name=name, data=data))
+    try:
+        return registry_auth_for_image(image, secrets)
+    except PullSecretError as e:
+        raise PodConfigPending(field="spec.imagePullSecrets", message=str(e)) from e
