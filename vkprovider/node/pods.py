@@ -61,6 +61,7 @@ from providers.base import (
     QuotaError,
     RateLimited,
     runs_without_gpu,
+    sweep_registry_auth,
 )
 from vkprovider.config import Settings
 from vkprovider.errors import PodConfigPending, PodRejected
@@ -511,6 +512,7 @@ class PodController:
             if uid in seen or (self.listed.get(where) and self.last_list[where] > since):
                 del self.unsure[uid]  # the list has spoken: it exists, or it never happened
         await self._collect_orphans(now)
+        await self._sweep_registry_auth()
         await self.spend.maybe_record()
         full = now - self.last_resync >= self.settings.pods.resync_seconds
         if full:
@@ -524,6 +526,21 @@ class PodController:
             elif full or self.changed_in_sweep(uid, before.get(uid)):
                 self.queue.add(uid)
         self.metrics.queue_depth.set(len(self.queue))
+
+    async def _sweep_registry_auth(self) -> None:
+        """Cloud-side pull credentials no instance uses any more are deleted (RunPod); cheap
+        when nothing was deleted since the last sweep (the adapter keeps track)."""
+        for name, provider in list(self.providers.items()):
+            if not self.listed.get(name):
+                continue
+            try:
+                removed = await sweep_registry_auth(provider)
+            except ProviderError as exc:
+                log.warning("registry credential cleanup failed",
+                            extra=kv(provider=name, error=str(exc)))
+                continue
+            if removed:
+                log.info("registry credentials deleted", extra=kv(provider=name, count=removed))
 
     def changed_in_sweep(self, uid: str, before: Placed | None) -> bool:
         """Whether a sweep must reconcile this pod: its instance changed, or it is in motion.
