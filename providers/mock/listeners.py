@@ -56,6 +56,8 @@ PROBE_PATHS = frozenset({"/live", "/ready", "/healthz", "/startup"})
 _PROBE_AGENT = b"kube-probe/"
 #: Route files are rewritten at most this often; a burst of changes is written once.
 _ROUTES_MIN_INTERVAL = 0.05
+#: The ticker checks every listener (not only changed records) once in this many ticks.
+_FULL_SYNC_EVERY = 10
 _MAX_BODY = 1 << 20
 _REASONS = {200: b"OK", 400: b"Bad Request", 500: b"Internal Server Error",
             503: b"Service Unavailable"}
@@ -226,7 +228,7 @@ class _Connection(asyncio.Protocol):
         record.advance(now=now)
         if listener.closed or not record.serving or record.restart_count != listener.run:
             self.abort()  # the container is gone: no answer, as from a dead process
-            self._owner.request_sync()
+            self._owner.sync_one(record)
             return
         self._requests += 1
         path = request.target.split(b"?", 1)[0].decode("ascii", "replace")
@@ -258,6 +260,7 @@ class _Connection(asyncio.Protocol):
     def _bad_request(self) -> None:
         transport = self._transport
         assert transport is not None
+        self._requests += 1  # it spoke (badly): not a TCP probe, not served either
         if self._h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
             with contextlib.suppress(h11.LocalProtocolError):
                 body = b'{"error": "bad request"}'
@@ -277,9 +280,10 @@ class ListenerSet:
 
     Inactive until :meth:`start` (inside a running event loop): a state driven only through
     ``httpx.ASGITransport`` and a manual clock never opens a socket. Once started, a ticker
-    calls ``tick`` every ``interval`` seconds (the state advances its records and calls
-    :meth:`sync`), so boots, crashes and timed exits open and close listeners without anyone
-    asking. With ``address_map_dir`` the routes are written to ``<owner>.json`` there.
+    calls ``tick(full=...)`` every ``interval`` seconds (the state advances its records and
+    calls :meth:`sync_changed` for those that changed, and :meth:`sync` for all when ``full``),
+    so boots, crashes and timed exits open and close listeners without anyone asking. With
+    ``address_map_dir`` the routes are written to ``<owner>.json`` there.
     """
 
     def __init__(self, *, clock: Callable[[], float], address_map_dir: Path | None = None,
@@ -295,11 +299,10 @@ class ListenerSet:
         self._opening: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ticker: asyncio.Task[None] | None = None
-        self._tick: Callable[[], object] | None = None
+        self._tick: Callable[..., object] | None = None
         self._routes_dirty = False
         self._routes_written = -1e18
         self._routes_timer: asyncio.TimerHandle | None = None
-        self._sync_pending = False
 
     def __repr__(self) -> str:
         return f"ListenerSet(open={len(self._open)}, active={self.active})"
@@ -310,7 +313,7 @@ class ListenerSet:
 
     # -- life -------------------------------------------------------------------------------
 
-    def start(self, *, tick: Callable[[], object], interval: float = 0.1) -> None:
+    def start(self, *, tick: Callable[..., object], interval: float = 0.1) -> None:
         """Open listeners from now on (in the running loop) and tick every ``interval``."""
         if self._loop is not None:
             return
@@ -345,11 +348,14 @@ class ListenerSet:
             (self.address_map_dir / f"{self.owner}.json").unlink(missing_ok=True)
 
     async def _tick_forever(self, interval: float) -> None:
+        ticks = 0
         while True:
             await asyncio.sleep(interval)
+            ticks += 1
             try:
                 assert self._tick is not None
-                self._tick()
+                # changed records each tick; every listener against its record now and then
+                self._tick(full=ticks % _FULL_SYNC_EVERY == 0)
             except Exception:  # one bad tick (a full disk) must not stop the next ones
                 log.exception("mock cloud: listener tick failed")
 
@@ -359,7 +365,6 @@ class ListenerSet:
         """Listeners for exactly the serving records (their current run), no others."""
         if self._loop is None:
             return
-        self._sync_pending = False
         serving: dict[str, Record] = {r.id: r for r in records if r.serving}
         for instance_id, (run, _) in list(self._by_record.items()):
             record = serving.get(instance_id)
@@ -374,24 +379,28 @@ class ListenerSet:
         """:meth:`sync` for one record (after the state changed it)."""
         if self._loop is None:
             return
+        self._sync_record(record)
+        self._flush_routes()
+
+    def sync_changed(self, records: Iterable[Record]) -> None:
+        """:meth:`sync` for the records whose state changed (cheaper than all of them)."""
+        if self._loop is None:
+            return
+        for record in records:
+            self._sync_record(record)
+        self._flush_routes()
+
+    def _sync_record(self, record: Record) -> None:
         entry = self._by_record.get(record.id)
         if entry is not None and (not record.serving or record.restart_count != entry[0]):
             self._close_record(record.id)
         if record.serving and record.id not in self._by_record:
             self._open_record(record)
-        self._flush_routes()
 
     def close_all(self) -> None:
         for instance_id in list(self._by_record):
             self._close_record(instance_id)
         self._flush_routes()
-
-    def request_sync(self) -> None:
-        """A listener found its container gone: tick soon (once, however many ask)."""
-        if self._loop is None or self._sync_pending or self._tick is None:
-            return
-        self._sync_pending = True
-        self._loop.call_soon(self._tick)
 
     def _open_record(self, record: Record) -> None:
         assert self._loop is not None

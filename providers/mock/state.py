@@ -233,16 +233,30 @@ class MockCloudState:
 
     def _tick(self) -> float:
         now = self.clock()
+        if not self.listeners.active:
+            for record in list(self._live.values()):
+                record.advance(now=now)
+                if record.released is not None:
+                    del self._live[record.id]
+            return now
+        changed = []  # whose listeners may have to open or close
         for record in list(self._live.values()):
+            phase, deleting = record.phase, record.deleting
             record.advance(now=now)
             if record.released is not None:
                 del self._live[record.id]
-        self.listeners.sync(self._live.values())
+                changed.append(record)
+            elif record.phase is not phase or record.deleting is not deleting:
+                changed.append(record)
+        self.listeners.sync_changed(changed)
         return now
 
-    def tick(self) -> None:
-        """Apply every transition due by now (what the listeners' ticker calls)."""
+    def tick(self, *, full: bool = True) -> None:
+        """Apply every transition due by now (what the listeners' ticker calls); ``full`` also
+        checks every listener against its container, not only those of changed records."""
         self._tick()
+        if full:
+            self.listeners.sync(self._live.values())
 
     # -- listeners --------------------------------------------------------------------------
 
@@ -250,7 +264,7 @@ class MockCloudState:
         """Serve the running containers' ports for real from now on (needs a running loop),
         ticking every ``interval`` seconds so boots and crashes open and close them."""
         self.listeners.start(tick=self.tick, interval=interval)
-        self._tick()
+        self.tick()
 
     async def aclose_listeners(self) -> None:
         """Close every listener and connection and remove this cloud's routes."""
