@@ -347,7 +347,8 @@ def _mock_cloud(args: argparse.Namespace) -> int:
         api_key=api_key, inventory=inventory, scenario=scenario,
         boot_delay=1.0 if args.boot_delay is None else args.boot_delay,
         delete_delay=0.0 if args.delete_delay is None else args.delete_delay,
-        seed=0 if args.seed is None else args.seed, name=args.name)
+        seed=0 if args.seed is None else args.seed, name=args.name,
+        public_block=args.public_block)
     asyncio.run(serve(host=args.host, port=args.port, state=state, log_level="warning",
                       announce=_announce, address_map_dir=args.address_map_dir))
     return 0
@@ -461,6 +462,10 @@ def build_parser() -> argparse.ArgumentParser:
     mock.add_argument("--address-map-dir", metavar="DIR",
                       help="publish the routes to the instances' real listeners in this "
                            "address map directory (as mock-NAME.json), for a lab network")
+    mock.add_argument("--public-block", type=int, default=0, choices=range(16),
+                      metavar="0-15", help="which of 16 public address blocks (in "
+                      "198.18.0.0/15) this cloud's instances get; give each cloud on one lab "
+                      "network its own (default: 0)")
     mock.add_argument("--name", default="mock",
                       help="this cloud's name in the address map (default: mock)")
     mock.set_defaults(func=_mock_cloud)

@@ -38,6 +38,11 @@ class Phase(enum.StrEnum):
     FAILED = "failed"
 
 
+#: /24 networks per public address block; 16 blocks fill 198.18.0.0/15.
+PUBLIC_BLOCK_NETS = 32
+PUBLIC_BLOCKS = 16
+
+
 @dataclass(kw_only=True, eq=False)
 class Record:
     """One instance, live or gone. Times are on the state's monotonic clock."""
@@ -72,6 +77,7 @@ class Record:
     crash_exit_code: int | None = None
     crashed: bool = False
     delete_fails: bool = False  # scenario fault: the pending delete comes to nothing
+    public_block: int = 0  # which of the 16 public address blocks (see public_ip)
     # The container's current run (it restarts: POST /instances/{id}/restart); ``started`` is
     # the first start (billing, logs), ``run_started`` this run's (exit, load time).
     run_started: float | None = None
@@ -93,8 +99,10 @@ class Record:
     @property
     def public_ip(self) -> str:
         """The address the instance is reached at from outside: in 198.18.0.0/15 (RFC 2544's
-        benchmarking range), apart from the pods' 100.64.x.y, one per instance."""
-        block = (self.seq // 254) % 512
+        benchmarking range), apart from the pods' 100.64.x.y, one per instance. The range is
+        cut in 16 blocks of 32 /24s; a cloud hands out addresses from its ``public_block`` only,
+        so several mock clouds on one lab network (one address map) never share an address."""
+        block = self.public_block * PUBLIC_BLOCK_NETS + (self.seq // 254) % PUBLIC_BLOCK_NETS
         return f"198.{18 + block // 256}.{block % 256}.{self.seq % 254 + 1}"
 
     def advance(self, *, now: float) -> None:

@@ -40,6 +40,7 @@ from providers.mock.gpumetrics import metrics_json
 from providers.mock.listeners import ListenerSet
 from providers.mock.logs import LogLine, LogView, format_line
 from providers.mock.records import (
+    PUBLIC_BLOCKS,
     TAG_EXIT_CODE,
     TAG_GPU_UTILIZATION,
     TAG_RUN_SECONDS,
@@ -170,7 +171,11 @@ class MockCloudState:
         load_seconds: float = 0.0,
         name: str = "mock",
         address_map_dir: Path | str | None = None,
+        public_block: int = 0,
     ) -> None:
+        if not 0 <= public_block < PUBLIC_BLOCKS:
+            raise ValueError(f"public_block must be in 0..{PUBLIC_BLOCKS - 1}, got {public_block}")
+        self.public_block = public_block
         self._api_key = api_key
         # Real clouds' ids are unique to that cloud only; two mock clouds seeded alike must
         # still hand out different ids, or a test cannot tell a provider that keys instances by
@@ -496,6 +501,7 @@ class MockCloudState:
             env_count=len(body.env),
             ports=tuple(p.container_port for p in body.ports),
             published=publish_ports(body.ports),
+            public_block=self.public_block,
             tags=dict(body.tags),
             created=now,
             boot_at=now + max(0.0, self.boot_delay),
