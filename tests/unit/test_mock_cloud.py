@@ -214,12 +214,16 @@ async def test_an_instance_without_ports_publishes_nothing(cloud: Cloud) -> None
 
 
 def test_public_ips_stay_in_the_benchmarking_range_and_differ_for_a_long_while() -> None:
-    def public_ip(seq: int) -> str:
-        record = types.SimpleNamespace(seq=seq)
+    """Each of the 16 blocks (one per cloud on a lab network) gives 32 x 254 addresses, and no
+    two blocks share one."""
+    def public_ip(seq: int, block: int) -> str:
+        record = types.SimpleNamespace(seq=seq, public_block=block)
         return str(_Record.public_ip.fget(record))  # type: ignore[attr-defined]
 
-    seen = {public_ip(seq) for seq in range(1, 254 * 512 + 1)}
-    assert len(seen) == 254 * 512
+    seen = {public_ip(seq, block) for block in range(16) for seq in range(1, 254 * 32 + 1)}
+    assert len(seen) == 254 * 32 * 16
+    with pytest.raises(ValueError):
+        MockCloudState(public_block=16)
     assert all(ipaddress.ip_address(ip) in BENCHMARKING for ip in seen)
     assert not any(ip.endswith((".0", ".255")) for ip in seen)
 

@@ -462,21 +462,3 @@ async def test_the_mock_cloud_process_publishes_routes_and_removes_them_when_sto
         cloud.stop()
     assert not (map_dir / "mock-c9.json").exists(), cloud.log_text()
 
-
-def test_clouds_on_one_lab_network_hand_out_different_public_addresses() -> None:
-    from providers.mock.bodies import CreateBody, PortBody
-    from providers.mock.records import PUBLIC_BLOCKS
-    from providers.mock.state import MockCloudState as State
-
-    addresses = []
-    for block in range(PUBLIC_BLOCKS):
-        state = State(public_block=block, boot_delay=0.0)
-        for i in range(300):  # past one /24
-            body, _ = state.create(CreateBody(
-                name=f"b{block}-{i}", image="x", gpu_count=1, gpu_type="H100",
-                ports=[PortBody(container_port=8000)]))
-            addresses.append(body["public_ip"])
-    assert len(set(addresses)) == len(addresses)
-    assert all(a.startswith(("198.18.", "198.19.")) for a in addresses)
-    with pytest.raises(ValueError):
-        State(public_block=PUBLIC_BLOCKS)
