@@ -68,8 +68,11 @@ class System:
     """Mock clouds and one provider process for one test, with its own virtual node."""
 
     def __init__(self, *, work_dir: Path, kubeconfig: Path, kube: KubeClient,
-                 client_ca: Path | None = None) -> None:
+                 client_ca: Path | None = None, network: Path | None = None) -> None:
         self.work_dir = work_dir
+        #: the lab network's address map (LocalCluster.address_map_dir): mock clouds publish
+        #: their instances' listeners there and the provider's probes dial through it
+        self.network = network
         self.kubeconfig = kubeconfig
         self.kube = kube
         self.client_ca = client_ca  # the cluster CA: the API server's kubelet-client cert
@@ -88,11 +91,14 @@ class System:
         for i in range(clouds):
             cloud = MockCloudProcess(work_dir=self.work_dir, name=f"cloud{i}",
                                      boot_delay=boot_delay,
-                                     inventory=inventories[i] if inventories else inventory)
+                                     inventory=inventories[i] if inventories else inventory,
+                                     address_map_dir=self.network, public_block=i)
             await cloud.start()
             self.clouds.append(cloud)
+        lab = {"probe_address_map": str(self.network)} if self.network else {}
         self.provider = ProviderProcess(work_dir=self.work_dir, kubeconfig=self.kubeconfig,
-                                        node_name=self.node_name, clouds=self.clouds, pods=pods,
+                                        node_name=self.node_name, clouds=self.clouds,
+                                        pods={**lab, **(pods or {})},
                                         node={"labels": node_labels or {},
                                               **({"taint_value": taint_value}
                                                  if taint_value else {})},
@@ -118,7 +124,7 @@ async def system(kube: KubeClient, provider_kubeconfig: Path, tmp_path: Path,
                  local_cluster: LocalCluster, request: pytest.FixtureRequest
                  ) -> AsyncIterator[System]:
     sys_ = System(work_dir=tmp_path, kubeconfig=provider_kubeconfig, kube=kube,
-                  client_ca=local_cluster.ca_path)
+                  client_ca=local_cluster.ca_path, network=local_cluster.address_map_dir)
     try:
         yield sys_
     finally:

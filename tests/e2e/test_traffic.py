@@ -1,0 +1,222 @@
+"""Traffic reaches cloud replicas: readiness by probes, provider-managed endpoints, drain.
+
+Real control plane, real provider process, mock clouds whose instances are real HTTP servers on
+loopback behind virtual addresses (the lab's address map plays DNAT; nothing dials 198.18.x.y),
+the fake kubelet serving internal pods the same way, and a load generator that follows the
+Service's EndpointSlices as kube-proxy would. Failures are counted in requests.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from vkprovider.kube import KubeClient
+from vkprovider.testing.loadgen import LoadGenerator
+from vkprovider.testing.plugin import GPUNodeFactory
+from vkprovider.testing.waiting import eventually
+
+from .conftest import System
+from .invariants import overlapping_live_instances
+from .test_pods import create_pod, list_pods, node_ready, pod_spec
+
+MANAGED_BY = "endpointslice.kubernetes.io/managed-by"
+
+
+def server(*, load_seconds: float = 0.0, liveness: bool = False,
+           readiness: bool = True) -> dict[str, Any]:
+    """A model server container: port 8000 ("http"), loading for ``load_seconds``."""
+    c: dict[str, Any] = {
+        "ports": [{"name": "http", "containerPort": 8000}],
+        "env": [{"name": "MOCK_LOAD_SECONDS", "value": str(load_seconds)}],
+    }
+    if readiness:
+        c["readinessProbe"] = {"httpGet": {"path": "/ready", "port": "http"},
+                               "periodSeconds": 1, "failureThreshold": 1}
+    if liveness:
+        c["livenessProbe"] = {"httpGet": {"path": "/live", "port": "http"},
+                              "periodSeconds": 1, "failureThreshold": 2}
+    return c
+
+
+async def service(kube: KubeClient, ns: str, name: str, app: str) -> None:
+    await kube.create(f"/api/v1/namespaces/{ns}/services", {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
+        "spec": {"selector": {"app": app},
+                 "ports": [{"name": "web", "port": 80, "targetPort": "http"}]}})
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def phase(pod: dict[str, Any]) -> str:
+    return str((pod.get("status") or {}).get("phase"))
+
+
+async def slices(kube: KubeClient, ns: str, svc: str, *, ours: bool | None = None
+                 ) -> list[dict[str, Any]]:
+    items = (await kube.get(f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices",
+                            params={"labelSelector": f"kubernetes.io/service-name={svc}"}))["items"]
+    if ours is None:
+        return list(items)
+    return [s for s in items
+            if (s["metadata"].get("labels", {}).get(MANAGED_BY) == "vkprovider.io") == ours]
+
+
+def endpoint_ready(items: list[dict[str, Any]], pod_name: str) -> bool | None:
+    for s in items:
+        for ep in s.get("endpoints") or []:
+            if (ep.get("targetRef") or {}).get("name") == pod_name:
+                return bool((ep.get("conditions") or {}).get("ready"))
+    return None
+
+
+async def test_a_loading_server_is_running_not_ready_and_so_is_its_endpoint(
+        kube: KubeClient, namespace: str, system: System, local_cluster: Any) -> None:
+    await system.start(boot_delay=0.3)
+    await node_ready(kube, system.node_name)
+    await service(kube, namespace, "llm", "llm")
+    await create_pod(kube, namespace, "llm-0", pod_spec(
+        system.node_name, container=server(load_seconds=8)), labels={"app": "llm"})
+
+    seen: list[tuple[float, bool, bool | None]] = []  # (t, pod Ready, endpoint ready)
+
+    async def observe() -> dict[str, Any]:
+        pod = next(p for p in await list_pods(kube, namespace) if p["metadata"]["name"] == "llm-0")
+        ep = endpoint_ready(await slices(kube, namespace, "llm", ours=True), "llm-0")
+        if phase(pod) == "Running":
+            seen.append((time.monotonic(), ready(pod), ep))
+        return pod
+
+    pod = await eventually(observe, until=ready, timeout=90, interval=0.25,
+                           what="the pod Ready once its server loaded")
+    running_not_ready = [s for s in seen if not s[1]]
+    assert running_not_ready, "the pod was Running and not Ready while the server loaded"
+    assert running_not_ready[-1][0] - running_not_ready[0][0] > 4.0, (
+        "not Ready for most of the 8 s load", seen[:3], seen[-3:])
+    assert all(ep is not True for _, r, ep in seen if not r), (
+        "the endpoint never turned ready before the pod did")
+    final = await eventually(lambda: slices(kube, namespace, "llm", ours=True),
+                             until=lambda items: endpoint_ready(items, "llm-0") is True,
+                             timeout=10, what="the endpoint ready with the pod")
+    (sl,) = final
+    assert sl["addressType"] == "IPv4"
+    assert sl["ports"] == [{"name": "web", "port": 30000, "protocol": "TCP"}]
+    (ep,) = sl["endpoints"]
+    assert ep["addresses"][0].startswith("198.18.")
+    assert ep["nodeName"] == system.node_name
+    assert "podIP" not in pod["status"], "the mock remaps ports: no pod IP for the stock slices"
+    stock = await slices(kube, namespace, "llm", ours=False)
+    assert all(not (s.get("endpoints") or []) for s in stock), "no unreachable pod IP published"
+
+    async with LoadGenerator(kube=kube, namespace=namespace, service="llm", rate=20,
+                             address_map=Path(local_cluster.address_map_dir)) as lg:
+        await eventually(lambda: _sent(lg), until=lambda n: n >= 40, timeout=30,
+                         what="40 requests")
+    report = lg.report()
+    assert report.failed == 0, report.as_dict()
+    instance = pod["metadata"]["annotations"]["vkprovider.io/instance-id"]
+    traffic = await system.clouds[0].admin("GET", "/admin/traffic")
+    assert traffic[instance]["traffic"] >= report.ok > 0
+
+
+async def _sent(lg: LoadGenerator) -> int:
+    return lg.report().sent
+
+
+async def test_requests_reach_replicas_inside_and_on_the_cloud(
+        kube: KubeClient, namespace: str, system: System, gpu_nodes: GPUNodeFactory,
+        local_cluster: Any) -> None:
+    (inside,) = await gpu_nodes.create(count=1, gpus=2)
+    await system.start(boot_delay=0.3)
+    await node_ready(kube, system.node_name)
+    await service(kube, namespace, "web", "web")
+    internal_spec = {"containers": [{"name": "main", "image": "server:1",
+                                     "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                                     **server(load_seconds=1)}],
+                     "nodeName": inside, "terminationGracePeriodSeconds": 5}
+    await create_pod(kube, namespace, "web-inside", internal_spec, labels={"app": "web"})
+    await create_pod(kube, namespace, "web-cloud", pod_spec(
+        system.node_name, container=server(load_seconds=1)), labels={"app": "web"})
+    await eventually(lambda: list_pods(kube, namespace, "app=web"),
+                     until=lambda ps: len(ps) == 2 and all(ready(p) for p in ps),
+                     timeout=90, what="both replicas Ready")
+    await eventually(lambda: slices(kube, namespace, "web"), timeout=30,
+                     until=lambda items: endpoint_ready(items, "web-inside") is True
+                     and endpoint_ready(items, "web-cloud") is True,
+                     what="both endpoints ready (stock slice and ours)")
+
+    async with LoadGenerator(kube=kube, namespace=namespace, service="web", rate=40,
+                             address_map=Path(local_cluster.address_map_dir)) as lg:
+        await eventually(lambda: _sent(lg), until=lambda n: n >= 120, timeout=30,
+                         what="120 requests")
+    report = lg.report()
+    assert report.failed == 0, report.as_dict()
+    by_replica = dict(report.by_replica)
+    assert by_replica.get("web-inside", 0) > 20, by_replica
+    assert any(k != "web-inside" and v > 20 for k, v in by_replica.items()), by_replica
+
+
+async def test_a_failing_liveness_probe_restarts_the_instance_in_place(
+        kube: KubeClient, namespace: str, system: System) -> None:
+    await system.start(boot_delay=0.3)
+    await node_ready(kube, system.node_name)
+    await create_pod(kube, namespace, "live", pod_spec(
+        system.node_name, container=server(liveness=True)), labels={"app": "live"})
+    pod = await eventually(lambda: list_pods(kube, namespace, "app=live"),
+                           until=lambda ps: len(ps) == 1 and ready(ps[0]), timeout=60,
+                           what="the pod Ready")
+    instance = pod[0]["metadata"]["annotations"]["vkprovider.io/instance-id"]
+    cloud = system.clouds[0]
+    await cloud.admin("POST", f"/admin/instances/{instance}/health", json={"live": False})
+
+    def restarted(ps: list[dict[str, Any]]) -> bool:
+        statuses = ps[0]["status"].get("containerStatuses") or [{}]
+        return int(statuses[0].get("restartCount") or 0) >= 1
+
+    await eventually(lambda: list_pods(kube, namespace, "app=live"), until=restarted,
+                     timeout=60, what="restartCount 1 after the liveness failures")
+    await cloud.admin("POST", f"/admin/instances/{instance}/health", json={"live": True})
+    pods = await eventually(lambda: list_pods(kube, namespace, "app=live"),
+                            until=lambda ps: ready(ps[0]), timeout=60,
+                            what="Ready again after the restart")
+    assert pods[0]["metadata"]["annotations"]["vkprovider.io/instance-id"] == instance
+    ledger = await cloud.ledger()
+    assert [e["id"] for e in ledger] == [instance], "restarted in place, never a second one"
+    assert overlapping_live_instances(ledger) == []
+    events = (await kube.get(f"/api/v1/namespaces/{namespace}/events",
+                             params={"fieldSelector": "involvedObject.name=live"}))["items"]
+    reasons = {e["reason"] for e in events}
+    assert {"Unhealthy", "Killing"} <= reasons, reasons
+
+
+async def test_deleting_a_cloud_replica_drains_it_without_failing_a_request(
+        kube: KubeClient, namespace: str, system: System, local_cluster: Any) -> None:
+    await system.start(boot_delay=0.3, pods={"drain_seconds": 3})
+    await node_ready(kube, system.node_name)
+    await service(kube, namespace, "api", "api")
+    for name in ("api-0", "api-1"):
+        spec = pod_spec(system.node_name, container=server())
+        spec["terminationGracePeriodSeconds"] = 30
+        await create_pod(kube, namespace, name, spec, labels={"app": "api"})
+    await eventually(lambda: slices(kube, namespace, "api", ours=True), timeout=60,
+                     until=lambda items: endpoint_ready(items, "api-0") is True
+                     and endpoint_ready(items, "api-1") is True, what="both endpoints ready")
+    async with LoadGenerator(kube=kube, namespace=namespace, service="api", rate=50,
+                             address_map=Path(local_cluster.address_map_dir)) as lg:
+        await eventually(lambda: _sent(lg), until=lambda n: n >= 50, timeout=30,
+                         what="50 requests before the delete")
+        await kube.delete(f"/api/v1/namespaces/{namespace}/pods/api-0")
+        await eventually(lambda: list_pods(kube, namespace, "app=api"),
+                         until=lambda ps: [p["metadata"]["name"] for p in ps] == ["api-1"],
+                         timeout=60, what="api-0 gone")
+        sent = lg.report().sent
+        await eventually(lambda: _sent(lg), until=lambda n: n >= sent + 50, timeout=30,
+                         what="50 requests after the delete")
+    report = lg.report()
+    assert report.failed == 0, report.as_dict()
+    ledger = await system.clouds[0].ledger()
+    assert sum(1 for e in ledger if e["state"] == "deleted") == 1
