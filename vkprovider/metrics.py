@@ -10,6 +10,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 
 class Metrics:
@@ -30,6 +31,11 @@ class Metrics:
             "vkprovider_sweep_duration_seconds",
             "One status sweep: a list per provider, every pod's instance matched, orphans "
             "collected, the spend book counted.", buckets=_LATENCY_BUCKETS, registry=r)
+        self.event_loop_lag = Histogram(
+            "vkprovider_event_loop_lag_seconds",
+            "How much later than asked a fixed-interval sleep on the event loop woke up "
+            "(vkprovider.looplag): the delay every timer, probe and request sees now.",
+            buckets=_LAG_BUCKETS, registry=r)
         self.provider_requests = Counter(
             "vkprovider_provider_requests_total",
             "Calls to cloud providers by operation and result (ok or the error class).",

@@ -34,6 +34,7 @@ from vkprovider.kube.events import EventRecorder
 from vkprovider.kube.leader import LeaderElector
 from vkprovider.kube.refs import KubeRefSource
 from vkprovider.logs import kv
+from vkprovider.looplag import sample_lag
 from vkprovider.metrics import Metrics
 from vkprovider.node.endpointslices import EndpointSliceController
 from vkprovider.node.pods import PodController
@@ -199,6 +200,7 @@ async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str,
                 tg.create_task(agent.run(), name="node"),
                 tg.create_task(pods()),
                 tg.create_task(servers.run()),
+                tg.create_task(sample_lag(histogram=metrics.event_loop_lag), name="looplag"),
             ]
             ended = [asyncio.create_task(stop.wait()),
                      asyncio.create_task((lost or never).wait())]
