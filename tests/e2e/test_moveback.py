@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,9 +69,13 @@ def moveback_policy(name: str, namespace: str, **move_back: Any) -> dict[str, An
 async def overflow_then_free(
     *, kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory, system: System,
     companion_kubeconfig: Path, objects: Cluster, replicas: int = 4, training_seconds: float = 12,
-    hpa: bool = False,
+    hpa: bool = False, container: dict[str, Any] | None = None,
+    before_preemption: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[list[str], ReadyWatcher]:
-    """Inference inside; training preempts it onto the clouds; returns once all serve there."""
+    """Inference inside; training preempts it onto the clouds; returns once all serve there.
+
+    ``container`` adds to the inference container (ports, probes, env); ``before_preemption``
+    runs once inference is Running inside, before the training Job is created."""
     internal = await gpu_nodes.create(count=1, gpus=replicas)
     await system.start(clouds=2, node_labels={"vkprovider.io/pool": namespace})
     assert system.provider is not None
@@ -87,9 +92,10 @@ async def overflow_then_free(
                                         "kind": "PriorityClass", "metadata": {"name": name},
                                         "value": value})
     await objects.create(POLICIES, moveback_policy(f"mb-{tag}", namespace))
-    await kube.create(f"/apis/apps/v1/namespaces/{namespace}/deployments",
-                      gpu_deployment("inference", replicas=replicas, pool=namespace,
-                                     priority_class=low))
+    deployment = gpu_deployment("inference", replicas=replicas, pool=namespace,
+                                priority_class=low)
+    deployment["spec"]["template"]["spec"]["containers"][0].update(container or {})
+    await kube.create(f"/apis/apps/v1/namespaces/{namespace}/deployments", deployment)
     if hpa:
         await kube.create(f"/apis/autoscaling/v2/namespaces/{namespace}/horizontalpodautoscalers", {
             "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
@@ -104,6 +110,8 @@ async def overflow_then_free(
                      until=lambda ps: len(ps) == replicas and all(
                          p["status"].get("phase") == "Running" for p in ps),
                      timeout=90, what="inference Running inside")
+    if before_preemption is not None:
+        await before_preemption()
     await kube.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", {
         "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "training"},
         "spec": {"parallelism": replicas, "completions": replicas, "backoffLimit": 0,

@@ -220,3 +220,75 @@ async def test_deleting_a_cloud_replica_drains_it_without_failing_a_request(
     assert report.failed == 0, report.as_dict()
     ledger = await system.clouds[0].ledger()
     assert sum(1 for e in ledger if e["state"] == "deleted") == 1
+
+
+async def test_the_story_measured_in_requests_way_out_and_way_back(
+        kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory, system: System,
+        companion_kubeconfig: Path, cluster_objects: Any, local_cluster: Any) -> None:
+    """50 req/s through the whole story. The way back (make-before-break, drained deletes)
+    fails no request; the way out (the scheduler preempts inference for a training gang, the
+    replacements overflow and load on the cloud) is measured and reported: it is the baseline
+    that pre-warming must bring to zero."""
+    from .test_moveback import live_instances, overflow_then_free
+
+    held: dict[str, LoadGenerator] = {}
+
+    async def start_load() -> None:
+        await service(kube, namespace, "inference", "inference")
+        await eventually(lambda: slices(kube, namespace, "inference"), timeout=60,
+                         until=lambda items: sum(
+                             1 for s in items for ep in s.get("endpoints") or []
+                             if (ep.get("conditions") or {}).get("ready")) == 4,
+                         what="4 ready endpoints inside")
+        lg = LoadGenerator(kube=kube, namespace=namespace, service="inference", rate=50,
+                           address_map=Path(local_cluster.address_map_dir), chapter="inside")
+        await lg.start()
+        await eventually(lambda: _sent(lg), until=lambda n: n >= 50, timeout=30,
+                         what="a second of load inside")
+        lg.mark("way out")
+        held["lg"] = lg
+
+    internal, watcher = await overflow_then_free(
+        kube=kube, namespace=namespace, gpu_nodes=gpu_nodes, system=system,
+        companion_kubeconfig=companion_kubeconfig, objects=cluster_objects,
+        container=server(load_seconds=2), before_preemption=start_load)
+    lg = held["lg"]
+    try:
+        lg.mark("on the cloud")
+        sent = lg.report().sent
+        await eventually(lambda: _sent(lg), until=lambda n: n >= sent + 100,
+                         timeout=30, what="two seconds of load on the cloud")
+        lg.mark("way back")
+        await eventually(lambda: _pods(kube, namespace), timeout=180, interval=0.5,
+                         until=lambda ps: len(ps) == 4 and all(
+                             p["spec"].get("nodeName") in internal and ready(p) for p in ps),
+                         what="every replica back inside and Ready")
+        await eventually(lambda: live_instances(system), until=lambda n: n == 0, timeout=60,
+                         what="every cloud instance deleted")
+        lg.mark("home")
+        sent = lg.report().sent
+        await eventually(lambda: _sent(lg), until=lambda n: n >= sent + 50,
+                         timeout=30, what="a second of load at home")
+    finally:
+        await watcher.stop()
+        report = await lg.stop()
+    chapters = {c.label: c for c in report.chapters}
+    print("\nthe story at 50 req/s:")
+    for c in report.chapters:
+        print(f"  {c.label:<14} sent {c.sent:>6}  failed {c.failed:>5}  "
+              f"longest no-endpoint {c.longest_no_endpoint:6.2f}s  by kind "
+              f"{dict(c.failures_by_kind)}")
+    assert chapters["inside"].failed == 0
+    assert chapters["on the cloud"].failed == 0, chapters["on the cloud"].as_dict()
+    assert chapters["way back"].failed == 0, chapters["way back"].as_dict()
+    assert chapters["home"].failed == 0
+    assert chapters["way back"].longest_no_endpoint == 0
+    assert watcher.minimum is not None and watcher.minimum >= 4
+    replicas_seen = set(report.by_replica)
+    assert any(r.startswith("inference-") for r in replicas_seen), replicas_seen
+    assert any(r.startswith("mi-") for r in replicas_seen), "cloud replicas served too"
+
+
+async def _pods(kube: KubeClient, ns: str) -> list[dict[str, Any]]:
+    return [p for p in await list_pods(kube, ns, "app=inference")
+            if not p["metadata"].get("deletionTimestamp")]
