@@ -386,6 +386,7 @@ def _descheduler(args: argparse.Namespace) -> int:
         "interval_seconds": args.interval, "move_back_interval_seconds": args.move_back_interval,
         "headroom_gpus": args.headroom_gpus, "metrics_port": args.metrics_port,
         "api_server_timeout_seconds": args.api_server_timeout, "leader_election": leader,
+        "preemption_fast_path": args.preemption_fast_path,
     }
     settings = load_companion_settings(args.config, overrides=overrides)
     if settings.metrics_port:
@@ -404,7 +405,8 @@ def _descheduler(args: argparse.Namespace) -> int:
             move_back_interval=settings.move_back_interval_seconds,
             headroom_gpus=settings.headroom_gpus, metrics_port=settings.metrics_port,
             leader_elect=settings.leader_election.enabled,
-            leader_namespace=settings.leader_election.namespace)))
+            leader_namespace=settings.leader_election.namespace,
+            preemption_fast_path=settings.preemption_fast_path)))
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -488,6 +490,9 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=None,
                       help="Lease-based leader election (run two replicas for HA)")
     comp.add_argument("--leader-namespace", help="default: vkprovider-system")
+    comp.add_argument("--preemption-fast-path", action=argparse.BooleanOptionalAction,
+                      default=None, help="admit the replacement of a replica the scheduler "
+                      "preempted without waiting overflowAfter (default: on)")
     comp.add_argument("--api-server-timeout", type=_positive_seconds,
                       help="seconds to wait for the API server at start, then exit 1 "
                            "(default: 60)")

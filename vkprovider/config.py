@@ -256,6 +256,9 @@ class CompanionSettings(_Frozen):
     interval_seconds: float = Field(default=2.0, gt=0)  # between admission passes
     move_back_interval_seconds: float = Field(default=30.0, gt=0)  # between move-back passes
     headroom_gpus: int = Field(default=0, ge=0)  # GPUs kept free inside when judging a fit
+    # A replica the scheduler preempted is replaced on the virtual node without waiting the
+    # policy's overflowAfter (descheduler/preemption.py); false: every pod waits it out.
+    preemption_fast_path: bool = True
     metrics_port: int = Field(default=0, ge=0, le=65535)  # Prometheus; 0: off
     api_server_timeout_seconds: float = Field(default=60.0, gt=0)  # start-up wait, then exit 1
     leader_election: CompanionLeaderElectionSettings = Field(

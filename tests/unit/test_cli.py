@@ -318,7 +318,8 @@ def test_descheduler_reads_a_config_file_and_flags_win(tmp_path: Path,
     assert (code, err) == (0, "")
     assert seen == {"kubeconfig": str(kubeconfig), "node_name": "vk-file", "interval": 7.0,
                     "move_back_interval": 70.0, "headroom_gpus": 3, "metrics_port": 0,
-                    "leader_elect": True, "leader_namespace": "ns-file"}
+                    "leader_elect": True, "leader_namespace": "ns-file",
+                    "preemption_fast_path": True}
     code, _, err = run_main(["descheduler", "--config", str(config), "--interval", "1.5",
                              "--node-name", "vk-flag", "--no-leader-elect",
                              "--leader-namespace", "ns-flag"], capsys)

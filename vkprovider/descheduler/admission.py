@@ -46,6 +46,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from vkprovider.descheduler.metrics import CompanionMetrics
+from vkprovider.descheduler.preemption import PreemptionTracker
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
 from vkprovider.kube.events import EventRecorder
@@ -379,6 +380,7 @@ class OverflowAdmission:
         interval: float = 2.0,
         metrics: CompanionMetrics | None = None,
         clock: Callable[[], float] = time.time,
+        preemptions: PreemptionTracker | None = None,
     ) -> None:
         if not node_names:
             raise ValueError("the companion needs at least one virtual node")
@@ -405,8 +407,13 @@ class OverflowAdmission:
         self.namespaces = Informer(client=client, path="/api/v1/namespaces", name="namespaces")
         self.gpu_providers = Informer(client=client, path=pol.PROVIDERS_PATH,
                                       name="gpuproviders", missing_ok=True)
+        # the preemption fast path (descheduler/preemption.py); None: every pod waits
+        self.preemptions = preemptions
+        if preemptions is not None:
+            preemptions.on_credit = self._wake_now
         self.informers = (self.pending, *self.external_by_node.values(), self.virtual_nodes,
-                          self.policies, self.namespaces, self.gpu_providers)
+                          self.policies, self.namespaces, self.gpu_providers,
+                          *((preemptions.informer,) if preemptions is not None else ()))
         self._wake = asyncio.Event()
         self._refused: dict[str, str] = {}  # pod uid -> last refusal reason told
         self.decisions: dict[str, list[Decision]] = {}  # policy -> recent decisions
@@ -417,6 +424,9 @@ class OverflowAdmission:
         self.hold: set[str] = set()  # ReplicaSet UIDs mid move-back: their pods stay inside
 
     def _poke(self, _event: str, _obj: Body) -> None:
+        self._wake.set()
+
+    def _wake_now(self) -> None:
         self._wake.set()
 
     async def run(self) -> None:
@@ -502,6 +512,8 @@ class OverflowAdmission:
         return out
 
     async def pass_once(self) -> None:
+        if self.preemptions is not None:
+            self.preemptions.prune()
         live = {p["metadata"].get("uid") for p in self.pending.store.values()}
         for uid in [u for u in self._refused if u not in live]:
             del self._refused[uid]  # scheduled or gone: forget what it was told (bounded)
@@ -557,7 +569,9 @@ class OverflowAdmission:
                 refusals.append((policy.name, why))
                 continue
             wait = pol.parse_duration(policy.spec.overflow_after)
-            if now - since < wait:
+            credit = (self.preemptions.credit_for(pod)
+                      if self.preemptions is not None and now - since < wait else None)
+            if now - since < wait and credit is None:
                 return None  # not yet: overflowAfter has not passed
             limits = policy.spec.limits
             if limits.max_price_per_hour is not None and policy.name in self._unpriced:
@@ -584,10 +598,15 @@ class OverflowAdmission:
                 continue
             if await self._admit(pod, policy):
                 self._refused.pop(meta["uid"], None)
+                why = f"Unschedulable for {int(now - since)}s"
+                if credit is not None and self.preemptions is not None:
+                    self.preemptions.use(pod, credit)
+                    self.metrics.preemption_fast_path.inc()
+                    why = (f"replaces {credit.victim}, preempted by the scheduler: admitted "
+                           f"without waiting overflowAfter")
                 return await self._record(pod, Decision(
                     pod=key, decision="Admitted", policy=policy.name,
-                    reason=f"Unschedulable for {int(now - since)}s; {gpus} GPU(s) within "
-                           f"the policy's limits"))
+                    reason=f"{why}; {gpus} GPU(s) within the policy's limits"))
             return None
         if not policies:
             return None  # no policies: nothing is admitted, nothing to explain

@@ -31,3 +31,7 @@ class CompanionMetrics:
                                "Pods on the virtual node not moved back, by reason.", ["reason"],
                                registry=r)
         self.in_flight = Gauge("vkprovider_moveback_in_flight", "Moves in progress.", registry=r)
+        self.preemption_fast_path = Counter(
+            "vkprovider_preemption_fast_path_admissions",
+            "Replacements of replicas the scheduler preempted, admitted to overflow without "
+            "waiting overflowAfter.", registry=r)

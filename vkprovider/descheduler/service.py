@@ -32,6 +32,7 @@ from vkprovider.asgiserve import bind, serve
 from vkprovider.descheduler.admission import OverflowAdmission
 from vkprovider.descheduler.metrics import CompanionMetrics
 from vkprovider.descheduler.moveback import MoveBack
+from vkprovider.descheduler.preemption import PreemptionTracker
 from vkprovider.kube import KubeClient
 from vkprovider.kube.events import EventRecorder
 from vkprovider.kube.leader import LeaderElector
@@ -120,14 +121,16 @@ async def run_companion(
     metrics_port: int = 0,
     leader_elect: bool = False,
     leader_namespace: str = "vkprovider-system",
+    preemption_fast_path: bool = True,
 ) -> int:
     nodes = [node_name] if isinstance(node_name, str) else list(node_name)
     client = KubeClient.from_kubeconfig(kubeconfig=kubeconfig,
                                         user_agent=f"vkprovider-companion/{__version__}")
     events = EventRecorder(client=client, component="vkprovider-companion")
     metrics = CompanionMetrics()
-    admission = OverflowAdmission(client=client, events=events, node_names=nodes,
-                                  interval=interval, metrics=metrics)
+    admission = OverflowAdmission(
+        client=client, events=events, node_names=nodes, interval=interval, metrics=metrics,
+        preemptions=PreemptionTracker(client=client) if preemption_fast_path else None)
     moveback = MoveBack(client=client, events=events, node_names=nodes, admission=admission,
                         interval=move_back_interval, headroom_gpus=headroom_gpus,
                         metrics=metrics)
