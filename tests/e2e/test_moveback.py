@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,7 @@ async def overflow_then_free(
     companion_kubeconfig: Path, objects: Cluster, replicas: int = 4, training_seconds: float = 12,
     hpa: bool = False, container: dict[str, Any] | None = None,
     before_preemption: Callable[[], Awaitable[None]] | None = None,
+    overflow_after: str = "0s", companion_args: Sequence[str] = (),
 ) -> tuple[list[str], ReadyWatcher]:
     """Inference inside; training preempts it onto the clouds; returns once all serve there.
 
@@ -83,7 +84,7 @@ async def overflow_then_free(
 
     system.companion = CompanionProcess(work_dir=system.work_dir, kubeconfig=companion_kubeconfig,
                                         node_name=system.node_name, interval=0.5,
-                                        move_back_interval=1.0)
+                                        move_back_interval=1.0, extra_args=companion_args)
     system.companion.start()
     tag = uuid.uuid4().hex[:6]
     low, high = f"inf-{tag}", f"train-{tag}"
@@ -91,7 +92,9 @@ async def overflow_then_free(
         await objects.create(PRIORITY, {"apiVersion": "scheduling.k8s.io/v1",
                                         "kind": "PriorityClass", "metadata": {"name": name},
                                         "value": value})
-    await objects.create(POLICIES, moveback_policy(f"mb-{tag}", namespace))
+    body = moveback_policy(f"mb-{tag}", namespace)
+    body["spec"]["overflowAfter"] = overflow_after
+    await objects.create(POLICIES, body)
     deployment = gpu_deployment("inference", replicas=replicas, pool=namespace,
                                 priority_class=low)
     deployment["spec"]["template"]["spec"]["containers"][0].update(container or {})

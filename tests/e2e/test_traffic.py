@@ -12,8 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from vkprovider.kube import KubeClient
-from vkprovider.testing.loadgen import LoadGenerator
+from vkprovider.testing.loadgen import LoadGenerator, LoadReport
 from vkprovider.testing.plugin import GPUNodeFactory
 from vkprovider.testing.waiting import eventually
 
@@ -222,13 +224,11 @@ async def test_deleting_a_cloud_replica_drains_it_without_failing_a_request(
     assert sum(1 for e in ledger if e["state"] == "deleted") == 1
 
 
-async def test_the_story_measured_in_requests_way_out_and_way_back(
-        kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory, system: System,
-        companion_kubeconfig: Path, cluster_objects: Any, local_cluster: Any) -> None:
-    """50 req/s through the whole story. The way back (make-before-break, drained deletes)
-    fails no request; the way out (the scheduler preempts inference for a training gang, the
-    replacements overflow and load on the cloud) is measured and reported: it is the baseline
-    that pre-warming must bring to zero."""
+async def play_story(*, kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory,
+                     system: System, companion_kubeconfig: Path, objects: Any,
+                     address_map: Path, overflow_after: str = "0s",
+                     companion_args: tuple[str, ...] = ()) -> LoadReport:
+    """The story under 50 req/s, one chapter per step; returns the load report."""
     from .test_moveback import live_instances, overflow_then_free
 
     held: dict[str, LoadGenerator] = {}
@@ -241,7 +241,7 @@ async def test_the_story_measured_in_requests_way_out_and_way_back(
                              if (ep.get("conditions") or {}).get("ready")) == 4,
                          what="4 ready endpoints inside")
         lg = LoadGenerator(kube=kube, namespace=namespace, service="inference", rate=50,
-                           address_map=Path(local_cluster.address_map_dir), chapter="inside")
+                           address_map=address_map, chapter="inside")
         await lg.start()
         await eventually(lambda: _sent(lg), until=lambda n: n >= 50, timeout=30,
                          what="a second of load inside")
@@ -250,8 +250,9 @@ async def test_the_story_measured_in_requests_way_out_and_way_back(
 
     internal, watcher = await overflow_then_free(
         kube=kube, namespace=namespace, gpu_nodes=gpu_nodes, system=system,
-        companion_kubeconfig=companion_kubeconfig, objects=cluster_objects,
-        container=server(load_seconds=2), before_preemption=start_load)
+        companion_kubeconfig=companion_kubeconfig, objects=objects,
+        container=server(load_seconds=2), before_preemption=start_load,
+        overflow_after=overflow_after, companion_args=companion_args)
     lg = held["lg"]
     try:
         lg.mark("on the cloud")
@@ -272,21 +273,63 @@ async def test_the_story_measured_in_requests_way_out_and_way_back(
     finally:
         await watcher.stop()
         report = await lg.stop()
-    chapters = {c.label: c for c in report.chapters}
-    print("\nthe story at 50 req/s:")
+    print(f"\nthe story at 50 req/s (overflowAfter {overflow_after}"
+          f"{', ' + ' '.join(companion_args) if companion_args else ''}):")
     for c in report.chapters:
         print(f"  {c.label:<14} sent {c.sent:>6}  failed {c.failed:>5}  "
               f"longest no-endpoint {c.longest_no_endpoint:6.2f}s  by kind "
               f"{dict(c.failures_by_kind)}")
+    assert watcher.minimum is not None and watcher.minimum >= 4, "the way back never dipped"
+    return report
+
+
+async def test_the_story_measured_in_requests_way_out_and_way_back(
+        kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory, system: System,
+        companion_kubeconfig: Path, cluster_objects: Any, local_cluster: Any) -> None:
+    """50 req/s through the whole story. The way back (make-before-break, drained deletes)
+    fails no request; the way out (the scheduler preempts inference for a training gang, the
+    replacements overflow and load on the cloud) is measured and reported: it is the baseline
+    that pre-warming must bring to zero."""
+    report = await play_story(kube=kube, namespace=namespace, gpu_nodes=gpu_nodes,
+                              system=system, companion_kubeconfig=companion_kubeconfig,
+                              objects=cluster_objects,
+                              address_map=Path(local_cluster.address_map_dir))
+    chapters = {c.label: c for c in report.chapters}
     assert chapters["inside"].failed == 0
     assert chapters["on the cloud"].failed == 0, chapters["on the cloud"].as_dict()
     assert chapters["way back"].failed == 0, chapters["way back"].as_dict()
     assert chapters["home"].failed == 0
     assert chapters["way back"].longest_no_endpoint == 0
-    assert watcher.minimum is not None and watcher.minimum >= 4
     replicas_seen = set(report.by_replica)
     assert any(r.startswith("inference-") for r in replicas_seen), replicas_seen
     assert any(r.startswith("mi-") for r in replicas_seen), "cloud replicas served too"
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["fast-path", "no-fast-path"])
+async def test_the_way_out_with_and_without_the_preemption_fast_path(
+        fast_path: bool, kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory,
+        system: System, companion_kubeconfig: Path, cluster_objects: Any,
+        local_cluster: Any) -> None:
+    """With overflowAfter 10s, a preempted replica's replacement overflows at once with the
+    fast path (the decision says so) and only after 10 s without it; the printed way-out
+    figures are the dip each way (docs/kueue.md quotes them)."""
+    report = await play_story(
+        kube=kube, namespace=namespace, gpu_nodes=gpu_nodes, system=system,
+        companion_kubeconfig=companion_kubeconfig, objects=cluster_objects,
+        address_map=Path(local_cluster.address_map_dir), overflow_after="10s",
+        companion_args=() if fast_path else ("--no-preemption-fast-path",))
+    assert report.chapter("way back").failed == 0
+    policy_path = next(p for p in reversed(cluster_objects.paths) if "overflowpolicies" in p)
+    decisions = (await kube.get(policy_path)).get("status", {}).get("lastDecisions") or []
+    fast = [d for d in decisions
+            if d["decision"] == "Admitted" and "preempted by the scheduler" in d["reason"]]
+    admitted = [d for d in decisions if d["decision"] == "Admitted"]
+    assert admitted, decisions
+    if fast_path:
+        assert len(fast) == len(admitted) == 4, admitted
+    else:
+        assert fast == [] and all("Unschedulable for 1" in d["reason"] for d in admitted), \
+            admitted
 
 
 async def _pods(kube: KubeClient, ns: str) -> list[dict[str, Any]]:

@@ -214,14 +214,16 @@ class CompanionProcess(_Process):
     """``vkprovider descheduler`` for one virtual node, or several (``node_name`` a list)."""
 
     def __init__(self, *, work_dir: Path, kubeconfig: Path, node_name: str | Sequence[str],
-                 interval: float = 1.0, move_back_interval: float = 1.0) -> None:
+                 interval: float = 1.0, move_back_interval: float = 1.0,
+                 extra_args: Sequence[str] = ()) -> None:
         nodes = [node_name] if isinstance(node_name, str) else list(node_name)
         self.component = Component(
             name=f"companion-{nodes[0]}",
             argv=[sys.executable, "-m", "vkprovider", "--log-format=json", "descheduler",
                   "--kubeconfig", str(kubeconfig),
                   *(arg for node in nodes for arg in ("--node-name", node)),
-                  "--interval", str(interval), "--move-back-interval", str(move_back_interval)],
+                  "--interval", str(interval), "--move-back-interval", str(move_back_interval),
+                  *extra_args],
             log_path=work_dir / f"companion-{nodes[0]}.log",
         )
 
