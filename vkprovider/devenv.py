@@ -18,6 +18,14 @@ everything is ready, so a script (or another terminal) can wait for that file. C
 stops every process, removes the kubeconfig copy and the temporary files, and exits 0; a process
 of the system that dies on its own stops everything, with its last log lines, and exits 1.
 
+Traffic is real on the lab network: internal pods (the fake kubelet) and cloud instances (the
+mock cloud) get virtual addresses (100.64.x.y, 198.18.x.y) that nothing on the machine routes,
+each served by a real listener on loopback; one *address map* (``LocalCluster.address_map_dir``,
+see :mod:`vkprovider.probing.dialing`) says where, as kube-proxy's DNAT would. The fake kubelet and
+the mock cloud publish their routes there (each cloud with its own public address block), the
+provider's probes dial through it (``pods.probe_address_map``), and so can users: ``vkprovider
+dev curl NS/SERVICE/PATH`` (with ``VKP_ADDRESS_MAP``, whose value ``dev up`` prints).
+
 The building blocks are :mod:`vkprovider.testing` (the cluster, the harness processes) and the
 narrator of :mod:`vkprovider.demo`.
 """
@@ -180,8 +188,11 @@ class DevEnv:
         self.n.say("starting the control plane: etcd, kube-apiserver, kube-controller-manager, "
                    "kube-scheduler ...")
         await self.cluster.start()
-        self.cluster.start_fake_kubelet()
+        self._start_fake_kubelet()
         self.n.say(f"control plane ready at {self.cluster.server}")
+        self.n.say(f"lab network: pods and cloud instances get virtual addresses served on "
+                   f"loopback through the address map {self.network} (export "
+                   f"VKP_ADDRESS_MAP={self.network} for `vkprovider dev curl`)")
         async with self.cluster.client() as kube:
             names = [f"gpu-node-{i}" for i in range(opts.gpu_nodes)]
             await create_gpu_nodes(kube=kube, names=names, gpus=opts.gpus_per_node)
@@ -205,9 +216,34 @@ class DevEnv:
             write_private(path=opts.kubeconfig_out, text=self.cluster.kubeconfig.read_text())
             self.wrote_kubeconfig = True
 
+    # ---- the lab network: every process that serves or dials a replica shares one map -------
+
+    @property
+    def network(self) -> Path:
+        """The address map of this lab network (a directory; see the module's docstring)."""
+        return self.cluster.address_map_dir
+
+    def _start_fake_kubelet(self) -> None:
+        """Internal pods become real listeners behind their virtual addresses, Ready by probe."""
+        self.cluster.start_fake_kubelet(address_map_dir=self.network)
+
+    def cloud_process(self, *, index: int = 0) -> MockCloudProcess:
+        """The mock cloud, its instances' listeners routed from public block ``index`` (every
+        cloud on one lab network needs its own, so two never publish one address)."""
+        return MockCloudProcess(work_dir=self.cluster.log_dir, name=CLOUD, boot_delay=1.0,
+                                inventory=self.options.inventory, address_map_dir=self.network,
+                                public_block=index)
+
+    def provider_process(self, *, kubeconfig: Path) -> ProviderProcess:
+        """``vkprovider run`` for the virtual node; its probes dial through the address map."""
+        return ProviderProcess(
+            work_dir=self.cluster.log_dir, kubeconfig=kubeconfig, node_name=NODE,
+            clouds=[], config_providers=False, client_ca_file=self.cluster.ca_path,
+            node={"internal_ip": "127.0.0.1"}, pods={"probe_address_map": str(self.network)},
+            extra={"gpu_providers": {"status_interval_seconds": 1}})  # kubectl get gpup: fresh
+
     async def _start_system(self, *, kube: KubeClient, provider_config: Path) -> None:
-        cloud = self.cloud = MockCloudProcess(work_dir=self.cluster.log_dir, name=CLOUD,
-                                              boot_delay=1.0, inventory=self.options.inventory)
+        cloud = self.cloud = self.cloud_process(index=0)
         await cloud.start()
         await _create_or_replace_gpuprovider(kube=kube, name=CLOUD, spec={
             "type": "mock", "endpoint": cloud.url})
@@ -216,11 +252,7 @@ class DevEnv:
         companion_config = await service_account_kubeconfig(
             kube=kube, cluster=self.cluster, namespace=NAMESPACE, name="vkprovider-companion",
             path=self.work / "companion.kubeconfig")
-        provider = self.provider = ProviderProcess(
-            work_dir=self.cluster.log_dir, kubeconfig=provider_config, node_name=NODE,
-            clouds=[], config_providers=False, client_ca_file=self.cluster.ca_path,
-            node={"internal_ip": "127.0.0.1"},
-            extra={"gpu_providers": {"status_interval_seconds": 1}})  # kubectl get gpup: fresh
+        provider = self.provider = self.provider_process(kubeconfig=provider_config)
         provider.start()
         self.n.say(f"vkprovider run: virtual node {NODE}, kubelet API on "
                    f"127.0.0.1:{provider.kubelet_port} (trusts the cluster CA: kubectl logs "

@@ -172,6 +172,58 @@ def test_a_process_that_dies_while_up_is_reported_with_its_log(tmp_path: Path) -
     assert not env.work.exists()
 
 
+# ---- the lab network: one address map for the fake kubelet, the mock cloud and the provider ----
+
+
+def test_every_process_that_serves_or_dials_a_replica_shares_the_clusters_address_map(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    env = DevEnv(options=DevOptions(), narrator=Narrator(quiet=True))
+    try:
+        network = env.cluster.address_map_dir
+        assert env.network == network and network.parent == env.work
+        started: list[list[str]] = []
+        monkeypatch.setattr(env.cluster, "start_component",
+                            lambda *, name, argv: started.append(argv))
+        env._start_fake_kubelet()
+        (kubelet,) = started
+        assert f"--address-map-dir={network}" in kubelet
+
+        argv = env.cloud_process(index=0).component.argv
+        assert argv[argv.index("--address-map-dir") + 1] == str(network)
+        assert argv[argv.index("--name") + 1] == "mock"
+        assert argv[argv.index("--public-block") + 1] == "0"
+        other = env.cloud_process(index=1).component.argv  # a second cloud: its own block
+        assert other[other.index("--public-block") + 1] == "1"
+
+        monkeypatch.setattr(env.cluster, "ca_path", env.work / "pki" / "ca.crt", raising=False)
+        provider = env.provider_process(kubeconfig=env.work / "provider.kubeconfig")
+        config = load_settings(provider.config_path)
+        assert config.pods.probe_address_map == str(network)
+        assert config.node.name == NODE and config.node.internal_ip == "127.0.0.1"
+    finally:
+        env.stop()
+
+
+async def test_dev_up_says_where_the_address_map_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = DevEnv(options=DevOptions(cluster_only=True, gpu_nodes=0), narrator=Narrator())
+
+    def no_client() -> None:
+        raise DevEnvError("stop here")  # the line is said before the first API call
+
+    said: list[str] = []
+    monkeypatch.setattr(env.cluster, "start", lambda: asyncio.sleep(0))
+    monkeypatch.setattr(env, "_start_fake_kubelet", lambda: None)
+    monkeypatch.setattr(env.cluster, "client", no_client)
+    monkeypatch.setattr(env.n, "say", said.append)
+    try:
+        with pytest.raises(DevEnvError, match="stop here"):
+            await env.start()
+    finally:
+        env.stop()
+    line = next(s for s in said if "address map" in s)
+    assert str(env.network) in line and f"export VKP_ADDRESS_MAP={env.network}" in line
+
+
 # ---- kubelet_api.bind_address -------------------------------------------------------------------
 
 
