@@ -154,7 +154,7 @@ async def test_unrouted_address_fails_without_dialling(tmp_path: Path) -> None:
     await until(lambda: prober.probe_failures >= 2)
     state = prober.state("p")
     assert state is not None and not state[0].ready
-    assert "ConnectError" in (state[0].message or "")
+    assert "no route to host" in (state[0].message or "")
     await prober.aclose()
 
 

@@ -18,26 +18,26 @@ Rules (as the kubelet's prober manager applies them):
   starts every probe of that container afresh.
 * ``initialDelaySeconds`` counts from ``running_since``; then one probe per ``periodSeconds``.
 
-Cost: one sleeping task per (replica, container, probe) and one shared HTTP client; at most
-``max_concurrent`` probes in flight; each probe's first run is jittered over part of its period
-so that a thousand replicas started together are not probed in the same millisecond.
+Cost: one sleeping task per (replica, container, probe); at most ``max_concurrent`` probes in
+flight; each probe's first run is jittered over part of its period so that a thousand replicas
+started together are not probed in the same millisecond. An HTTP probe is one short HTTP/1.1
+exchange on a fresh connection (``Connection: close``, as the kubelet's prober does), read up to
+the status line: a general-purpose client's pool bookkeeping cost ten times more CPU per probe
+(bench/probes.py), and CPU per pod is what limits a small provider host.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
+import ssl
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-import httpx
-
-from vkprovider.probing.dialing import DIRECT, Dialer
+from vkprovider.probing.dialing import DIRECT, Dialer, NoRoute
 from vkprovider.probing.spec import ContainerProbes, Probe, parse_probes
-from vkprovider.probing.transport import DialingTransport, open_connection
 
 __all__ = ["USER_AGENT", "ContainerProbeState", "ContainerProbes", "Prober", "Target",
            "parse_probes"]
@@ -92,12 +92,10 @@ class Prober:
         self._clock = clock
         self._jitter = jitter
         self._entries: dict[str, _Entry] = {}
-        self._client = httpx.AsyncClient(
-            transport=DialingTransport(dialer=dialer,
-                                       inner=httpx.AsyncHTTPTransport(verify=False)),
-            follow_redirects=False,
-            headers={"User-Agent": USER_AGENT, "Accept": "*/*"},
-        )
+        # HTTPS probes skip verification, as the kubelet's do (the endpoint is the pod's own)
+        self._tls = ssl.create_default_context()
+        self._tls.check_hostname = False
+        self._tls.verify_mode = ssl.CERT_NONE
         self.probes_run = 0
         self.probe_failures = 0
         self._closed = False
@@ -163,7 +161,6 @@ class Prober:
         for entry in list(self._entries.values()):
             self._cancel(entry)
         self._entries.clear()
-        await self._client.aclose()
 
     # -- internals -------------------------------------------------------------------------
 
@@ -239,36 +236,62 @@ class Prober:
                 return await self._http(host, port, probe, tls=tls)
             return await self._tcp(host, port, probe)  # grpc: a TCP connect (module docstring)
 
+    async def _connect(self, host: str, port: int, *, tls: bool
+                       ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        real_host, real_port = self._dialer.resolve(host, port)
+        if tls:
+            return await asyncio.open_connection(real_host, real_port, ssl=self._tls,
+                                                 server_hostname=host)
+        return await asyncio.open_connection(real_host, real_port)
+
     async def _http(self, host: str, port: int, probe: Probe, *,
                     tls: bool) -> tuple[bool, str | None]:
-        scheme = "https" if tls or probe.scheme == "HTTPS" else "http"
-        netloc = f"[{host}]" if ":" in host else host
-        headers = dict(probe.headers)
-        if probe.host_header:
-            headers.setdefault("Host", probe.host_header)
+        https = tls or probe.scheme == "HTTPS"
+        netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        url = f"{'https' if https else 'http'}://{netloc}{probe.path}"
+        headers = {"host": probe.host_header or netloc, "user-agent": USER_AGENT,
+                   "accept": "*/*"}
+        for name, value in probe.headers:
+            headers[name.lower()] = value
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items() if "\n" not in k + v)
+        request = f"GET {probe.path} HTTP/1.1\r\n{head}connection: close\r\n\r\n".encode()
+        writer: asyncio.StreamWriter | None = None
         try:
-            resp = await self._client.get(f"{scheme}://{netloc}:{port}{probe.path}",
-                                          headers=headers, timeout=probe.timeout)
-            await resp.aclose()
-        except httpx.TimeoutException:
+            async with asyncio.timeout(probe.timeout):
+                reader, writer = await self._connect(host, port, tls=https)
+                writer.write(request)
+                line = await reader.readline()
+        except TimeoutError:
             self.probe_failures += 1
-            return False, (f"Get \"{scheme}://{netloc}:{port}{probe.path}\": "
-                           f"context deadline exceeded (timeout {probe.timeout:g}s)")
-        except httpx.HTTPError as e:
+            return False, (f"Get \"{url}\": context deadline exceeded "
+                           f"(timeout {probe.timeout:g}s)")
+        except NoRoute:
             self.probe_failures += 1
-            return False, f"Get \"{scheme}://{netloc}:{port}{probe.path}\": {type(e).__name__}"
-        if 200 <= resp.status_code < 400:
+            return False, f"Get \"{url}\": no route to host"
+        except (OSError, ssl.SSLError) as e:
+            self.probe_failures += 1
+            return False, f"Get \"{url}\": {type(e).__name__}"
+        finally:
+            if writer is not None:
+                writer.close()
+        parts = line.split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
+            self.probe_failures += 1
+            return False, f"Get \"{url}\": malformed HTTP response"
+        status = int(parts[1])
+        if 200 <= status < 400:
             return True, None
         self.probe_failures += 1
-        return False, f"HTTP probe failed with statuscode: {resp.status_code}"
+        return False, f"HTTP probe failed with statuscode: {status}"
 
     async def _tcp(self, host: str, port: int, probe: Probe) -> tuple[bool, str | None]:
         try:
             async with asyncio.timeout(probe.timeout):
-                _, writer = await open_connection(host, port, dialer=self._dialer)
+                _, writer = await self._connect(host, port, tls=False)
             writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
+        except NoRoute:
+            self.probe_failures += 1
+            return False, f"dial tcp {host}:{port}: no route to host"
         except (OSError, TimeoutError) as e:
             self.probe_failures += 1
             return False, f"dial tcp {host}:{port}: {type(e).__name__}"

@@ -1,4 +1,4 @@
-"""An httpx transport and a TCP connect that dial through a :class:`~.dialing.Dialer`.
+"""An httpx transport that dials through a :class:`~.dialing.Dialer`.
 
 Why it exists: probes, the load generator and tests speak HTTP to replicas by the address the
 cluster knows them by (an EndpointSlice address, a published host:port). In labs that address is
@@ -8,13 +8,11 @@ virtual; the transport rewrites only where the connection goes, keeping the URL'
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 
 from vkprovider.probing.dialing import DIRECT, Dialer, NoRoute
 
-__all__ = ["DialingTransport", "open_connection"]
+__all__ = ["DialingTransport"]
 
 
 class DialingTransport(httpx.AsyncBaseTransport):
@@ -40,15 +38,3 @@ class DialingTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self._inner.aclose()
-
-
-async def open_connection(host: str, port: int, *, dialer: Dialer = DIRECT
-                          ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """``asyncio.open_connection`` to where ``dialer`` says ``host:port`` really is.
-
-    Raises ``ConnectionRefusedError`` for an address with no route (no real dial happens)."""
-    try:
-        real_host, real_port = dialer.resolve(host, port)
-    except NoRoute as e:
-        raise ConnectionRefusedError(str(e)) from e
-    return await asyncio.open_connection(real_host, real_port)
