@@ -265,6 +265,31 @@ def _dev_up(args: argparse.Namespace) -> int:
     return asyncio.run(run_dev_up(options=options))
 
 
+def _dev_curl(args: argparse.Namespace) -> int:
+    from vkprovider.devcurl import DevCurlError, address_map_dir, curl_service, parse_target
+
+    target = parse_target(args.target)  # what was typed wrong: one line, exit 2
+    network = address_map_dir(flag=args.address_map, env=os.environ.get("VKP_ADDRESS_MAP"))
+    client = _kube_client(kubeconfig=args.kubeconfig, source="--kubeconfig",
+                          user_agent=f"vkprovider-dev-curl/{__version__}")
+
+    async def curl() -> int:
+        async with client:
+            try:
+                answer = await curl_service(kube=client, target=target, address_map=network,
+                                            timeout=args.timeout)
+            except DevCurlError as exc:
+                sys.stderr.write(f"vkprovider dev curl: {one_line(str(exc))}\n")
+                return 1
+        sys.stderr.write(f"{answer.status} from {answer.endpoint} (via {answer.via})\n")
+        sys.stdout.write(answer.body if answer.body.endswith("\n") or not answer.body
+                         else answer.body + "\n")
+        sys.stdout.flush()
+        return 0 if 200 <= answer.status < 300 else 1
+
+    return asyncio.run(curl())
+
+
 def _run(args: argparse.Namespace) -> int:
     from vkprovider.api.tls import self_signed_files, server_context
     from vkprovider.config import Settings, load_model
@@ -526,6 +551,20 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also run real Kueue v0.17.0 (its CRDs, the manager, its webhooks on "
                          "loopback); needs VKP_KUEUE_BIN=$(bash tools/kueue/build.sh)")
     up.set_defaults(func=_dev_up)
+    curl = dev_sub.add_parser(
+        "curl", parents=[with_kube],
+        help="GET a path from a Service on dev up's lab network: a ready endpoint of its "
+             "EndpointSlices, dialled through the address map (virtual addresses are not "
+             "routed); the body on stdout, exit 0 on a 2xx answer")
+    curl.add_argument("target", metavar="NS/SERVICE[:PORT][/PATH]",
+                      help="e.g. serving/inference/ or dev/llm:web/healthz (PORT: the Service "
+                           "port's name or number; default its only port)")
+    curl.add_argument("--address-map", metavar="DIR",
+                      help="the lab network's address map (default: $VKP_ADDRESS_MAP, which "
+                           "dev up prints)")
+    curl.add_argument("--timeout", type=_positive_seconds, default=10.0,
+                      help="seconds the request may take (default 10)")
+    curl.set_defaults(func=_dev_curl, takes_kubeconfig=True)
     return parser
 
 
