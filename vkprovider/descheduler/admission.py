@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from vkprovider.descheduler import prewarm_plan
 from vkprovider.descheduler.metrics import CompanionMetrics
 from vkprovider.descheduler.preemption import PreemptionTracker
 from vkprovider.kube import KubeClient
@@ -411,8 +412,12 @@ class OverflowAdmission:
         self.preemptions = preemptions
         if preemptions is not None:
             preemptions.on_credit = self._wake_now
+        # Deployments a pre-warm surged (descheduler/prewarm.py): its label, its intent
+        self.prewarmed = Informer(client=client, path="/apis/apps/v1/deployments",
+                                  params={"labelSelector": f"{prewarm_plan.LABEL}=true"},
+                                  name="prewarmed", handler=self._poke)
         self.informers = (self.pending, *self.external_by_node.values(), self.virtual_nodes,
-                          self.policies, self.namespaces, self.gpu_providers,
+                          self.policies, self.namespaces, self.gpu_providers, self.prewarmed,
                           *((preemptions.informer,) if preemptions is not None else ()))
         self._wake = asyncio.Event()
         self._refused: dict[str, str] = {}  # pod uid -> last refusal reason told
@@ -524,7 +529,8 @@ class OverflowAdmission:
                       and unschedulable_since(p) is not None
                       and not p["metadata"].get("deletionTimestamp")
                       and not any(o.get("uid") in self.hold
-                                  for o in p["metadata"].get("ownerReferences") or [])]
+                                  for o in p["metadata"].get("ownerReferences") or [])
+                      and self._prewarm_role(p) != "hold"]
         in_flight = [p for p in self.pending.store.values() if pod_policy(p)]
         usage = usage_by_policy([*self.external(), *in_flight])
         per_gpu = self._price_per_gpu()
@@ -541,6 +547,21 @@ class OverflowAdmission:
                                                 * pod_gpus(pod))
                 self._unpriced.add(decision.policy)
         await self._publish_status(policies, usage, per_gpu)
+
+    def _prewarm_role(self, pod: Body) -> str | None:
+        """``"now"`` for a surge pod of a Deployment being pre-warmed (admitted without waiting
+        ``overflowAfter``), ``"hold"`` for a Pending pod of one whose surge is Ready (a
+        replacement the scale-back removes: not admitted), None otherwise. Read from the intent
+        annotation on the Deployment (prewarm_plan.admission_role), so it survives restarts."""
+        if not self.prewarmed.store:
+            return None
+        intents: dict[str, prewarm_plan.Intent] = {}
+        for key, dep in self.prewarmed.store.items():
+            with contextlib.suppress(ValueError):
+                intent = prewarm_plan.intent_of(dep)
+                if intent is not None:
+                    intents[key] = intent
+        return prewarm_plan.admission_role(pod, intents)
 
     def _price_per_gpu(self) -> dict[str, float]:
         spent: dict[str, tuple[float, int]] = {}
@@ -571,7 +592,8 @@ class OverflowAdmission:
             wait = pol.parse_duration(policy.spec.overflow_after)
             credit = (self.preemptions.credit_for(pod)
                       if self.preemptions is not None and now - since < wait else None)
-            if now - since < wait and credit is None:
+            prewarm = now - since < wait and self._prewarm_role(pod) == "now"
+            if now - since < wait and credit is None and not prewarm:
                 return None  # not yet: overflowAfter has not passed
             limits = policy.spec.limits
             if limits.max_price_per_hour is not None and policy.name in self._unpriced:
@@ -604,6 +626,9 @@ class OverflowAdmission:
                     self.metrics.preemption_fast_path.inc()
                     why = (f"replaces {credit.victim}, preempted by the scheduler: admitted "
                            f"without waiting overflowAfter")
+                elif prewarm:
+                    why = ("a pre-warm surge replica (its Deployment is pre-warmed for a Kueue "
+                           "gang): admitted without waiting overflowAfter")
                 return await self._record(pod, Decision(
                     pod=key, decision="Admitted", policy=policy.name,
                     reason=f"{why}; {gpus} GPU(s) within the policy's limits"))

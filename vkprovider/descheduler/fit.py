@@ -69,7 +69,8 @@ def slim_pod(obj: Body) -> Body:
                             or k == "controller.kubernetes.io/pod-deletion-cost"},
             "labels": meta.get("labels") or {},
         },
-        "spec": {"nodeName": spec.get("nodeName"), "requests": requests_of(spec)},
+        "spec": {"nodeName": spec.get("nodeName"), "requests": requests_of(spec),
+                 "priority": spec.get("priority")},
         "status": {"phase": (obj.get("status") or {}).get("phase"),
                    "ready": any(c.get("type") == "Ready" and c.get("status") == "True"
                                 for c in (obj.get("status") or {}).get("conditions") or [])},

@@ -35,3 +35,15 @@ class CompanionMetrics:
             "vkprovider_preemption_fast_path_admissions",
             "Replacements of replicas the scheduler preempted, admitted to overflow without "
             "waiting overflowAfter.", registry=r)
+        # pre-warm, the Kueue admission check (descheduler/prewarm.py)
+        self.prewarm_checks = Counter(
+            "vkprovider_prewarm_checks",
+            "Pre-warm admission check outcomes by result: ready, not-needed, timed-out, retry, "
+            "dry-run.", ["result"], registry=r)
+        self.prewarm_seconds = Histogram(
+            "vkprovider_prewarm_duration_seconds",
+            "From recording a pre-warm surge to its replicas Ready (the delay added to the "
+            "gang's admission).", buckets=(5, 10, 20, 30, 60, 120, 300, 600), registry=r)
+        self.prewarm_surge_replicas = Gauge(
+            "vkprovider_prewarm_surge_replicas",
+            "Replicas surged onto the virtual node by pre-warms in flight.", registry=r)

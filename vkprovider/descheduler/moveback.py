@@ -53,6 +53,7 @@ from typing import Any
 from vkprovider.descheduler.admission import Decision, OverflowAdmission
 from vkprovider.descheduler.fit import find_fit, slim_node, slim_pod
 from vkprovider.descheduler.metrics import CompanionMetrics
+from vkprovider.descheduler.prewarm_plan import INTENT as PREWARM_INTENT
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
 from vkprovider.kube.events import EventRecorder
@@ -222,8 +223,8 @@ class MoveBack:
             if policy is None or not policy.spec.move_back.enabled:
                 continue
             dep = self._deployment_of(pod)
-            if dep is None:
-                continue
+            if dep is None or PREWARM_INTENT in (dep["metadata"].get("annotations") or {}):
+                continue  # (a pre-warm owns the replica count until it is done)
             key = _key(dep)
             if key in seen or key in self.in_flight:
                 continue

@@ -33,6 +33,7 @@ from vkprovider.descheduler.admission import OverflowAdmission
 from vkprovider.descheduler.metrics import CompanionMetrics
 from vkprovider.descheduler.moveback import MoveBack
 from vkprovider.descheduler.preemption import PreemptionTracker
+from vkprovider.descheduler.prewarm import Prewarm
 from vkprovider.kube import KubeClient
 from vkprovider.kube.events import EventRecorder
 from vkprovider.kube.leader import LeaderElector
@@ -55,14 +56,17 @@ class CompanionHealth:
     when both loops' watches have synced and each loop showed life within its bound: admission
     passes every ``interval`` seconds (bound: 10 intervals, at least 60 s); move-back every
     ``move_back_interval`` (bound: 4 intervals, at least 180 s, as finishing one move recorded
-    before a restart may wait up to 2 minutes).
+    before a restart may wait up to 2 minutes); pre-warm, the Kueue admission check, within the
+    admission loop's bound (it looks at least every 10 s).
     """
 
     def __init__(self, *, admission: OverflowAdmission, moveback: MoveBack, standby: bool,
                  interval: float, move_back_interval: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 prewarm: Prewarm | None = None) -> None:
         self.admission = admission
         self.moveback = moveback
+        self.prewarm = prewarm
         self.standby = standby
         self.admission_stale_after = max(60.0, 10 * interval)
         self.moveback_stale_after = max(180.0, 4 * move_back_interval)
@@ -74,7 +78,9 @@ class CompanionHealth:
         now = self.clock()
         problems = [p for p in (
             self.admission.problem(now=now, stale_after=self.admission_stale_after),
-            self.moveback.problem(now=now, stale_after=self.moveback_stale_after)) if p]
+            self.moveback.problem(now=now, stale_after=self.moveback_stale_after),
+            self.prewarm.problem(now=now, stale_after=self.admission_stale_after)
+            if self.prewarm is not None else None) if p]
         if problems:
             return False, "; ".join(problems)
         return True, "ok"
@@ -134,10 +140,13 @@ async def run_companion(
     moveback = MoveBack(client=client, events=events, node_names=nodes, admission=admission,
                         interval=move_back_interval, headroom_gpus=headroom_gpus,
                         metrics=metrics)
+    prewarm = Prewarm(client=client, events=events, node_names=nodes, admission=admission,
+                      moveback=moveback, metrics=metrics)
     sock = (bind(host="0.0.0.0", port=metrics_port, what=f"--metrics-port {metrics_port}")
             if metrics_port else None)
     health = CompanionHealth(admission=admission, moveback=moveback, standby=leader_elect,
-                             interval=interval, move_back_interval=move_back_interval)
+                             interval=interval, move_back_interval=move_back_interval,
+                             prewarm=prewarm)
     server = None if sock is None else asyncio.ensure_future(serve(
         app=metrics_app(registry=metrics.registry, health=health.check), sock=sock,
         name="metrics", graceful_seconds=1))
@@ -168,7 +177,8 @@ async def run_companion(
                 lost = leading.result()
                 health.standby = False  # now judged by its loops (informers synced, alive)
             async with asyncio.TaskGroup() as tg:
-                tasks = [tg.create_task(admission.run()), tg.create_task(moveback.run())]
+                tasks = [tg.create_task(admission.run()), tg.create_task(moveback.run()),
+                         tg.create_task(prewarm.run())]
                 waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(lost.wait())]
                 await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
                 for t in [*tasks, *waiters]:

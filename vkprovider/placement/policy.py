@@ -62,7 +62,8 @@ REASON_UNMAPPED_GPU_TYPE = "UnmappedGPUType"
 REASON_SECRET_NOT_FOUND = "SecretNotFound"
 
 #: Well-known ``status.lastDecisions[].decision`` values (the CRD accepts any CamelCase word).
-DECISIONS = ("Admitted", "Refused", "WouldAdmit", "MovedBack", "MoveBackFailed", "WouldMoveBack")
+DECISIONS = ("Admitted", "Refused", "WouldAdmit", "MovedBack", "MoveBackFailed", "WouldMoveBack",
+             "Prewarmed", "PrewarmTimedOut", "WouldPrewarm")
 
 #: Kept in ``status.lastDecisions`` at most (the CRD's maxItems).
 MAX_DECISIONS = 20
@@ -303,6 +304,39 @@ class MoveBack(_Frozen):
         return parse_duration(self.timeout, field="spec.moveBack.timeout")
 
 
+class Prewarm(_Frozen):
+    """``spec.prewarm``: surge these pods onto the cloud before a Kueue gang displaces them.
+
+    Used by the ``vkprovider.io/prewarm`` AdmissionCheck (descheduler/prewarm.py): when a gang
+    has quota reserved, the replicas it will preempt are first surged onto the virtual node and
+    the check turns Ready once they are Ready. ``timeout`` bounds that wait; then ``onTimeout``
+    decides: ``Proceed`` (the check goes Ready anyway, training is never blocked by inference)
+    or ``Retry`` (the check goes Retry: Kueue releases the quota and tries again later).
+    """
+
+    enabled: StrictBool = True
+    timeout: Duration = "5m"
+    on_timeout: Literal["Proceed", "Retry"] = "Proceed"
+
+    @model_validator(mode="after")
+    def _bounded_timeout(self) -> Prewarm:
+        seconds = parse_duration(self.timeout)
+        if seconds <= 0:
+            raise _SubfieldError("timeout", "must be longer than 0s")
+        if seconds > PREWARM_MAX_TIMEOUT_SECONDS:
+            raise _SubfieldError("timeout", "must be at most 1h: a gang must not wait longer "
+                                            "on inference")
+        return self
+
+    @property
+    def timeout_seconds(self) -> float:
+        return parse_duration(self.timeout, field="spec.prewarm.timeout")
+
+
+#: ``spec.prewarm.timeout`` at most (the CRD says the same).
+PREWARM_MAX_TIMEOUT_SECONDS = 3600.0
+
+
 class OverflowPolicySpec(_Frozen):
     """``spec`` of an OverflowPolicy."""
 
@@ -313,6 +347,7 @@ class OverflowPolicySpec(_Frozen):
     limits: Limits = Field(default_factory=Limits)
     overflow_after: Duration = "0s"
     move_back: MoveBack = Field(default_factory=MoveBack)
+    prewarm: Prewarm = Field(default_factory=Prewarm)
     exec_probes: Literal["Refuse", "Ignore"] = "Refuse"
     dry_run: StrictBool = False
 
