@@ -238,6 +238,11 @@ BAD_PODS: list[tuple[str, dict[str, Any], str, str]] = [
      {"container": {"ports": [{"name": "http", "containerPort": 8000}],
                     "livenessProbe": {"httpGet": {"path": "/", "port": "metrics"}}}},
      "UnsupportedPodSpec", "named port 'metrics' does not exist"),
+    ("undeclared-numeric-probe-port",
+     {"container": {"ports": [{"name": "http", "containerPort": 8000}],
+                    "readinessProbe": {"tcpSocket": {"port": 9000}}}},
+     "UnsupportedPodSpec", "spec.containers[0].readinessProbe.tcpSocket.port: port 9000 is not "
+                           "declared"),
     # the mock rents GPU machines only: a GPU-less pod never reaches it (it would answer 422)
     ("zero-gpus", {"gpus": 0}, "InvalidResources",
      "resources.limits[nvidia.com/gpu]: no GPU requested"),
