@@ -272,7 +272,7 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
         await cluster.start()
         cluster.start_fake_kubelet(start_delay=1, address_map_dir=network)
         n.say(f"API server at {cluster.server}; logs in {cluster.log_dir}")
-        n.say(f"lab network: pod and instance addresses are virtual (100.64.x.y inside, "
+        n.say(f"lab network: pod and instance addresses are virtual (10.244.x.y inside, "
               f"198.18.x.y on the clouds), routed to real listeners on loopback by the address "
               f"map in {network}")
         async with cluster.client() as kube:

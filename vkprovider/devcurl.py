@@ -1,7 +1,7 @@
 """``vkprovider dev curl NS/SERVICE[:PORT][/PATH]``: one request to a Service on the lab network.
 
 Why it exists: under ``vkprovider dev up`` (and the demo) pods and cloud instances have virtual
-addresses (100.64.x.y inside, 198.18.x.y on the mock cloud) that nothing on the machine routes;
+addresses (10.244.x.y inside, 198.18.x.y on the mock cloud) that nothing on the machine routes;
 the lab's *address map* (:mod:`vkprovider.probing.dialing`) says which loopback listener serves
 each one, as kube-proxy's DNAT would. Plain ``curl`` cannot go through it; this command does what
 kube-proxy and curl would together: read the Service, take a ready endpoint of its EndpointSlices

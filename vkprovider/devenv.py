@@ -19,7 +19,7 @@ stops every process, removes the kubeconfig copy and the temporary files, and ex
 of the system that dies on its own stops everything, with its last log lines, and exits 1.
 
 Traffic is real on the lab network: internal pods (the fake kubelet) and cloud instances (the
-mock cloud) get virtual addresses (100.64.x.y, 198.18.x.y) that nothing on the machine routes,
+mock cloud) get virtual addresses (10.244.x.y, 198.18.x.y) that nothing on the machine routes,
 each served by a real listener on loopback; one *address map* (``LocalCluster.address_map_dir``,
 see :mod:`vkprovider.probing.dialing`) says where, as kube-proxy's DNAT would. The fake kubelet and
 the mock cloud publish their routes there (each cloud with its own public address block), the
