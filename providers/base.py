@@ -208,6 +208,18 @@ class Unsupported(ProviderError):
     """The cloud does not offer this operation (exec, previous logs, ...)."""
 
 
+class ImagePullError(ProviderError):
+    """The cloud cannot pull the image with the credentials it was given (none, or rejected).
+
+    Like the kubelet's ImagePullBackOff: the pod waits and is retried with backoff, because the
+    fix is usually outside the pod (a Secret corrected, a registry permission granted).
+    ``registry`` is the image's registry host. The message never holds a credential."""
+
+    def __init__(self, message: str, *, provider: str = "", registry: str = "") -> None:
+        super().__init__(message, provider=provider)
+        self.registry = registry
+
+
 def runs_without_gpu(provider: object) -> bool:
     """Whether an adapter can run an instance with no GPU (``gpu_count == 0``).
 

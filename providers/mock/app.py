@@ -26,6 +26,7 @@ from providers.mock.bodies import (
     HealthBody,
     InventoryBody,
     LoadBody,
+    RegistryBody,
 )
 from providers.mock.errors import LostResponse, MockCloudError, describe_errors
 from providers.mock.scenario import ScenarioError, parse_scenario
@@ -300,6 +301,22 @@ def create_app(*, state: MockCloudState) -> FastAPI:
         except ValueError as exc:
             raise MockCloudError(status=400, code="invalid_request", message=str(exc)) from None
         return JSONResponse(inventory_json())
+
+    @app.get("/admin/registries", dependencies=admin_only)
+    async def admin_get_registries() -> JSONResponse:
+        return JSONResponse({"private": state.private_registries()})
+
+    @app.put("/admin/registries/{host}", dependencies=admin_only)
+    async def admin_put_registry(request: Request, host: str) -> JSONResponse:
+        body = await _parse_body(request, RegistryBody)
+        state.set_private_registry(host, username=body.username,
+                                   password=body.password.get_secret_value())
+        return JSONResponse({"private": state.private_registries()})
+
+    @app.delete("/admin/registries/{host}", dependencies=admin_only)
+    async def admin_delete_registry(host: str) -> JSONResponse:
+        state.remove_private_registry(host)
+        return JSONResponse({"private": state.private_registries()})
 
     @app.get("/admin/config", dependencies=admin_only)
     async def admin_get_config() -> JSONResponse:

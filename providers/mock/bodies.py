@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 __all__ = [
     "ConfigBody",
@@ -50,6 +50,22 @@ class CreateBody(BaseModel):
     max_price_per_hour: float | None = Field(default=None, ge=0)
     regions: list[str] | None = None  # without ``region``: choose only among these
     tags: dict[str, str] = Field(default_factory=dict)
+    registry_auth: RegistryAuthBody | None = None
+
+
+class RegistryAuthBody(BaseModel):
+    """Pull credentials sent with a create (the mock checks them for its private registries)."""
+
+    registry: str = Field(min_length=1)
+    username: str
+    password: SecretStr  # never echoed, never logged
+
+
+class RegistryBody(BaseModel):
+    """``PUT /admin/registries/{host}``: make ``host`` private with these credentials."""
+
+    username: str = Field(min_length=1)
+    password: SecretStr
 
 
 class FailBody(BaseModel):

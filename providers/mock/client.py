@@ -31,6 +31,7 @@ import httpx
 from providers.base import (
     TAG_NODE,
     CapacityError,
+    ImagePullError,
     Instance,
     InstanceSpec,
     InstanceState,
@@ -163,6 +164,10 @@ class MockProvider(HTTPAdapter):
         }
         if self.regions and spec.region is None:
             body["regions"] = list(self.regions)
+        if spec.registry_auth is not None:
+            auth = spec.registry_auth
+            body["registry_auth"] = {"registry": auth.registry, "username": auth.username,
+                                     "password": auth.password}
         what = f"create instance {spec.name!r}"
         response = await self._request("POST", "/instances", what=what, json_body=body)
         return self._instance(self._json(response, what=what), what=what)
@@ -307,6 +312,9 @@ class MockProvider(HTTPAdapter):
                 return CapacityError(message, provider=p)
             if code == "invalid_spec" and status != 429:
                 return InvalidSpec(message, provider=p)
+            if code == "image_pull_denied":
+                registry = detail.partition("registry ")[2].partition(" ")[0]
+                return ImagePullError(message, provider=p, registry=registry)
         return self._classify(response, message)
 
     def _instance(self, data: Any, *, what: str) -> Instance:

@@ -131,6 +131,15 @@ def _parse_float(
     return value
 
 
+
+def image_registry(image: str) -> str:
+    """The registry host of an image reference, as the kubelet reads it (``docker.io`` when the
+    first path part names no host)."""
+    first, sep, _ = image.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first.lower()
+    return "docker.io"
+
 class MockCloudState:
     """The whole mock cloud: inventory, instances, ledger, counters, faults and knobs.
 
@@ -197,6 +206,7 @@ class MockCloudState:
         self._initial_load_seconds = load_seconds
         self.load_seconds: float = load_seconds
         self.name = name
+        self._private: dict[str, tuple[str, str]] = {}  # host -> (user, sha256 of password)
         self.listeners = ListenerSet(
             clock=clock,
             address_map_dir=None if address_map_dir is None else Path(address_map_dir),
@@ -411,6 +421,40 @@ class MockCloudState:
             raise ValueError("the inventory lists a (gpu_type, region) twice")
         return result
 
+    # ---- private registries (pull credentials) -------------------------------------------------
+
+    def set_private_registry(self, host: str, *, username: str, password: str) -> None:
+        """Make ``host`` private: images from it need these credentials. Only a digest of the
+        password is kept."""
+        digest = hashlib.sha256(password.encode()).hexdigest()
+        self._private[host.lower()] = (username, digest)
+
+    def remove_private_registry(self, host: str) -> bool:
+        return self._private.pop(host.lower(), None) is not None
+
+    def private_registries(self) -> list[str]:
+        return sorted(self._private)
+
+    def _check_pull(self, body: CreateBody) -> None:
+        """The pull a real cloud would do: an image from a private registry needs its
+        credentials; wrong or missing ones fail the create, naming the registry (never the
+        credential)."""
+        host = image_registry(body.image)
+        want = self._private.get(host)
+        if want is None:
+            return
+        auth = body.registry_auth
+        if auth is None or auth.registry.lower() != host:
+            raise MockCloudError(status=422, code="image_pull_denied",
+                                 message=f"pull access denied for {body.image}: registry {host} "
+                                         "needs credentials and none for it were sent")
+        digest = hashlib.sha256(auth.password.get_secret_value().encode()).hexdigest()
+        if not (hmac.compare_digest(auth.username, want[0])
+                and hmac.compare_digest(digest, want[1])):
+            raise MockCloudError(status=422, code="image_pull_denied",
+                                 message=f"pull access denied for {body.image}: registry {host} "
+                                         f"rejected the credentials of user {auth.username!r}")
+
     def set_inventory(self, offers: Iterable[InventoryOffer]) -> None:
         checked = self._checked_inventory(offers)
         self._inventory = {(o.gpu_type, o.region): o for o in checked}
@@ -461,6 +505,7 @@ class MockCloudState:
                 return self._instance_json(existing), False
         if not body.image.strip():
             raise MockCloudError(status=400, code="invalid_spec", message="image is empty")
+        self._check_pull(body)
         known_types = {o.gpu_type for o in self._inventory.values()}
         if body.gpu_type is not None and body.gpu_type not in known_types:
             raise MockCloudError(
@@ -814,6 +859,7 @@ class MockCloudState:
             self._initial_knobs
         )
         self.load_seconds = self._initial_load_seconds
+        self._private.clear()
         self._live.clear()
         self.listeners.sync(())
         self._all.clear()

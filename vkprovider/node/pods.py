@@ -50,6 +50,7 @@ from providers.base import (
     TAG_UID,
     AuthError,
     CapacityError,
+    ImagePullError,
     Instance,
     InstanceSpec,
     InstanceState,
@@ -795,6 +796,7 @@ class PodController:
         order = [pinned] if pinned is not None else allowed
         reasons: list[str] = []
         refused: list[str] = []
+        pull_denied: list[ImagePullError] = []
         unlisted: list[str] = []
         cooling: list[float] = []  # seconds until a rate-limited provider may be asked again
         for name in order:
@@ -850,6 +852,10 @@ class PodController:
                                   reason="quota")
                 reasons.append(f"{name}: quota ({exc})")
                 continue
+            except ImagePullError as exc:  # the image's credentials: wait, as ImagePullBackOff
+                self._count(name, "create", exc)
+                pull_denied.append(exc)
+                continue
             except InvalidSpec as exc:  # this cloud never can; another of the policy may
                 self._count(name, "create", exc)
                 text = str(exc)
@@ -884,6 +890,8 @@ class PodController:
             await self._sync(pod, uid, self.placed[uid])
             return
 
+        if pull_denied and not self._past_create_deadline(meta):
+            await self._image_pull_backoff(pod, spec, pull_denied)
         if cooling and not self._past_create_deadline(meta):
             # a provider of this pod only asked us to wait: no event, no failover cost
             raise Retry("rate limited by the cloud", after=min(cooling))
@@ -896,6 +904,23 @@ class PodController:
             raise Retry(f"{', '.join(unlisted)} cannot be listed now", after=2.0)
         await self._no_provider(pod, meta, spec,
                                 reasons + [f"{n}: cannot be listed now" for n in unlisted])
+
+    async def _image_pull_backoff(self, pod: Body, spec: InstanceSpec,
+                                  denied: list[ImagePullError]) -> None:
+        """No cloud could pull the image with the pod's credentials: the pod waits in
+        ``ErrImagePull`` (a Warning names imagePullSecrets and the registry) and is retried
+        with backoff, re-reading its Secrets, as the kubelet's ImagePullBackOff does."""
+        registry = denied[0].registry or "its registry"
+        secret = spec.registry_auth.secret if spec.registry_auth is not None else None
+        given = (f"the credential from Secret {secret!r}" if secret
+                 else "no credential (no matching spec.imagePullSecrets entry)")
+        message = (f"spec.imagePullSecrets: {registry} refused the pull of {spec.image} with "
+                   f"{given}: " + "; ".join(f"{e.provider or '?'}: {e}" for e in denied))
+        status = podstatus.image_pull_status(pod=pod, message=message, now=datetime.now(UTC))
+        await self._patch_status(pod, status)
+        await self.events.emit(obj=_pod_ref(pod), reason="Failed", type_="Warning",
+                               message=f"Failed to pull image {spec.image!r}: {message}")
+        raise Retry("image pull refused")  # rate-limited backoff, up to max_backoff_seconds
 
     def _release(self, name: str, provider: Provider, want: Held) -> None:
         """Undo the reservation of one create (under the name it is served by now)."""

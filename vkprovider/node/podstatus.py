@@ -42,6 +42,7 @@ __all__ = [
     "config_pending_status",
     "failed_status",
     "format_time",
+    "image_pull_status",
     "instance_annotations",
     "status_changed",
 ]
@@ -398,11 +399,13 @@ def failed_status(
     return status
 
 
-def config_pending_status(*, pod: Mapping[str, Any], message: str, now: datetime) -> dict[str, Any]:
+def config_pending_status(*, pod: Mapping[str, Any], message: str, now: datetime,
+                          reason: str = "CreateContainerConfigError") -> dict[str, Any]:
     """Status for a pod waiting on a missing Secret/ConfigMap (``PodConfigPending``).
 
-    Phase Pending with the container waiting in ``CreateContainerConfigError``; a pod already past
-    Pending keeps its phase (phase never goes backwards) and a terminal pod keeps its status.
+    Phase Pending with the container waiting in ``reason`` (``CreateContainerConfigError``); a
+    pod already past Pending keeps its phase (phase never goes backwards) and a terminal pod keeps
+    its status.
     """
     current = _map(pod, "status")
     current_phase = current.get("phase") or PENDING
@@ -421,11 +424,17 @@ def config_pending_status(*, pod: Mapping[str, Any], message: str, now: datetime
         _container_status(
             pod=pod,
             instance=None,
-            state=_waiting("CreateContainerConfigError", message),
+            state=_waiting(reason, message),
             ready=False,
         )
     ]
     return status
+
+
+def image_pull_status(*, pod: Mapping[str, Any], message: str, now: datetime) -> dict[str, Any]:
+    """Status for a pod whose image no cloud could pull with its credentials: waiting in
+    ``ErrImagePull``, as the kubelet shows it (and retries it)."""
+    return config_pending_status(pod=pod, message=message, now=now, reason="ErrImagePull")
 
 
 def _normalise(value: Any) -> Any:
