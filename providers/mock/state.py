@@ -688,11 +688,19 @@ class MockCloudState:
         return self._instance_json(record)
 
     def restart(self, instance_id: str) -> dict[str, Any]:
-        """Restart the container: its ports close, it boots again (``boot_delay``), then its
-        model server loads again; ``restart_count`` goes up. 409 once it stopped."""
-        record = self._stoppable(instance_id)
+        """Restart the container, running or exited (as ``docker restart`` does): its ports
+        close, it boots again (``boot_delay``), then its model server loads again;
+        ``restart_count`` goes up. 409 once a delete was asked."""
+        record = self._live_record(instance_id)
+        if record.deleting is not None:
+            raise MockCloudError(status=409, code="invalid_state",
+                                 message=f"instance {instance_id} is being deleted")
         now = self.clock()
         record.restart_count += 1
+        record.finished = None
+        record.exit_code = None
+        record.message = None
+        record.crashed = False
         record.phase = Phase.PENDING
         record.run_started = None
         record.boot_at = now + max(0.0, self.boot_delay)

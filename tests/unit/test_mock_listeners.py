@@ -347,16 +347,21 @@ async def test_restart_closes_the_ports_boots_again_and_counts(
     assert cloud.stats()["restart_calls"] == 1
 
 
-async def test_restart_of_a_gone_or_stopped_instance_is_refused(
+async def test_restart_of_a_gone_or_deleting_instance_is_refused_an_exited_one_restarts(
         manual: tuple[MockCloud, ManualClock, Path]) -> None:
     cloud, _, _ = manual
     cloud.state.boot_delay = 0.0
+    cloud.state.delete_delay = 60.0
     provider = cloud.provider()
     with pytest.raises(NotFound):
         await provider.restart("mi-missing")
     inst = await provider.create(spec("vk-stopped"))
     async with httpx.AsyncClient(base_url=cloud.url) as admin:
         await admin.post(f"/admin/instances/{inst.id}/exit", json={"exit_code": 3})
+        resp = await admin.post(f"/instances/{inst.id}/restart")  # an exited container
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["restart_count"] == 1 and resp.json()["exit_code"] is None
+        await provider.delete(inst.id)
         resp = await admin.post(f"/instances/{inst.id}/restart")
         assert resp.status_code == 409 and resp.json()["error"]["code"] == "invalid_state"
     with pytest.raises(ProviderError):
