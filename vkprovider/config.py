@@ -69,6 +69,9 @@ class PodSettings(_Frozen):
     # endpoints turned not-ready, so load balancers stop sending before the server goes.
     drain_seconds: float = Field(default=5.0, ge=0)
     probe_concurrency: int = Field(default=64, ge=1, le=4096)  # probes in flight at once
+    # restartPolicy: the first restart of an exited container waits this long, doubling per
+    # restart up to 300 s (the kubelet's CrashLoopBackOff)
+    crash_backoff_seconds: float = Field(default=10.0, gt=0)
     # Labs only: a directory of address maps (vkprovider.probing.dialing) that probes dial
     # through instead of the network, as the test harness's simulated DNAT. None: direct.
     probe_address_map: str | None = None

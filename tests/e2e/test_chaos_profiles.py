@@ -94,7 +94,9 @@ async def test_profile_keeps_every_invariant(
     sem = asyncio.Semaphore(32)
 
     async def make(i: int) -> None:
-        spec = pod_spec(system.node_name)
+        # run-once pods: a crashed instance ends the pod (restartPolicy Always would restart it
+        # in place, tests/e2e/test_pods.py covers that)
+        spec = pod_spec(system.node_name, restartPolicy="Never")
         if profile.bind:  # the scheduler would (rightly) keep them Pending at 0 allocatable
             del spec["nodeSelector"]
             spec["nodeName"] = system.node_name

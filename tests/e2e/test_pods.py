@@ -167,10 +167,12 @@ async def test_kill_9_mid_burst_then_restart_runs_each_pod_exactly_once(
     assert len(live) == 200
 
 
-async def test_failed_instance_fails_the_pod_and_its_replicaset_replaces_it(
+async def test_a_failed_instance_of_a_deployment_pod_is_restarted_in_place(
     kube: KubeClient, namespace: str, system: System
 ) -> None:
-    await system.start()
+    """restartPolicy Always (a Deployment's): the kubelet restarts a failed container after a
+    back-off; so does the provider, on the same instance, and restartCount follows."""
+    await system.start(pods={"crash_backoff_seconds": 1})
     await node_ready(kube, system.node_name)
     await kube.create(f"/apis/apps/v1/namespaces/{namespace}/deployments", {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "infer"},
@@ -183,33 +185,74 @@ async def test_failed_instance_fails_the_pod_and_its_replicaset_replaces_it(
     victim = pods[0]
     instance = victim["metadata"]["annotations"]["vkprovider.io/instance-id"]
     await system.clouds[0].admin("POST", f"/admin/instances/{instance}/fail",
-                                 json={"message": "GPU fell off the bus (Xid 79)"})
-
+                                 json={"message": "GPU fell off the bus (Xid 79)",
+                                       "exit_code": 137})
     path = f"/api/v1/namespaces/{namespace}/pods/{victim['metadata']['name']}"
-
-    async def victim_or_none() -> dict[str, Any] | None:
-        try:
-            return await kube.get(path)
-        except Exception:
-            return None
-
-    failed = await eventually(victim_or_none,
-                              until=lambda p: p is None or p["status"]["phase"] == "Failed",
-                              timeout=60, what="the victim Failed")
-    if failed is not None:
-        term = failed["status"]["containerStatuses"][0]["state"]["terminated"]
-        assert "Xid 79" in term.get("message", "")
-    await eventually(lambda: list_pods(kube, namespace, "app=infer"),
-                     until=lambda p: sum(1 for x in p if x["status"].get("phase") == "Running"
-                                         and x["metadata"]["uid"] != victim["metadata"]["uid"])
-                     == 2, timeout=90, what="a replacement Running")
+    backoff = await eventually(lambda: kube.get(path), timeout=60, what="CrashLoopBackOff",
+                               until=lambda p: (p["status"]["containerStatuses"][0]["state"]
+                                                .get("waiting") or {}).get("reason")
+                               == "CrashLoopBackOff")
+    last = backoff["status"]["containerStatuses"][0]["lastState"]["terminated"]
+    assert last["exitCode"] == 137 and "Xid 79" in last["message"]
+    assert backoff["status"]["phase"] == "Running", "a restart is coming: never Failed"
+    again = await eventually(
+        lambda: kube.get(path), timeout=60, what="Running again after the restart",
+        until=lambda p: p["status"]["containerStatuses"][0]["restartCount"] == 1
+        and "running" in p["status"]["containerStatuses"][0]["state"])
+    assert again["metadata"]["annotations"]["vkprovider.io/instance-id"] == instance
+    assert again["metadata"]["uid"] == victim["metadata"]["uid"], "the same pod, not replaced"
     reasons = {e["reason"] for e in await events_for(kube, namespace, victim["metadata"]["name"])}
-    assert "InstanceFailed" in reasons
+    assert "BackOff" in reasons
     ledger = await system.clouds[0].ledger()
-    victim_entry = next(e for e in ledger if e["uid"] == victim["metadata"]["uid"])
-    await eventually(system.clouds[0].ledger,
-                     until=lambda led: next(e for e in led if e["id"] == victim_entry["id"])[
-                         "state"] == "deleted", timeout=30, what="the failed instance deleted")
+    assert len(ledger) == 2, "restarted, never a second instance"
+
+
+@pytest.mark.parametrize(("policy", "exit_code", "phase"), [
+    ("Never", 3, "Failed"), ("Never", 0, "Succeeded"),
+    ("OnFailure", 0, "Succeeded"), ("OnFailure", 4, "Running"),
+])
+async def test_restart_policy_decides_what_an_exit_does(
+    kube: KubeClient, namespace: str, system: System, policy: str, exit_code: int,
+    phase: str,
+) -> None:
+    await system.start(pods={"crash_backoff_seconds": 1})
+    await node_ready(kube, system.node_name)
+    await create_pod(kube, namespace, "job", pod_spec(system.node_name, restartPolicy=policy),
+                     labels={"app": "job"})
+    pods = await eventually(lambda: list_pods(kube, namespace, "app=job"),
+                            until=lambda p: running(p, 1), timeout=60, what="Running")
+    instance = pods[0]["metadata"]["annotations"]["vkprovider.io/instance-id"]
+    await system.clouds[0].admin("POST", f"/admin/instances/{instance}/exit",
+                                 json={"exit_code": exit_code})
+    path = f"/api/v1/namespaces/{namespace}/pods/job"
+    if phase == "Running":  # OnFailure and a failure: restarted in place
+        pod = await eventually(lambda: kube.get(path), timeout=60, what="restarted",
+                               until=lambda p: p["status"]["containerStatuses"][0][
+                                   "restartCount"] == 1 and p["status"]["phase"] == "Running"
+                               and "running" in p["status"]["containerStatuses"][0]["state"])
+        return
+    pod = await eventually(lambda: kube.get(path), timeout=60, what=phase,
+                           until=lambda p: p["status"]["phase"] == phase)
+    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert term["exitCode"] == exit_code
+    assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+    await eventually(system.clouds[0].ledger, timeout=30, what="the instance deleted",
+                     until=lambda led: led[0]["state"] == "deleted")
+
+
+async def test_active_deadline_ends_an_overrunning_pod_and_its_instance(
+    kube: KubeClient, namespace: str, system: System
+) -> None:
+    await system.start()
+    await node_ready(kube, system.node_name)
+    await create_pod(kube, namespace, "deadline",
+                     pod_spec(system.node_name, activeDeadlineSeconds=4), labels={"app": "dl"})
+    path = f"/api/v1/namespaces/{namespace}/pods/deadline"
+    pod = await eventually(lambda: kube.get(path), timeout=60, what="DeadlineExceeded",
+                           until=lambda p: p["status"].get("phase") == "Failed")
+    assert pod["status"]["reason"] == "DeadlineExceeded"
+    await eventually(system.clouds[0].ledger, timeout=30, what="the instance deleted",
+                     until=lambda led: len(led) == 1 and led[0]["state"] == "deleted")
 
 
 BAD_PODS: list[tuple[str, dict[str, Any], str, str]] = [

@@ -240,14 +240,16 @@ _CONFINEMENT = "not applied: the cloud's own confinement applies"
 _LINUX = "not applied: the clouds run Linux containers"
 _ENV = "resolved here (Secret and ConfigMap refs, downward API, $(VAR) expansion), sent as "
 _ENV_FROM = "merged into the environment, then sent as "
-_RESTART = ("not passed to the cloud: a container that fails ends the pod, it is not restarted "
-            "in place")
+_RESTART = ("not restarted in place (the adapter has no restart yet): a container that exits "
+            "ends the pod, Succeeded or Failed with its exit code, and its controller replaces "
+            "it")
 
 
 ENTRIES: tuple[Entry, ...] = (
     # ---- PodSpec -------------------------------------------------------------------------
-    _w("spec.activeDeadlineSeconds",
-       "not enforced: the instance runs until it exits or the pod is deleted"),
+    _h("spec.activeDeadlineSeconds",
+       "once the pod has been active this long (from status.startTime) it fails with "
+       "DeadlineExceeded and its instance is stopped, as on a kubelet"),
     _h("spec.affinity", _SCHEDULER),
     _w("spec.automountServiceAccountToken",
        "no service-account token is mounted on the cloud instance", quiet=(False,)),
@@ -300,7 +302,10 @@ ENTRIES: tuple[Entry, ...] = (
     _w("spec.resources",
        "pod-level resources do not size the instance: only the container's resources do"),
     _w("spec.restartPolicy", _each(
-        mock=_warned(_RESTART), runpod=_warned(_RESTART), vastai=_warned(_RESTART),
+        mock="Always and OnFailure restart an exited container in place (the cloud's restart "
+             "API) after the kubelet's crash-loop back-off, restartCount follows; Never ends "
+             "the pod Succeeded or Failed with the exit code",
+        runpod=_warned(_RESTART), vastai=_warned(_RESTART),
         salad=_warned("not passed to the cloud: the provider option restart_policy applies "
                       "(default never: the pod ends when its container exits)")),
        quiet=("Always", "Never"),

@@ -988,6 +988,11 @@ class PodController:
         annotations = podstatus.instance_annotations(inst)
         current = pod["metadata"].get("annotations") or {}
         stale = {k: v for k, v in annotations.items() if current.get(k) != v}
+        if await self._past_active_deadline(pod, uid, placed):
+            return
+        if inst.state in _DONE_STATES and self._restarts_on_exit(pod, inst, placed.provider):
+            await self._restart_exited(pod, uid, placed)
+            return
         probe = None
         if inst.state == InstanceState.RUNNING:
             self.running_seen.setdefault(uid, time.time())
@@ -1029,6 +1034,66 @@ class PodController:
                                                f"{inst.message or 'no reason given'}")
         if inst.state in _DONE_STATES:
             await self._stop_spend(placed)
+
+    def _restarts_on_exit(self, pod: Body, inst: Instance, provider: str) -> bool:
+        """The kubelet's rule: ``Always`` restarts an exited container, ``OnFailure`` only a
+        failed one, ``Never`` none; here only where the cloud can restart an instance (others
+        end the pod, and its controller replaces it)."""
+        policy = (pod.get("spec") or {}).get("restartPolicy") or "Always"
+        wants = policy == "Always" or (policy == "OnFailure"
+                                       and inst.state == InstanceState.FAILED)
+        return wants and getattr(self.providers.get(provider), "restart", None) is not None
+
+    async def _restart_exited(self, pod: Body, uid: str, placed: Placed) -> None:
+        """Restart an exited container after the kubelet's crash-loop back-off (the first
+        restart after ``crash_backoff_seconds``, doubling per restart, at most 300 s); the pod
+        stays Running, its container waiting in ``CrashLoopBackOff`` meanwhile."""
+        inst = placed.instance
+        self.replicas.stopped(uid=uid, pod=pod, instance=inst)
+        base = self.settings.pods.crash_backoff_seconds
+        delay = min(300.0, base * (2 ** min(inst.restart_count, 16)))
+        ended = inst.finished_at or datetime.now(UTC)
+        left = (ended - datetime.now(UTC)).total_seconds() + delay
+        if left > 0:
+            status = podstatus.crash_loop_status(pod=pod, instance=inst, delay=delay,
+                                                 now=datetime.now(UTC))
+            if podstatus.status_changed(pod.get("status") or {}, status):
+                await self._patch_status(pod, status)
+                name = (pod["spec"].get("containers") or [{}])[0].get("name", "")
+                await self.events.emit(obj=_pod_ref(pod), reason="BackOff", type_="Warning",
+                                       message=f"Back-off restarting failed container {name} "
+                                               f"(instance {inst.id} on {placed.provider})")
+            raise Retry("crash loop back-off", after=left)
+        provider = self.providers.get(placed.provider)
+        restart = getattr(provider, "restart", None)
+        if restart is None:
+            return
+        try:
+            await restart(inst.id)
+            self._count(placed.provider, "restart", None)
+        except ProviderError as exc:
+            self._count(placed.provider, "restart", exc)
+            raise
+        self.placed.set(uid, dataclasses.replace(
+            placed, instance=dataclasses.replace(inst, state=InstanceState.PENDING)))
+
+    async def _past_active_deadline(self, pod: Body, uid: str, placed: Placed) -> bool:
+        """``spec.activeDeadlineSeconds`` after ``status.startTime``: the pod fails
+        (``DeadlineExceeded``) and its instance is stopped, as the kubelet does."""
+        deadline = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+        started = _parse_time((pod.get("status") or {}).get("startTime"))
+        if not isinstance(deadline, int) or isinstance(deadline, bool) or started is None:
+            return False
+        left = (started - datetime.now(UTC)).total_seconds() + deadline
+        if left > 0:
+            self.queue.add_after(uid, left + 0.05)
+            return False
+        self.replicas.forget(uid)
+        await self._reject(pod, reason="DeadlineExceeded",
+                           message="Pod was active on the node longer than the specified "
+                                   f"deadline ({deadline}s)")
+        await self._stop_spend(placed)
+        return True
 
     async def _readiness_told(self, pod: Body, uid: str, old: Body, status: Body,
                               message: str | None) -> None:

@@ -40,6 +40,7 @@ __all__ = [
     "CONTAINER_ID_SCHEME",
     "compute_status",
     "config_pending_status",
+    "crash_loop_status",
     "failed_status",
     "format_time",
     "image_pull_status",
@@ -428,6 +429,37 @@ def config_pending_status(*, pod: Mapping[str, Any], message: str, now: datetime
             ready=False,
         )
     ]
+    return status
+
+
+def crash_loop_status(*, pod: Mapping[str, Any], instance: Instance, delay: float,
+                      now: datetime) -> dict[str, Any]:
+    """Status while an exited container waits to be restarted: phase Running (a restart is
+    coming), the container waiting in ``CrashLoopBackOff`` with the exit in ``lastState``."""
+    status = _base_status(pod, now)
+    current_phase = _map(pod, "status").get("phase") or PENDING
+    status["phase"] = RUNNING if current_phase in (PENDING, RUNNING, "Unknown") else current_phase
+    name = _container(pod).get("name", "")
+    status["conditions"] = _conditions(pod=pod, phase=status["phase"], ready=False,
+                                       container_name=name, now=now)
+    container = _container_status(
+        pod=pod, instance=instance, ready=False,
+        state=_waiting("CrashLoopBackOff",
+                       f"back-off {delay:g}s restarting failed container={name}"))
+    succeeded = instance.state == InstanceState.SUCCEEDED
+    terminated: dict[str, Any] = {
+        "exitCode": instance.exit_code if instance.exit_code is not None else (
+            0 if succeeded else 1),
+        "reason": "Completed" if succeeded else "Error",
+        "finishedAt": format_time(instance.finished_at or now),
+    }
+    if instance.started_at is not None:
+        terminated["startedAt"] = format_time(instance.started_at)
+    if instance.message:
+        terminated["message"] = instance.message
+    container["lastState"] = {"terminated": terminated}
+    container["started"] = False
+    status["containerStatuses"] = [container]
     return status
 
 
