@@ -254,9 +254,10 @@ def _at(body: dict[str, Any], path: str) -> Any:
 
 def test_the_model_defaults_are_the_crd_defaults() -> None:
     policy_defaults = _defaults(crd_schema("overflowpolicies.yaml")["properties"]["spec"])
-    assert set(policy_defaults) == {"overflowAfter", "dryRun", "execProbes", "moveBack.enabled",
-                                    "moveBack.stableFor", "moveBack.maxConcurrent",
-                                    "moveBack.cooldown", "moveBack.timeout",
+    assert set(policy_defaults) == {"overflowAfter", "dryRun", "execProbes", "placement",
+                                    "moveBack.enabled", "moveBack.stableFor",
+                                    "moveBack.maxConcurrent", "moveBack.cooldown",
+                                    "moveBack.timeout",
                                     "prewarm.enabled", "prewarm.timeout", "prewarm.onTimeout"}
     dumped = parse_overflow_policy(ofp()).spec.model_dump()
     for path, default in policy_defaults.items():

@@ -90,6 +90,7 @@ from vkprovider.node.workqueue import ShutDown, WorkQueue
 from vkprovider.placement import policy as pol
 from vkprovider.placement.blocks import ANY_TYPE, Blocks
 from vkprovider.placement.budget import Usage, pod_policy
+from vkprovider.placement.cheapest import cheapest_first
 from vkprovider.semantics.timefmt import TimeFormatError, parse_time
 
 POLICIES_PATH = "/apis/vkprovider.io/v1alpha1/overflowpolicies"
@@ -786,6 +787,11 @@ class PodController:
                             "runs pods without a GPU (set a GPU limit of at least 1)")
                 return
             allowed = able
+        if policy is not None and policy.spec.placement == "Cheapest":
+            allowed = cheapest_first(
+                allowed, offers=self.offers, gpu_type=spec.gpu_type, gpus=spec.gpu_count,
+                blocked=lambda o: self.blocks.blocked(provider=o.provider, region=o.region,
+                                                      gpu_type=o.gpu_type) is not None)
         # Pinned to one provider: a create there may have happened (unsure), or the pod ran there
         # and its instance is missing from the list (lagging, or gone). Only a create on that same
         # provider is safe: idempotent by name, it returns the instance if it exists after all.

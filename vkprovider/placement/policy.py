@@ -349,6 +349,7 @@ class OverflowPolicySpec(_Frozen):
     move_back: MoveBack = Field(default_factory=MoveBack)
     prewarm: Prewarm = Field(default_factory=Prewarm)
     exec_probes: Literal["Refuse", "Ignore"] = "Refuse"
+    placement: Literal["Ordered", "Cheapest"] = "Ordered"
     dry_run: StrictBool = False
 
     @model_validator(mode="after")
