@@ -61,6 +61,7 @@ DEFAULT_FRAMEWORKS = ("batch/job",)
 METRICS_CERT_DIR = "kueue/metrics/certs"  # below /etc, where Kueue v0.17.0 looks for it
 ADMISSION_PATH = "/apis/admissionregistration.k8s.io/v1"
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "kueue" / "build.sh"
 BUILD_HINT = "run `export VKP_KUEUE_BIN=$(bash tools/kueue/build.sh)` (a cold build takes minutes)"
 
 
@@ -69,10 +70,17 @@ class KueueError(VKError):
 
 
 def find_kueue() -> Path:
-    """The folder from ``tools/kueue/build.sh``, named by ``VKP_KUEUE_BIN``; checked, not built."""
+    """The folder from ``tools/kueue/build.sh``: ``VKP_KUEUE_BIN`` when set, else the script is
+    run (warm: it prints the cached folder at once; cold: it builds, minutes), as the other
+    tools of the test suite (helm, kubectl, the image's root filesystem) are found."""
     env = os.environ.get("VKP_KUEUE_BIN")
     if not env:
-        raise KueueError(f"VKP_KUEUE_BIN is not set: {BUILD_HINT}")
+        built = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True,
+                               check=False)
+        if built.returncode != 0:
+            raise KueueError(f"tools/kueue/build.sh failed:\n{built.stderr[-2000:]}")
+        env = built.stdout.strip().splitlines()[-1] if built.stdout.strip() else ""
+        os.environ["VKP_KUEUE_BIN"] = env  # once per session
     folder = Path(env)
     wanted = [folder / "kueue", folder / "config" / "crd" / "kustomization.yaml",
               folder / "config" / "webhook" / "manifests.yaml"]
