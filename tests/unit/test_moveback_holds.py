@@ -1,0 +1,280 @@
+"""Move-back's fit with what it must hold back (issue 15): GPU health and Kueue's next demand.
+
+Pure: slim nodes, pods and Kueue objects in, a Fit (or claims) out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from vkprovider.descheduler.fit import (
+    DEFAULT_HEALTH_TAINTS,
+    Claim,
+    HealthTaint,
+    find_fit,
+    node_problem,
+    parse_health_taint,
+    slim_node,
+    slim_pod,
+)
+from vkprovider.descheduler.kueue_demand import upcoming_claims
+from vkprovider.descheduler.prewarm_plan import GangPod, displacement
+
+GPU = "nvidia.com/gpu"
+HEALTH = tuple(parse_health_taint(t) for t in DEFAULT_HEALTH_TAINTS)
+INFERENCE = {"containers": [{"name": "c", "resources": {"limits": {GPU: "1"}}}]}
+
+
+def node(name: str, gpus: int = 4, *, taints: list[dict[str, str]] | None = None,
+         allocatable: int | None = None, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return slim_node({
+        "metadata": {"name": name, "labels": {"pool": "a", **(labels or {})}},
+        "spec": {"taints": taints or []},
+        "status": {"capacity": {GPU: str(gpus), "cpu": "64", "memory": "512Gi"},
+                   "allocatable": {GPU: str(gpus if allocatable is None else allocatable),
+                                   "cpu": "64", "memory": "512Gi"},
+                   "conditions": [{"type": "Ready", "status": "True"}]}}, HEALTH)
+
+
+def pod(name: str, gpus: int, *, node_name: str | None = None, owner: str = "rs",
+        phase: str = "Running") -> dict[str, Any]:
+    return slim_pod({
+        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}",
+                     "ownerReferences": [{"kind": "Job", "name": owner, "uid": owner,
+                                          "controller": True}]},
+        "spec": {"nodeName": node_name, "containers": [
+            {"name": "c", "resources": {"limits": {GPU: str(gpus)}}}]},
+        "status": {"phase": phase}})
+
+
+# ---- health ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("AggregatedNodeHealth", HealthTaint(key="AggregatedNodeHealth")),
+    ("AggregatedNodeHealth=False", HealthTaint(key="AggregatedNodeHealth", value="False")),
+    ("node.kubernetes.io/out-of-service:NoExecute",
+     HealthTaint(key="node.kubernetes.io/out-of-service", effect="NoExecute")),
+    ("example.com/gpu=bad:PreferNoSchedule",
+     HealthTaint(key="example.com/gpu", value="bad", effect="PreferNoSchedule")),
+    ("example.com/gpu=:NoSchedule", HealthTaint(key="example.com/gpu", value="",
+                                                effect="NoSchedule")),
+])
+def test_health_taints_use_kubectl_taint_syntax(text: str, expected: HealthTaint) -> None:
+    assert parse_health_taint(text) == expected
+    assert str(expected) == text
+
+
+@pytest.mark.parametrize("text, says", [
+    ("", r"KEY\[=VALUE\]\[:EFFECT\]"),
+    ("bad key", "is not a taint key"),
+    ("-x", "is not a taint key"),
+    ("k=v v", "is not a taint value"),
+    ("k:Sometimes", "effect 'Sometimes' is not one of NoSchedule"),
+])
+def test_bad_health_taints_are_refused_saying_why(text: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        parse_health_taint(text)
+
+
+def test_a_health_taint_of_any_effect_makes_a_node_unhealthy_even_if_tolerated() -> None:
+    sick = node("n1", taints=[{"key": "AggregatedNodeHealth", "value": "False",
+                               "effect": "PreferNoSchedule"}])
+    assert sick["status"]["unhealthy"] == "health taint AggregatedNodeHealth=False:" \
+                                          "PreferNoSchedule"
+    tolerant = {**INFERENCE, "tolerations": [{"operator": "Exists"}]}
+    assert node_problem(pod_spec=tolerant, node=sick, used={}, need={GPU: 1}) == \
+        "n1 is unhealthy: health taint AggregatedNodeHealth=False:PreferNoSchedule"
+    assert node_problem(pod_spec=tolerant, node=sick, used={}, need={GPU: 1},
+                        ignore_health=True) is None
+    assert node("n2", taints=[{"key": "other", "effect": "PreferNoSchedule"}])["status"][
+        "unhealthy"] is None
+    assert slim_node({"metadata": {"name": "x"}, "spec": {"taints": [
+        {"key": "AggregatedNodeHealth", "effect": "NoSchedule"}]}, "status": {}})["status"][
+        "unhealthy"] is None, "no health taints configured: nothing is unhealthy"
+
+
+def test_fewer_allocatable_than_capacity_gpus_is_unhealthy() -> None:
+    assert node("n1", gpus=4, allocatable=3)["status"]["unhealthy"] == \
+        "3 of 4 nvidia.com/gpu allocatable (a GPU was withdrawn)"
+    assert node("n1", gpus=4)["status"]["unhealthy"] is None
+
+
+def test_move_back_never_counts_gpus_of_unhealthy_nodes_and_says_so() -> None:
+    sick = node("n1", taints=[{"key": "AggregatedNodeHealth", "value": "False",
+                               "effect": "PreferNoSchedule"}])
+    fit = find_fit(pod_spec=INFERENCE, nodes=[sick], pods=[], exclude_nodes=frozenset())
+    assert fit.node is None
+    assert fit.held_by == "unhealthy"
+    assert "on unhealthy nodes: n1 (health taint AggregatedNodeHealth=False:" in fit.held
+    withdrawn = node("n2", gpus=4, allocatable=3)
+    fit = find_fit(pod_spec=INFERENCE, nodes=[withdrawn], pods=[], exclude_nodes=frozenset())
+    assert (fit.node, fit.held_by) == (None, "unhealthy")
+    # untainted: counts again
+    fit = find_fit(pod_spec=INFERENCE, nodes=[node("n1")], pods=[], exclude_nodes=frozenset())
+    assert (fit.node, fit.held) == ("n1", "")
+    # a healthy node beside a sick one: that one is chosen, nothing held
+    fit = find_fit(pod_spec=INFERENCE, nodes=[sick, node("n3")], pods=[],
+                   exclude_nodes=frozenset())
+    assert (fit.node, fit.held) == ("n3", "")
+
+
+def test_a_node_that_does_not_fit_anyway_is_not_a_hold() -> None:
+    full = node("n1", gpus=1, taints=[{"key": "AggregatedNodeHealth", "effect": "NoSchedule"}])
+    fit = find_fit(pod_spec=INFERENCE, nodes=[full], pods=[pod("x", 1, node_name="n1")],
+                   exclude_nodes=frozenset())
+    assert (fit.node, fit.held) == (None, "")
+
+
+def test_prewarm_displacement_skips_unhealthy_nodes() -> None:
+    sick = node("n1", taints=[{"key": "GPUHealth", "effect": "NoSchedule"}])
+    found = displacement(gang=[GangPod(podset="main", gpus=2, spec={})], priority=1000,
+                         nodes=[sick], pods=[], exclude_nodes=frozenset(),
+                         prewarmable=lambda _p: True)
+    assert found.free_pods == 0 and found.unplaced, "its free GPUs do not count"
+
+
+# ---- Kueue's next demand ----------------------------------------------------------------------
+
+
+def test_a_claim_on_the_free_gpus_holds_the_move_and_names_the_workload() -> None:
+    claim = Claim(workload="ns/train-2", pods=(2, 2), nodes=frozenset({"n1"}),
+                  why="next in ClusterQueue gpus")
+    fit = find_fit(pod_spec=INFERENCE, nodes=[node("n1")], pods=[], exclude_nodes=frozenset(),
+                   claims=[claim])
+    assert fit.node is None
+    assert fit.held_by == "kueue"
+    assert fit.held == "Kueue will place 4 GPU(s) of workload ns/train-2 (next in ClusterQueue " \
+                       "gpus) on these nodes"
+    assert fit.claims == ("ns/train-2",)
+
+
+def test_a_claim_leaving_room_or_elsewhere_does_not_hold() -> None:
+    small = Claim(workload="ns/t", pods=(2,), nodes=frozenset({"n1"}))
+    fit = find_fit(pod_spec=INFERENCE, nodes=[node("n1")], pods=[], exclude_nodes=frozenset(),
+                   claims=[small])
+    assert fit.node == "n1"
+    other = Claim(workload="ns/t", pods=(4,), nodes=frozenset({"n2"}))
+    fit = find_fit(pod_spec=INFERENCE, nodes=[node("n1"), node("n2")], pods=[],
+                   exclude_nodes=frozenset(), claims=[other])
+    assert fit.node == "n1", "the gang goes to its flavor's node, the inference to the other"
+
+
+def test_pending_pods_of_a_claim_are_not_counted_twice() -> None:
+    claim = Claim(workload="ns/t", pods=(2,), nodes=frozenset({"n1"}), owners=frozenset({"job"}))
+    pending = pod("t-0", 2, owner="job")
+    fit = find_fit(pod_spec=INFERENCE, nodes=[node("n1", gpus=3)], pods=[pending],
+                   exclude_nodes=frozenset(), claims=[claim])
+    assert fit.node == "n1", "3 free, the gang takes 2, 1 is left for the replica"
+
+
+def test_policy_headroom_holds_and_says_so() -> None:
+    fit = find_fit(pod_spec=INFERENCE, nodes=[node("n1", gpus=2)], pods=[],
+                   exclude_nodes=frozenset(), policy_headroom_gpus=2)
+    assert (fit.node, fit.held_by) == (None, "headroom")
+    assert "moveBack.headroomGPUs" in fit.held
+    fit = find_fit(pod_spec=INFERENCE, nodes=[node("n1", gpus=3)], pods=[],
+                   exclude_nodes=frozenset(), policy_headroom_gpus=2)
+    assert fit.node == "n1"
+
+
+# ---- claims from Kueue's objects --------------------------------------------------------------
+
+
+def workload(name: str, *, gpus: int = 2, count: int = 2, queue: str = "q",
+             reserved: bool = False, admitted: bool = False, finished: bool = False,
+             priority: int = 0, created: str = "2025-01-01T00:00:00Z",
+             flavor: str = "gpu-a") -> dict[str, Any]:
+    conds = [{"type": "QuotaReserved", "status": "True" if reserved or admitted else "False"},
+             {"type": "Admitted", "status": "True" if admitted else "False"}]
+    if finished:
+        conds.append({"type": "Finished", "status": "True"})
+    body: dict[str, Any] = {
+        "metadata": {"name": name, "namespace": "ns", "creationTimestamp": created,
+                     "ownerReferences": [{"kind": "Job", "name": name, "uid": f"job-{name}"}]},
+        "spec": {"queueName": queue, "priority": priority, "podSets": [
+            {"name": "main", "count": count, "template": {"spec": {"containers": [
+                {"name": "t", "resources": {"limits": {GPU: str(gpus)}}}]}}}]},
+        "status": {"conditions": conds}}
+    if reserved or admitted:
+        body["status"]["admission"] = {"clusterQueue": "cq", "podSetAssignments": [
+            {"name": "main", "count": count, "flavors": {GPU: flavor},
+             "resourceUsage": {GPU: str(gpus * count)}}]}
+    return body
+
+
+CQ = {"cq": {"metadata": {"name": "cq"}, "spec": {"resourceGroups": [
+    {"coveredResources": [GPU], "flavors": [
+        {"name": "gpu-a", "resources": [{"name": GPU, "nominalQuota": "4"}]}]}]}}}
+LQ = {"ns/q": {"metadata": {"name": "q", "namespace": "ns"}, "spec": {"clusterQueue": "cq"}}}
+FLAVORS = {"gpu-a": {"metadata": {"name": "gpu-a"}, "spec": {"nodeLabels": {"pool": "a"}}},
+           "elsewhere": {"metadata": {"name": "elsewhere"},
+                         "spec": {"nodeLabels": {"pool": "z"}}}}
+
+
+def claims(workloads: list[dict[str, Any]], pods: list[dict[str, Any]],
+           nodes: list[dict[str, Any]] | None = None) -> list[Claim]:
+    return upcoming_claims(workloads=workloads, cluster_queues=CQ, local_queues=LQ,
+                           flavors=FLAVORS, nodes=nodes or [node("n1"), node("vk")],
+                           pods=pods, exclude_nodes=frozenset({"vk"}))
+
+
+def test_a_reserved_workload_without_pods_is_a_claim_on_its_flavors_nodes() -> None:
+    [claim] = claims([workload("b", reserved=True)], [])
+    assert (claim.workload, claim.pods, claim.nodes, claim.owners) == (
+        "ns/b", (2, 2), frozenset({"n1"}), frozenset({"job-b"}))
+    assert claim.why == "quota reserved, pods not running"
+
+
+def test_bound_pods_are_not_claimed_again_and_a_running_gang_claims_nothing() -> None:
+    one = pod("b-0", 2, node_name="n1", owner="job-b")
+    [claim] = claims([workload("b", admitted=True)], [one])
+    assert claim.pods == (2,) and claim.why == "admitted, pods not running"
+    both = [one, pod("b-1", 2, node_name="n1", owner="job-b")]
+    assert claims([workload("b", admitted=True)], both) == []
+
+
+def test_the_head_of_the_queue_that_fits_the_quota_is_a_claim() -> None:
+    running = [pod(f"a-{i}", 2, node_name="n1", owner="job-a") for i in range(2)]
+    a = workload("a", admitted=True)
+    b = workload("b")
+    assert claims([a, b], running) == [], "b does not fit the quota while a holds it"
+    done = [{**p, "status": {**p["status"], "phase": "Succeeded"}} for p in running]
+    [claim] = claims([a, b], done)
+    assert (claim.workload, claim.why, claim.pods) == ("ns/b", "next in ClusterQueue cq", (2, 2))
+    [claim] = claims([workload("a", admitted=True, finished=True), b], done)
+    assert claim.workload == "ns/b"
+
+
+def test_heads_follow_kueue_order_and_the_quota() -> None:
+    low = workload("low", gpus=4, count=1, priority=0, created="2025-01-01T00:00:00Z")
+    high = workload("high", gpus=4, count=1, priority=10, created="2025-01-02T00:00:00Z")
+    assert [c.workload for c in claims([low, high], [])] == ["ns/high"]
+    big = workload("big", gpus=8, count=1, created="2025-01-01T00:00:00Z")
+    small = workload("small", gpus=2, count=1, created="2025-01-02T00:00:00Z")
+    assert [c.workload for c in claims([big, small], [])] == ["ns/small"], "BestEffortFIFO"
+    strict = {"cq": {**CQ["cq"], "spec": {**CQ["cq"]["spec"], "queueingStrategy": "StrictFIFO"}}}
+    got = upcoming_claims(workloads=[big, small], cluster_queues=strict, local_queues=LQ,
+                          flavors=FLAVORS, nodes=[node("n1")], pods=[],
+                          exclude_nodes=frozenset())
+    assert got == [], "StrictFIFO: the head that does not fit blocks the queue"
+
+
+def test_no_kueue_or_other_nodes_means_no_claim() -> None:
+    assert upcoming_claims(workloads=[], cluster_queues={}, local_queues={}, flavors={},
+                           nodes=[node("n1")], pods=[], exclude_nodes=frozenset()) == []
+    assert claims([workload("b", reserved=True, flavor="elsewhere")], []) == []
+    unknown_queue = workload("c", queue="nope")
+    assert claims([unknown_queue], []) == []
+
+
+def test_end_to_end_in_pure_form_queued_gang_holds_the_move() -> None:
+    running = [pod(f"a-{i}", 2, node_name="n1", owner="job-a", phase="Succeeded")
+               for i in range(2)]
+    found = claims([workload("a", admitted=True), workload("b")], running)
+    fit = find_fit(pod_spec=INFERENCE, nodes=[node("n1"), node("vk")], pods=running,
+                   exclude_nodes=frozenset({"vk"}), claims=found)
+    assert (fit.node, fit.held_by) == (None, "kueue")
+    assert "workload ns/b (next in ClusterQueue cq)" in fit.held
