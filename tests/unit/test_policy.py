@@ -257,7 +257,8 @@ def test_the_model_defaults_are_the_crd_defaults() -> None:
     assert set(policy_defaults) == {"overflowAfter", "dryRun", "execProbes", "placement",
                                     "moveBack.enabled", "moveBack.stableFor",
                                     "moveBack.maxConcurrent", "moveBack.cooldown",
-                                    "moveBack.timeout",
+                                    "moveBack.timeout", "moveBack.headroomGPUs",
+                                    "moveBack.holdWhileQueued",
                                     "prewarm.enabled", "prewarm.timeout", "prewarm.onTimeout"}
     dumped = parse_overflow_policy(ofp()).spec.model_dump()
     for path, default in policy_defaults.items():
@@ -301,6 +302,9 @@ def test_the_crd_enums_are_the_models_enums() -> None:
     ({"moveBack": {"timeout": "0h0m"}}, "spec.moveBack.timeout"),
     ({"moveBack": {"maxConcurrent": 0}}, "spec.moveBack.maxConcurrent"),
     ({"moveBack": {"enabled": "yes"}}, "spec.moveBack.enabled"),
+    ({"moveBack": {"headroomGPUs": -1}}, "spec.moveBack.headroomGPUs"),
+    ({"moveBack": {"headroomGPUs": 2000}}, "spec.moveBack.headroomGPUs"),
+    ({"moveBack": {"holdWhileQueued": "no"}}, "spec.moveBack.holdWhileQueued"),
     ({"dryRun": 1}, "spec.dryRun"),
     ({"selector": {"namespaces": ["Team_A"]}}, "spec.selector.namespaces[0]"),
     ({"selector": {"minPriority": "high"}}, "spec.selector.minPriority"),

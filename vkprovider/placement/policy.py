@@ -284,6 +284,11 @@ class MoveBack(_Frozen):
     max_concurrent: Annotated[StrictInt, Field(ge=1, le=100)] = 1
     cooldown: Duration = "5m"
     timeout: Duration = "10m"
+    # Hysteresis: GPUs that must stay free inside besides the pod's (on top of the companion's
+    # headroom_gpus); and whether GPUs Kueue will place next (a queued gang) count as taken.
+    headroom_gpus: Annotated[StrictInt, Field(ge=0, le=1024)] = Field(
+        default=0, validation_alias="headroomGPUs", serialization_alias="headroomGPUs")
+    hold_while_queued: StrictBool = True
 
     @model_validator(mode="after")
     def _positive_timeout(self) -> MoveBack:
