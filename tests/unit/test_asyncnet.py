@@ -1,0 +1,251 @@
+"""The asyncio-stream transport (providers/asyncnet.py) under httpx, the API-server client's
+retry loop and its cached bearer token. No cluster: small asyncio servers on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpcore
+import httpx
+import pytest
+import pytest_asyncio
+
+from providers.asyncnet import AsyncioBackend, FastTransport, fast_transport
+from providers.base import TransientError
+from providers.http import RetryPolicy
+from vkprovider.api.tls import self_signed_certificate
+from vkprovider.kube.auth import BearerAuth, Credentials
+from vkprovider.kube.client import KubeClient
+from vkprovider.kube.errors import ServerError
+
+GUARD = 10.0
+
+
+@dataclass
+class Server:
+    """An HTTP/1.1 server that answers each request with ``answer(n)`` (n: 1-based count)."""
+
+    answer: Callable[[int], tuple[int, dict[str, str], bytes]]
+    close_after: bool = False  # close the connection after each answer
+    requests: list[bytes] = field(default_factory=list)  # head + body as read
+    chunks: list[int] = field(default_factory=list)  # reads that made up each request
+    connections: int = 0
+    headers_seen: list[dict[str, str]] = field(default_factory=list)
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            buf = b""
+            while True:
+                reads = 0
+                while b"\r\n\r\n" not in buf:
+                    data = await reader.read(65536)
+                    if not data:
+                        return
+                    buf += data
+                    reads += 1
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                lines = head.decode().split("\r\n")
+                headers = {k.strip().lower(): v.strip()
+                           for k, _, v in (line.partition(":") for line in lines[1:])}
+                length = int(headers.get("content-length", "0"))
+                while len(buf) < length:
+                    data = await reader.read(65536)
+                    if not data:
+                        return
+                    buf += data
+                    reads += 1
+                body, buf = buf[:length], buf[length:]
+                self.requests.append(head + b"\r\n\r\n" + body)
+                self.chunks.append(reads)
+                self.headers_seen.append(headers)
+                status, extra, content = self.answer(len(self.requests))
+                out = [f"HTTP/1.1 {status} X", f"Content-Length: {len(content)}",
+                       *(f"{k}: {v}" for k, v in extra.items())]
+                writer.write(("\r\n".join(out) + "\r\n\r\n").encode() + content)
+                await writer.drain()
+                if self.close_after:
+                    break
+        writer.close()
+
+
+def json_ok(_: int) -> tuple[int, dict[str, str], bytes]:
+    return 200, {"Content-Type": "application/json"}, b'{"ok": true}'
+
+
+@pytest_asyncio.fixture
+async def serve() -> AsyncIterator[Callable[..., Any]]:
+    servers: list[asyncio.Server] = []
+
+    async def start(server: Server, *, tls: ssl.SSLContext | None = None) -> int:
+        running = await asyncio.start_server(server.serve, host="127.0.0.1", port=0, ssl=tls)
+        servers.append(running)
+        return int(running.sockets[0].getsockname()[1])
+
+    yield start
+    for running in servers:
+        running.close()
+
+
+def test_transport_runs_its_pool_on_the_asyncio_backend() -> None:
+    # httpx offers no backend argument: FastTransport replaces the pool httpx built. An httpx
+    # that renamed the attribute would leave the stock pool silently; this says so.
+    transport = FastTransport()
+    pool = transport._pool
+    assert isinstance(pool, httpcore.AsyncConnectionPool)
+    assert isinstance(pool._network_backend, AsyncioBackend)
+
+
+def test_a_proxy_in_the_environment_keeps_httpx_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
+                 "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    assert isinstance(fast_transport(), FastTransport)
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    assert fast_transport() is None
+
+
+async def test_keep_alive_one_write_per_request(serve: Callable[..., Any]) -> None:
+    server = Server(answer=json_ok)
+    port = await serve(server)
+    async with asyncio.timeout(GUARD), httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", transport=FastTransport()) as http:
+        for i in range(3):
+            got = await http.post("/x", json={"i": i, "pad": "y" * 2000})
+            assert got.status_code == 200 and got.json() == {"ok": True}
+    assert server.connections == 1  # reused, no new connection per request
+    assert server.chunks == [1, 1, 1]  # headers and body arrived together
+    assert all(b'"pad"' in r for r in server.requests)
+
+
+async def test_a_connection_the_server_closed_is_not_reused(serve: Callable[..., Any]) -> None:
+    server = Server(answer=json_ok, close_after=True)
+    port = await serve(server)
+    async with asyncio.timeout(GUARD), httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", transport=FastTransport()) as http:
+        for _ in range(3):
+            assert (await http.get("/x")).status_code == 200
+            await asyncio.sleep(0.05)  # the server's close reaches us while idle
+    assert server.connections == 3
+
+
+async def test_read_timeout_and_refused_connect_are_httpx_errors(
+        serve: Callable[..., Any]) -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)
+        await asyncio.sleep(GUARD)
+
+    running = await asyncio.start_server(silent, host="127.0.0.1", port=0)
+    port = int(running.sockets[0].getsockname()[1])
+    try:
+        async with asyncio.timeout(GUARD), httpx.AsyncClient(transport=FastTransport()) as http:
+            with pytest.raises(httpx.ReadTimeout):
+                await http.get(f"http://127.0.0.1:{port}/", timeout=httpx.Timeout(5, read=0.2))
+            running.close()
+            await running.wait_closed()
+            with pytest.raises(httpx.ConnectError):
+                await http.get(f"http://127.0.0.1:{port}/")
+    finally:
+        running.close()
+
+
+def _tls_contexts(tmp_path: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    cert, key = self_signed_certificate(common_name="localhost", hosts=("127.0.0.1",))
+    (tmp_path / "c.pem").write_bytes(cert)
+    (tmp_path / "k.pem").write_bytes(key)
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(tmp_path / "c.pem", tmp_path / "k.pem")
+    client = ssl.create_default_context(cafile=str(tmp_path / "c.pem"))
+    return server, client
+
+
+async def test_tls_verified_and_refused(serve: Callable[..., Any], tmp_path: Path) -> None:
+    server_ctx, client_ctx = _tls_contexts(tmp_path)
+    server = Server(answer=json_ok)
+    port = await serve(server, tls=server_ctx)
+    async with asyncio.timeout(GUARD):
+        async with httpx.AsyncClient(transport=FastTransport(verify=client_ctx)) as http:
+            for _ in range(2):
+                got = await http.patch(f"https://127.0.0.1:{port}/x", json={"a": 1})
+                assert got.json() == {"ok": True}
+        assert server.connections == 1 and server.chunks == [1, 1]
+        async with httpx.AsyncClient(transport=FastTransport(verify=True)) as http:
+            with pytest.raises(httpx.ConnectError):  # not signed by a CA the system trusts
+                await http.get(f"https://127.0.0.1:{port}/x")
+
+
+# ---- the API-server client -------------------------------------------------------------------
+
+
+class _Config:
+    """Stands for kubernetes.client.Configuration: counts how often the token is asked."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def get_api_key_with_prefix(self, key: str) -> str | None:
+        if key != "BearerToken":
+            return None
+        self.asked += 1
+        return "Bearer tok-1"
+
+
+async def test_kube_client_retries_5xx_honouring_retry_after(serve: Callable[..., Any]) -> None:
+    def answer(n: int) -> tuple[int, dict[str, str], bytes]:
+        if n < 3:
+            return 503, {"Retry-After": "0", "Content-Type": "application/json"}, b'{"message":"x"}'
+        return 200, {"Content-Type": "application/json"}, b'{"kind":"Pod"}'
+
+    server = Server(answer=answer)
+    port = await serve(server)
+    config = _Config()
+    creds = Credentials(host=f"http://127.0.0.1:{port}", ssl_context=ssl.create_default_context(),
+                        _configuration=config)
+    async with asyncio.timeout(GUARD), KubeClient(credentials=creds, retries=4) as kube:
+        assert await kube.patch("/api/v1/namespaces/a/pods/b/status", {"status": {}}) == {
+            "kind": "Pod"}
+        assert len(server.requests) == 3
+        server.requests.clear()
+        server.answer = lambda n: (503, {}, b"")
+        kube._retries = 2
+        with pytest.raises(ServerError):  # 2 attempts, both failed: the last error is raised
+            await kube.get("/x")
+    assert len(server.requests) == 2
+    assert all(h.get("authorization") == "Bearer tok-1" for h in server.headers_seen)
+    assert config.asked == 1  # read once, cached for the following requests
+
+
+def test_bearer_token_is_read_again_after_max_age() -> None:
+    config = _Config()
+    now = [100.0]
+    auth = BearerAuth(Credentials(host="https://x", ssl_context=ssl.create_default_context(),
+                                  _configuration=config), max_age=5.0, clock=lambda: now[0])
+    assert auth.header() == "Bearer tok-1"
+    now[0] += 4.9
+    assert auth.header() == "Bearer tok-1" and config.asked == 1
+    now[0] += 0.2
+    assert auth.header() == "Bearer tok-1" and config.asked == 2
+
+
+async def test_retry_policy_retries_transient_then_raises() -> None:
+    calls = 0
+
+    async def failing() -> None:
+        nonlocal calls
+        calls += 1
+        raise TransientError("down", provider="p")
+
+    policy = RetryPolicy(max_attempts=3, backoff_initial=0.001, backoff_max=0.002)
+    with pytest.raises(TransientError):
+        await policy.call(failing)
+    assert calls == 3
+    calls = 0
+    with pytest.raises(TransientError):
+        await policy.call(failing, retry_transient=False)
+    assert calls == 1
