@@ -412,6 +412,7 @@ def _descheduler(args: argparse.Namespace) -> int:
         "headroom_gpus": args.headroom_gpus, "metrics_port": args.metrics_port,
         "api_server_timeout_seconds": args.api_server_timeout, "leader_election": leader,
         "preemption_fast_path": args.preemption_fast_path,
+        "gpu_health_taints": tuple(args.gpu_health_taint) if args.gpu_health_taint else None,
     }
     settings = load_companion_settings(args.config, overrides=overrides)
     if settings.metrics_port:
@@ -431,7 +432,8 @@ def _descheduler(args: argparse.Namespace) -> int:
             headroom_gpus=settings.headroom_gpus, metrics_port=settings.metrics_port,
             leader_elect=settings.leader_election.enabled,
             leader_namespace=settings.leader_election.namespace,
-            preemption_fast_path=settings.preemption_fast_path)))
+            preemption_fast_path=settings.preemption_fast_path,
+            gpu_health_taints=settings.gpu_health_taints)))
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -510,6 +512,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="seconds between move-back passes (default: 30)")
     comp.add_argument("--headroom-gpus", type=_count,
                       help="GPUs to keep free inside when judging whether a pod fits (default 0)")
+    comp.add_argument("--gpu-health-taint", action="append", metavar="KEY[=VALUE][:EFFECT]",
+                      help="a node taint that takes its GPUs out of service (repeat it; replaces "
+                           "the defaults: AggregatedNodeHealth, GPUHealth, "
+                           "node.kubernetes.io/out-of-service)")
     comp.add_argument("--metrics-port", type=_port_type(allow_zero=True),
                       help="Prometheus port; 0: off (default)")
     comp.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=None,

@@ -18,6 +18,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from vkprovider.descheduler.fit import DEFAULT_HEALTH_TAINTS, parse_health_taint
 from vkprovider.errors import ConfigError
 
 
@@ -259,6 +260,10 @@ class CompanionSettings(_Frozen):
     interval_seconds: float = Field(default=2.0, gt=0)  # between admission passes
     move_back_interval_seconds: float = Field(default=30.0, gt=0)  # between move-back passes
     headroom_gpus: int = Field(default=0, ge=0)  # GPUs kept free inside when judging a fit
+    # Node taints that take a node's GPUs out of service (KEY[=VALUE][:EFFECT]): such a node, or
+    # one with fewer allocatable than capacity nvidia.com/gpu, never counts as free GPUs for
+    # move-back or pre-warm (descheduler/fit.py).
+    gpu_health_taints: tuple[str, ...] = DEFAULT_HEALTH_TAINTS
     # A replica the scheduler preempted is replaced on the virtual node without waiting the
     # policy's overflowAfter (descheduler/preemption.py); false: every pod waits it out.
     preemption_fast_path: bool = True
@@ -276,6 +281,16 @@ class CompanionSettings(_Frozen):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"node names must be unique; repeated: {', '.join(dupes)}")
+        return value
+
+    @field_validator("gpu_health_taints")
+    @classmethod
+    def _health_taints(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for i, text in enumerate(value):
+            try:
+                parse_health_taint(text)
+            except ValueError as exc:
+                raise ValueError(f"[{i}]: {exc}") from None
         return value
 
     def node_names(self) -> list[str]:

@@ -319,7 +319,9 @@ def test_descheduler_reads_a_config_file_and_flags_win(tmp_path: Path,
     assert seen == {"kubeconfig": str(kubeconfig), "node_name": "vk-file", "interval": 7.0,
                     "move_back_interval": 70.0, "headroom_gpus": 3, "metrics_port": 0,
                     "leader_elect": True, "leader_namespace": "ns-file",
-                    "preemption_fast_path": True}
+                    "preemption_fast_path": True,
+                    "gpu_health_taints": ("AggregatedNodeHealth", "GPUHealth",
+                                          "node.kubernetes.io/out-of-service")}
     code, _, err = run_main(["descheduler", "--config", str(config), "--interval", "1.5",
                              "--node-name", "vk-flag", "--no-leader-elect",
                              "--leader-namespace", "ns-flag"], capsys)
@@ -330,6 +332,14 @@ def test_descheduler_reads_a_config_file_and_flags_win(tmp_path: Path,
     assert (code, err) == (0, "")
     assert (seen["node_name"], seen["interval"], seen["move_back_interval"],
             seen["leader_elect"]) == ("vk-gpu-burst", 2.0, 30.0, False), "the defaults"
+    code, _, err = run_main(["descheduler", "--kubeconfig", str(kubeconfig),
+                             "--gpu-health-taint", "example.com/gpu=bad:NoSchedule",
+                             "--gpu-health-taint", "AggregatedNodeHealth"], capsys)
+    assert (code, err) == (0, "")
+    assert seen["gpu_health_taints"] == ("example.com/gpu=bad:NoSchedule", "AggregatedNodeHealth")
+    code, _, err = run_main(["descheduler", "--kubeconfig", str(kubeconfig),
+                             "--gpu-health-taint", "bad key"], capsys)
+    assert code != 0 and "gpu_health_taints" in err and "'bad key' is not a taint key" in err
     code, _, err = run_main(["descheduler", "--kubeconfig", str(kubeconfig), "--node-name", "a",
                              "--node-name", "b"], capsys)
     assert (code, err, seen["node_name"]) == (0, "", ["a", "b"]), "several virtual nodes"

@@ -31,6 +31,12 @@ class CompanionMetrics:
                                "Pods on the virtual node not moved back, by reason.", ["reason"],
                                registry=r)
         self.in_flight = Gauge("vkprovider_moveback_in_flight", "Moves in progress.", registry=r)
+        self.held = Counter(
+            "vkprovider_moveback_held_total",
+            "Moves held back although GPUs looked free, by reason: kueue (a queued or admitted "
+            "gang will take them), unhealthy (only on unhealthy nodes), headroom (the policy's "
+            "moveBack.headroomGPUs); counted once per change of reason per Deployment.",
+            ["reason"], registry=r)
         self.preemption_fast_path = Counter(
             "vkprovider_preemption_fast_path_admissions",
             "Replacements of replicas the scheduler preempted, admitted to overflow without "

@@ -23,7 +23,15 @@ surge first and remove the cloud replica only once an internal one serves:
    ReplicaSet removes an unscheduled or not-ready pod before any ready one), unmark the virtual
    pod, and back the workload off (the cooldown doubles each time it fails).
 
-Reads come from watches (informers of Nodes, Pods, ReplicaSets, Deployments and HPAs), never a
+No ping-pong: the fit subtracts what Kueue will place on those nodes next (Workloads with quota
+reserved whose pods are not running, heads of ClusterQueues that fit their quota;
+:mod:`vkprovider.descheduler.kueue_demand`, under the policy's ``moveBack.holdWhileQueued``) and
+the policy's ``moveBack.headroomGPUs``; GPUs of unhealthy nodes (a health taint, a withdrawn GPU)
+never count. A move held back only by one of these is a ``MoveBackHeld`` event on the Deployment
+saying which, once per change of reason, and ``vkprovider_moveback_held_total{reason}``.
+
+Reads come from watches (informers of Nodes, Pods, ReplicaSets, Deployments and HPAs, and of
+Kueue's Workloads, ClusterQueues, LocalQueues and ResourceFlavors when Kueue is installed), never a
 GET per pod per pass nor a poll of the API server per second; a move waits for its Deployment or
 pods to change. What is remembered per workload or pod is pruned when the object is gone, so no
 map grows without bound.
@@ -43,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -51,7 +60,15 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from vkprovider.descheduler.admission import Decision, OverflowAdmission
-from vkprovider.descheduler.fit import find_fit, slim_node, slim_pod
+from vkprovider.descheduler.fit import (
+    DEFAULT_HEALTH_TAINTS,
+    Claim,
+    find_fit,
+    parse_health_taint,
+    slim_node,
+    slim_pod,
+)
+from vkprovider.descheduler.kueue_demand import upcoming_claims
 from vkprovider.descheduler.metrics import CompanionMetrics
 from vkprovider.descheduler.prewarm_plan import INTENT as PREWARM_INTENT
 from vkprovider.kube import KubeClient
@@ -66,6 +83,7 @@ log = logging.getLogger(__name__)
 
 Body = dict[str, Any]
 INTENT = "vkprovider.io/move-back"
+KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 COST = "controller.kubernetes.io/pod-deletion-cost"
 LOWEST_COST = "-2147483648"
 
@@ -104,6 +122,7 @@ class MoveBack:
         poll: float = 1.0,
         metrics: CompanionMetrics | None = None,
         clock: Callable[[], float] = time.time,
+        health_taints: Sequence[str] = DEFAULT_HEALTH_TAINTS,
     ) -> None:
         self.metrics = metrics or CompanionMetrics()
         self.client = client
@@ -115,8 +134,9 @@ class MoveBack:
         self.poll = poll
         self.clock = clock
         self.changed = asyncio.Event()  # a watched Deployment or pod changed: moves look again
+        health = tuple(parse_health_taint(t) for t in health_taints)
         self.nodes = Informer(client=client, path="/api/v1/nodes", name="nodes",
-                              transform=slim_node)
+                              transform=functools.partial(slim_node, health_taints=health))
         self.pods = Informer(client=client, path="/api/v1/pods", name="all-pods",
                              transform=slim_pod, handler=self._poke)
         self.replicasets = Informer(client=client, path="/apis/apps/v1/replicasets",
@@ -125,13 +145,25 @@ class MoveBack:
                                     name="deployments", handler=self._poke)
         self.hpas = Informer(client=client, path="/apis/autoscaling/v2/horizontalpodautoscalers",
                              name="hpas", transform=_slim_hpa, missing_ok=True)
+        # Kueue (kueue_demand.py): what it places next; absent Kueue, empty and nothing changes
+        self.workloads = Informer(client=client, path=f"{KUEUE}/workloads",
+                                  name="kueue-workloads", transform=_slim_workload,
+                                  missing_ok=True)
+        self.cluster_queues = Informer(client=client, path=f"{KUEUE}/clusterqueues",
+                                       name="clusterqueues", missing_ok=True)
+        self.local_queues = Informer(client=client, path=f"{KUEUE}/localqueues",
+                                     name="localqueues", missing_ok=True)
+        self.flavors = Informer(client=client, path=f"{KUEUE}/resourceflavors",
+                                name="kueue-flavors", missing_ok=True)
         self.fit_since: dict[str, float] = {}
         self.cooldown_until: dict[str, float] = {}
         self.failures: dict[str, int] = {}
         self.in_flight: dict[str, asyncio.Task[MoveResult]] = {}
         self.results: collections.deque[MoveResult] = collections.deque(maxlen=_KEEP_RESULTS)
         self._skipped: dict[str, str] = {}
-        self.informers = (self.nodes, self.pods, self.replicasets, self.deployments, self.hpas)
+        self._held: dict[str, str] = {}  # Deployment -> why its move is held, as last told
+        self.informers = (self.nodes, self.pods, self.replicasets, self.deployments, self.hpas,
+                          self.workloads, self.cluster_queues, self.local_queues, self.flavors)
         self.beat: float | None = None  # time.monotonic() of the loop's last sign of life
 
     def _poke(self, _event: str, _obj: Body) -> None:
@@ -213,6 +245,7 @@ class MoveBack:
         policies = self._policies()
         now = self.clock()
         seen: set[str] = set()
+        claims: list[Claim] | None = None  # computed once per pass, when a fit needs them
         for pod in list(self.pods.store.values()):
             if (pod["spec"]["nodeName"] not in self.virtual
                     or pod["metadata"]["deletionTimestamp"]):
@@ -237,12 +270,19 @@ class MoveBack:
             if _mid_rollout(dep):
                 self.fit_since.pop(key, None)
                 continue
+            if claims is None:
+                claims = self.kueue_claims()
+            move_back = policy.spec.move_back
             fit = find_fit(pod_spec=dep["spec"]["template"]["spec"],
                            nodes=self.nodes.store.values(), pods=self.pods.store.values(),
-                           exclude_nodes=self.virtual, headroom_gpus=self.headroom_gpus)
+                           exclude_nodes=self.virtual, headroom_gpus=self.headroom_gpus,
+                           claims=claims if move_back.hold_while_queued else (),
+                           policy_headroom_gpus=move_back.headroom_gpus)
             if fit.node is None:
                 self.fit_since.pop(key, None)
+                await self._tell_held(dep, pod, fit.held, fit.held_by)
                 continue
+            self._held.pop(key, None)
             since = self.fit_since.setdefault(key, now)
             if now - since < policy.spec.move_back.stable_for_seconds:
                 continue
@@ -257,6 +297,31 @@ class MoveBack:
                 continue
             self.in_flight[key] = asyncio.get_running_loop().create_task(
                 self._move(dep=dep, pod=pod, policy=policy), name=f"move-back {key}")
+
+    def kueue_claims(self) -> list[Claim]:
+        """What Kueue will place on internal nodes next (empty without Kueue)."""
+        if not self.workloads.store:
+            return []
+        return upcoming_claims(
+            workloads=self.workloads.store.values(), cluster_queues=self.cluster_queues.store,
+            local_queues=self.local_queues.store, flavors=self.flavors.store,
+            nodes=self.nodes.store.values(), pods=self.pods.store.values(),
+            exclude_nodes=self.virtual)
+
+    async def _tell_held(self, dep: Body, pod: Body, held: str, held_by: str) -> None:
+        """A ``MoveBackHeld`` event (and count) when why a move is held changes; nothing per
+        pass while it stays the same."""
+        key = _key(dep)
+        if not held:
+            self._held.pop(key, None)
+            return
+        if self._held.get(key) == held:
+            return
+        self._held[key] = held
+        self.metrics.held.labels(held_by).inc()
+        message = f"Not moving {pod['metadata']['name']} back inside yet: {held}"
+        log.info("move held", extra=kv(deployment=key, reason=held_by, why=held))
+        await self.events.emit(obj=_dep_ref(dep), reason="MoveBackHeld", message=message)
 
     def _reap(self) -> None:
         self.metrics.in_flight.set(sum(1 for t in self.in_flight.values() if not t.done()))
@@ -301,7 +366,7 @@ class MoveBack:
         for uid in [u for u in self._skipped if u not in live_pods]:
             del self._skipped[uid]
         live = set(self.deployments.store) | set(self.in_flight)
-        for table in (self.fit_since, self.cooldown_until, self.failures):
+        for table in (self.fit_since, self.cooldown_until, self.failures, self._held):
             for key in [k for k in table if k not in live]:
                 del table[key]
 
@@ -478,6 +543,24 @@ def _slim_hpa(obj: Body) -> Body:
                          "uid": meta.get("uid")},
             "spec": {"scaleTargetRef": spec.get("scaleTargetRef") or {},
                      "minReplicas": spec.get("minReplicas")}}
+
+
+def _slim_workload(obj: Body) -> Body:
+    """A Kueue Workload as kueue_demand needs it (pod templates cut to their requests)."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    podsets = [{"name": p.get("name"), "count": p.get("count"), "template": {"spec": {
+        "containers": [{"resources": c.get("resources") or {}}
+                       for c in ((p.get("template") or {}).get("spec") or {}).get("containers")
+                       or []]}}} for p in spec.get("podSets") or []]
+    status = obj.get("status") or {}
+    return {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
+                         "uid": meta.get("uid"), "creationTimestamp": meta.get("creationTimestamp"),
+                         "ownerReferences": meta.get("ownerReferences") or []},
+            "spec": {"queueName": spec.get("queueName"), "priority": spec.get("priority"),
+                     "active": spec.get("active"), "podSets": podsets},
+            "status": {"conditions": status.get("conditions") or [],
+                       "admission": status.get("admission")}}
 
 
 def _mid_rollout(dep: Body) -> bool:

@@ -30,6 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from vkprovider import __version__
 from vkprovider.asgiserve import bind, serve
 from vkprovider.descheduler.admission import OverflowAdmission
+from vkprovider.descheduler.fit import DEFAULT_HEALTH_TAINTS
 from vkprovider.descheduler.metrics import CompanionMetrics
 from vkprovider.descheduler.moveback import MoveBack
 from vkprovider.descheduler.preemption import PreemptionTracker
@@ -128,6 +129,7 @@ async def run_companion(
     leader_elect: bool = False,
     leader_namespace: str = "vkprovider-system",
     preemption_fast_path: bool = True,
+    gpu_health_taints: Sequence[str] = DEFAULT_HEALTH_TAINTS,
 ) -> int:
     nodes = [node_name] if isinstance(node_name, str) else list(node_name)
     client = KubeClient.from_kubeconfig(kubeconfig=kubeconfig,
@@ -139,7 +141,7 @@ async def run_companion(
         preemptions=PreemptionTracker(client=client) if preemption_fast_path else None)
     moveback = MoveBack(client=client, events=events, node_names=nodes, admission=admission,
                         interval=move_back_interval, headroom_gpus=headroom_gpus,
-                        metrics=metrics)
+                        metrics=metrics, health_taints=gpu_health_taints)
     prewarm = Prewarm(client=client, events=events, node_names=nodes, admission=admission,
                       moveback=moveback, metrics=metrics)
     sock = (bind(host="0.0.0.0", port=metrics_port, what=f"--metrics-port {metrics_port}")
