@@ -278,3 +278,16 @@ def test_end_to_end_in_pure_form_queued_gang_holds_the_move() -> None:
                    exclude_nodes=frozenset({"vk"}), claims=found)
     assert (fit.node, fit.held_by) == (None, "kueue")
     assert "workload ns/b (next in ClusterQueue cq)" in fit.held
+
+
+def test_pending_pods_of_an_admitted_gang_hold_the_move_as_kueue_demand() -> None:
+    claim = Claim(workload="ns/t", pods=(4,), nodes=frozenset({"n1"}), owners=frozenset({"job"}),
+                  why="admitted, pods not running")
+    pending = pod("t-0", 4, owner="job")
+    fit = find_fit(pod_spec=INFERENCE, nodes=[node("n1")], pods=[pending],
+                   exclude_nodes=frozenset(), claims=[claim])
+    assert (fit.node, fit.held_by) == (None, "kueue")
+    assert "4 GPU(s) of workload ns/t (admitted, pods not running)" in fit.held
+    fit = find_fit(pod_spec=INFERENCE, nodes=[node("n1")], pods=[pending],
+                   exclude_nodes=frozenset())
+    assert (fit.node, fit.held) == (None, ""), "without claims: a pending pod, as before"

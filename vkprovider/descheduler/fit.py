@@ -272,16 +272,19 @@ def find_fit(
     """
     nodes = list(nodes)
     pods = list(pods)
+    # The Pending pods of a gang Kueue admitted are its demand (a claim), not a reason the
+    # check as it was would have refused: the comparisons below leave them out.
+    kueue_pods = frozenset(uid for c in claims for uid in c.owners)
     fit, _taken = _fit(pod_spec=pod_spec, nodes=nodes, pods=pods, exclude_nodes=exclude_nodes,
                        headroom=headroom_gpus + policy_headroom_gpus, claims=claims, health=True)
     if fit.node is not None:
         return fit
     base, _ = _fit(pod_spec=pod_spec, nodes=nodes, pods=pods, exclude_nodes=exclude_nodes,
-                   headroom=headroom_gpus, claims=(), health=False)
+                   headroom=headroom_gpus, claims=(), health=False, skip_pending=kueue_pods)
     if base.node is None:
         return fit  # not held: it would not fit anyway
     healthy, _ = _fit(pod_spec=pod_spec, nodes=nodes, pods=pods, exclude_nodes=exclude_nodes,
-                      headroom=headroom_gpus, claims=(), health=True)
+                      headroom=headroom_gpus, claims=(), health=True, skip_pending=kueue_pods)
     if healthy.node is None:
         sick = [f"{n['metadata']['name']} ({n['status']['unhealthy']})" for n in nodes
                 if n["metadata"]["name"] not in exclude_nodes and not _healthy(n)]
@@ -302,10 +305,11 @@ def find_fit(
 
 def _fit(*, pod_spec: Mapping[str, Any], nodes: Sequence[Body], pods: Sequence[Body],
          exclude_nodes: AbstractSet[str], headroom: int, claims: Sequence[Claim],
-         health: bool) -> tuple[Fit, list[tuple[Claim, int]]]:
+         health: bool, skip_pending: AbstractSet[str] = frozenset()
+         ) -> tuple[Fit, list[tuple[Claim, int]]]:
     """The fit, and the claims that took GPUs on nodes the pod would otherwise fit on."""
     need = requests_of(pod_spec)
-    claimed = frozenset(uid for c in claims for uid in c.owners)
+    claimed = frozenset(uid for c in claims for uid in c.owners) | skip_pending
     used: dict[str, dict[str, int]] = {}
     pending_gpus = 0
     for pod in pods:
