@@ -118,6 +118,16 @@ class InstanceSpec:
     tags: Mapping[str, str] = field(default_factory=dict)
     #: Credentials for a private image (from imagePullSecrets); None for a public image.
     registry_auth: RegistryAuth | None = field(default=None, repr=False)
+    #: The size of the container's ``/dev/shm`` (a pod's memory-backed emptyDir mounted there):
+    #: None when the pod asks for none (the cloud's default applies); 0 for one without a size
+    #: (as large as the instance's memory, as Kubernetes sizes it); else bytes. An adapter
+    #: that cannot size ``/dev/shm`` refuses a spec that sets it (InvalidSpec), never drops it.
+    shm_bytes: int | None = None
+    #: The user and group the container runs as (``securityContext.runAsUser``/``runAsGroup``,
+    #: the container's over the pod's); None: the image's. An adapter that cannot set them
+    #: leaves them to the image (the fidelity table warns about it).
+    run_as_user: int | None = None
+    run_as_group: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -38,6 +38,9 @@ Mapping (see ``docs/providers/runpod.md`` for the tables):
 * ``gpu_type``/``gpu_count`` -> ``gpu: {id, count}`` (``id`` through option ``gpu_types``);
   ``gpu_count == 0`` makes a CPU pod only when option ``cpu_flavor`` is set.
 * ``region`` -> ``dataCenterIds: [region]``; without one, option ``data_center_ids``.
+* ``shm_bytes`` (a sized ``/dev/shm``) is refused with InvalidSpec: the create body has no
+  field for it.
+* ``run_as_user``/``run_as_group`` are left to the image (the create body has no user field).
 * ``cpu_millis``/``memory_bytes`` are ignored for GPU pods (RunPod sizes vCPU and RAM by GPU);
   ``max_price_per_hour`` cannot be enforced (v2 has no bid or price cap, and no spot pods).
 
@@ -187,6 +190,7 @@ __all__ = [
     "COMMAND_UNSUPPORTED",
     "DEFAULT_BASE_URL",
     "REGISTRY_PREFIX",
+    "SHM_UNSUPPORTED",
     "STATUS_MAP",
     "TAGS_ENV",
     "RunPodProvider",
@@ -198,6 +202,10 @@ TAGS_ENV = "VKPROVIDER_TAGS"
 COMMAND_UNSUPPORTED = (
     "RunPod v2 cannot override the container entrypoint (command); use args or an image whose "
     "entrypoint does what you need"
+)
+SHM_UNSUPPORTED = (
+    "RunPod v2's pod create cannot size /dev/shm (the pod's memory-backed emptyDir at /dev/shm); "
+    "drop the volume to run with RunPod's own /dev/shm"
 )
 #: RunPod v2 pod status -> instance state (``TERMINATED`` pods are also left out of ``list``).
 STATUS_MAP: Mapping[str, InstanceState] = {
@@ -814,6 +822,8 @@ class RunPodProvider(HTTPAdapter):
         p = self.name
         if spec.command:
             raise InvalidSpec(COMMAND_UNSUPPORTED, provider=p)
+        if spec.shm_bytes is not None:
+            raise InvalidSpec(SHM_UNSUPPORTED, provider=p)
         if not spec.image:
             raise InvalidSpec("the pod has no image", provider=p)
         if not spec.name:

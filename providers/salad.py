@@ -35,6 +35,12 @@ and speaks ``networking.protocol``, always ``http``, to the container). A group 
 ``networking``, ``dns`` or ``port`` reports none. With ``networking.auth`` (option
 ``networking_auth``) callers must also send a Salad API key.
 
+Shared memory: a spec's ``shm_bytes`` (a pod's memory-backed emptyDir at ``/dev/shm``) becomes
+``container.resources.shm_size`` in MB, rounded up, at most the container's ``memory`` (as the
+kubelet bounds a memory-backed emptyDir by the memory limit) and at least Salad's minimum, 64;
+``shm_bytes == 0`` (no size asked) is the container's ``memory``. Without it the field is left
+out and Salad's default (64 MB) applies.
+
 Options (the ``options`` mapping; read by :mod:`providers.options`, so a boolean is
 ``true``/``false`` (also ``"true"``/``"false"``, ``"yes"``/``"no"``, ``1``/``0``), a number may be
 a decimal string, seconds may be written ``"30s"``, and an unknown key or a bad value is a
@@ -149,6 +155,7 @@ _ENV_MAX = 1000
 _REGISTRY_FIELD_MAX = 10000  # ContainerRegistryAuthenticationBasic: maxLength, pattern ^.*$
 _LINE_BREAK = re.compile("[\n\r\u2028\u2029]")
 _ARG_MAX = 1000
+_SHM_MIN_MB = 64  # CreateContainerResourceRequirements.shm_size: minimum (and its default)
 _LOG_PAGE = 100
 _PRICE_ROOM = 16  # the price in VKPROVIDER_INSTANCE is filled in after the spec is checked
 _PRIORITIES = ("high", "medium", "low", "batch")
@@ -506,6 +513,10 @@ class SaladProvider(HTTPAdapter):
         if cpu > 1024 or memory > 1073741824:
             raise self._invalid(spec, f"{cpu} vCPU / {memory} MB is over Salad's limits")
         resources: dict[str, Any] = {"cpu": cpu, "memory": memory, "gpu_classes": []}
+        if spec.shm_bytes is not None:
+            # /dev/shm is memory: at most the container's, at least Salad's minimum
+            asked = math.ceil(spec.shm_bytes / 2**20) if spec.shm_bytes > 0 else memory
+            resources["shm_size"] = max(_SHM_MIN_MB, min(asked, memory))
         if self._opts.storage_gb is not None:
             resources["storage_amount"] = self._opts.storage_gb * 2**30
         container: dict[str, Any] = {

@@ -87,9 +87,14 @@ backslash cannot be sent: such a pod is refused (InvalidSpec naming ``imagePullS
 any call. Vast.ai keeps nothing between rents, so there is nothing to clean up. Every password
 sent is scrubbed from the messages Vast.ai sends back.
 
-Not supported, and said so rather than ignored: ``command`` in ``"reject"`` mode, pods without
-GPUs (Vast.ai rents GPU machines), log ``follow``/``since_seconds``/``timestamps`` (Vast.ai only
-uploads a snapshot of the container log), exit codes (Vast.ai reports none).
+User: a spec's ``run_as_user`` (the pod's ``runAsUser``) is sent as the rent's ``user`` (what
+``docker create --user`` takes), ``"<uid>"`` or, with ``run_as_group``, ``"<uid>:<gid>"``. A
+group without a user cannot be written that way and is left to the image (the pod is warned).
+
+Not supported, and said so rather than ignored: ``command`` in ``"reject"`` mode, a sized
+``/dev/shm`` (``shm_bytes``: Vast.ai sizes shared memory itself, in proportion to the GPU share),
+pods without GPUs (Vast.ai rents GPU machines), log ``follow``/``since_seconds``/``timestamps``
+(Vast.ai only uploads a snapshot of the container log), exit codes (Vast.ai reports none).
 """
 
 from __future__ import annotations
@@ -525,6 +530,12 @@ class VastAIProvider(HTTPAdapter):
         for port in spec.ports:
             if port.protocol.upper() not in ("TCP", "UDP"):
                 raise self._invalid(spec, f"port protocol {port.protocol} (only TCP and UDP)")
+        if spec.shm_bytes is not None:
+            raise self._invalid(
+                spec, "Vast.ai sizes /dev/shm itself (in proportion to the GPU share) and the "
+                "rent cannot set it; drop the pod's memory-backed emptyDir at /dev/shm to run "
+                "with Vast.ai's"
+            )
         body: dict[str, Any] = {
             "image": spec.image,
             "label": label,
@@ -532,6 +543,9 @@ class VastAIProvider(HTTPAdapter):
             "target_state": "running",
             "cancel_unavail": True,
         }
+        if spec.run_as_user is not None:
+            body["user"] = str(spec.run_as_user) + (
+                f":{spec.run_as_group}" if spec.run_as_group is not None else "")
         if spec.command is not None:
             if self._opts.command_mode == "reject":
                 raise self._invalid(

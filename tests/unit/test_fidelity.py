@@ -226,9 +226,15 @@ def test_simple_refusals_come_from_the_table(entry: Entry) -> None:
     validate(pod)
 
 
-#: For each entry an adapter refuses: a value that makes it refuse.
+def _shm(pod: dict[str, Any]) -> None:
+    pod["spec"]["volumes"].append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+    c0(pod)["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
+
+
+#: For each entry an adapter refuses: a value that makes it refuse (or a change of the pod).
 ADAPTER_REFUSAL_EXAMPLES: dict[str, Any] = {
     "spec.containers[0].command": ["/bin/sh", "-c", "true"],
+    "spec.volumes[*].emptyDir": _shm,
 }
 
 
@@ -239,7 +245,11 @@ async def test_adapter_refusals_are_what_the_adapters_do(
     assert {e.path for e, _ in refused} == set(ADAPTER_REFUSAL_EXAMPLES)
     for entry, cloud in refused:
         pod = make_pod()
-        _set(pod, entry.path, ADAPTER_REFUSAL_EXAMPLES[entry.path])
+        example = ADAPTER_REFUSAL_EXAMPLES[entry.path]
+        if callable(example):
+            example(pod)
+        else:
+            _set(pod, entry.path, example)
         spec = await translate(pod=pod, node_name=NODE, refs=FakeRefs())
         with pytest.raises(InvalidSpec):
             await adapter(cloud).create(spec)
@@ -292,6 +302,7 @@ def warned_pod() -> dict[str, Any]:
             "seccompProfile": {"type": "RuntimeDefault"}, "windowsOptions": {"hostProcess": False}},
     )
     container["volumeMounts"].append({"name": "vault-token", "mountPath": "/var/run/vault"})
+    _shm(pod)  # volumes[2], mounted at /dev/shm: the volume is warned about, not the mount
     container["resources"]["limits"]["ephemeral-storage"] = "50Gi"
     container["resources"]["requests"] = {"hugepages-2Mi": "1Gi", "cpu": "2", "memory": "8Gi"}
     container["resources"]["claims"] = [{"name": "gpu"}]
@@ -305,6 +316,7 @@ WARNED_ON_MOCK = {
     "spec.hostnameOverride", "spec.os.name", "spec.resourceClaims",
     "spec.resources", "spec.runtimeClassName", "spec.setHostnameAsFQDN",
     "spec.shareProcessNamespace", "spec.subdomain", "spec.terminationGracePeriodSeconds",
+    "spec.volumes[2].emptyDir",
     *(f"spec.securityContext.{k}" for k in (
         "appArmorProfile", "fsGroup", "fsGroupChangePolicy", "runAsGroup", "runAsNonRoot",
         "runAsUser", "seLinuxChangePolicy", "seLinuxOptions", "seccompProfile",
@@ -390,6 +402,27 @@ def test_a_warning_names_the_clouds_when_not_all_of_them_drop_the_field() -> Non
     three = fidelity.dropped_fields(warned_pod(), clouds=("mock", "runpod", "salad"))
     restart = next(d.message for d in three if d.field == "spec.restartPolicy")
     assert restart.startswith("on runpod: ") and "; on salad: " in restart
+
+
+def test_vastai_honours_the_user_and_group_and_warns_only_a_group_without_a_user() -> None:
+    on_vast = {d.field for d in fidelity.dropped_fields(warned_pod(), clouds=("vastai",))}
+    assert not {f for f in on_vast if f.endswith((".runAsUser", ".runAsGroup"))}
+    pod = make_pod()
+    c0(pod)["securityContext"] = {"runAsGroup": 3000}
+    on_vast = {d.field for d in fidelity.dropped_fields(pod, clouds=("vastai",))}
+    assert on_vast == {"spec.containers[0].securityContext.runAsGroup"}
+    pod["spec"]["securityContext"] = {"runAsUser": 1000}  # the pod's user carries the group
+    assert fidelity.dropped_fields(pod, clouds=("vastai",)) == ()
+    assert {d.field for d in fidelity.dropped_fields(pod, clouds=("salad",))} == {
+        "spec.securityContext.runAsUser", "spec.containers[0].securityContext.runAsGroup"}
+
+
+def test_salad_honours_dev_shm_and_the_mount_is_never_warned() -> None:
+    pod = make_pod()
+    _shm(pod)
+    assert fidelity.dropped_fields(pod, clouds=("salad",)) == ()
+    assert {d.field for d in fidelity.dropped_fields(pod, clouds=("mock",))} == {
+        "spec.volumes[1].emptyDir"}
 
 
 def test_every_warning_text_is_in_the_doc() -> None:

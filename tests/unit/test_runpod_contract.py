@@ -260,6 +260,8 @@ async def test_an_entrypoint_override_is_refused_before_any_request(
         ({"ports": (Port(container_port=53, protocol="UDP"),)}, "HTTP and TCP"),
         ({"gpu_type": None}, "default_gpu_type"),
         ({"image": ""}, "no image"),
+        ({"shm_bytes": 8 * 2**30}, "cannot size /dev/shm"),
+        ({"shm_bytes": 0}, "cannot size /dev/shm"),
     ],
 )
 async def test_specs_runpod_cannot_run_are_refused_before_any_request(

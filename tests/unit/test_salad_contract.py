@@ -316,6 +316,33 @@ async def test_options_shape_the_group(fake: FakeSalad, make_provider: MakeProvi
     assert instance.price_per_hour == 0.12  # batch price of the RTX 4090 class
 
 
+@pytest.mark.parametrize(
+    ("shm_bytes", "expected"),
+    [
+        (8 * 2**30, 8192),
+        (2**30 + 1, 1025),  # MB, rounded up
+        (32 * 2**30, 16384),  # at most the container's memory, as the kubelet bounds it
+        (0, 16384),  # no size asked: the container's memory
+        (2**20, 64),  # at least the spec's minimum
+    ],
+)
+async def test_dev_shm_is_the_containers_shm_size(
+    fake: FakeSalad, provider: SaladProvider, shm_bytes: int, expected: int
+) -> None:
+    await provider.create(spec(shm_bytes=shm_bytes, memory_bytes=16 * 2**30))
+    (body,) = created(fake)
+    assert body["container"]["resources"]["shm_size"] == expected
+    # the group Salad keeps carries it too, and answers with it (checked against the spec)
+    assert fake.groups[NAME]["container"]["resources"]["shm_size"] == expected
+    assert [i.name for i in await provider.list()] == [NAME]
+
+
+async def test_without_dev_shm_salad_keeps_its_default(fake: FakeSalad,
+                                                      provider: SaladProvider) -> None:
+    await provider.create(spec())
+    assert "shm_size" not in created(fake)[0]["container"]["resources"]
+
+
 async def test_a_cpu_only_spec_needs_no_gpu_class(fake: FakeSalad,
                                                   provider: SaladProvider) -> None:
     instance = await provider.create(spec(gpu_count=0, gpu_type=None))

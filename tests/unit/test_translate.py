@@ -158,6 +158,20 @@ def _add_volume(volume: dict[str, Any]) -> Mutator:
     return mutate
 
 
+def _shm_volume(*, size: str | None = None, medium: str = "Memory",
+                mount_path: str = "/dev/shm", also: str | None = None) -> Mutator:
+    """A memory-backed emptyDir (as inference pods size their shared memory), mounted."""
+    def mutate(pod: dict[str, Any]) -> None:
+        empty_dir: dict[str, Any] = {"medium": medium} if medium else {}
+        if size is not None:
+            empty_dir["sizeLimit"] = size
+        pod["spec"]["volumes"].append({"name": "dshm", "emptyDir": empty_dir})
+        for path in (mount_path, *((also,) if also else ())):
+            c0(pod)["volumeMounts"].append({"name": "dshm", "mountPath": path})
+
+    return mutate
+
+
 def _second_container(pod: dict[str, Any]) -> None:
     pod["spec"]["containers"].append({"name": "sidecar", "image": "busybox"})
 
@@ -211,6 +225,36 @@ REJECTIONS: list[tuple[str, Mutator, str, str]] = [
         _add_volume({"name": "scratch", "emptyDir": {}}),
         "UnsupportedPodSpec",
         "spec.volumes[1].emptyDir",
+    ),
+    (
+        "memory emptyDir not at /dev/shm",
+        _shm_volume(mount_path="/cache"),
+        "UnsupportedPodSpec",
+        "spec.volumes[1].emptyDir",
+    ),
+    (
+        "memory emptyDir at /dev/shm and elsewhere",
+        _shm_volume(also="/cache"),
+        "UnsupportedPodSpec",
+        "spec.volumes[1].emptyDir",
+    ),
+    (
+        "disk emptyDir at /dev/shm",
+        _shm_volume(medium=""),
+        "UnsupportedPodSpec",
+        "spec.volumes[1].emptyDir",
+    ),
+    (
+        "unparsable /dev/shm size",
+        _shm_volume(size="lots"),
+        "InvalidResources",
+        "spec.volumes[1].emptyDir.sizeLimit",
+    ),
+    (
+        "zero /dev/shm size",
+        _shm_volume(size="0"),
+        "InvalidResources",
+        "spec.volumes[1].emptyDir.sizeLimit",
     ),
     (
         "downwardAPI volume",
@@ -973,3 +1017,57 @@ async def test_a_malformed_pull_secret_keeps_the_pod_waiting_with_the_field_name
         await translate(pod=pod, node_name=NODE, refs=refs)
     assert err.value.field == "spec.imagePullSecrets"
     assert "broken" in err.value.message and "hunter2" not in err.value.message
+
+
+# --------------------------------------------------------------------------------------------
+# Shared memory and the user
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        pytest.param(lambda p: None, None, id="no /dev/shm volume"),
+        pytest.param(_shm_volume(size="8Gi"), 8 * 2**30, id="sizeLimit"),
+        pytest.param(_shm_volume(size="32Gi"), 16 * 2**30, id="bounded by the memory limit"),
+        pytest.param(_shm_volume(), 16 * 2**30, id="no sizeLimit: the memory limit"),
+        pytest.param(_shm_volume(mount_path="/dev/shm/"), 16 * 2**30, id="trailing slash"),
+    ],
+)
+async def test_a_memory_emptydir_at_dev_shm_sizes_shared_memory(
+    mutate: Mutator, expected: int | None
+) -> None:
+    pod = make_pod()
+    mutate(pod)
+    spec = await run(pod)
+    assert spec.shm_bytes == expected
+
+
+async def test_an_unsized_dev_shm_without_a_memory_limit_is_the_instances_memory() -> None:
+    pod = make_pod()
+    del c0(pod)["resources"]["limits"]["memory"]
+    c0(pod)["resources"]["requests"] = {"memory": "8Gi"}  # a request does not bound it
+    _shm_volume()(pod)
+    spec = await run(pod)
+    assert spec.shm_bytes == 0
+
+
+@pytest.mark.parametrize(
+    ("pod_context", "container_context", "user", "group"),
+    [
+        ({}, {}, None, None),
+        ({"runAsUser": 1000, "runAsGroup": 3000}, {}, 1000, 3000),
+        ({"runAsUser": 1000, "runAsGroup": 3000}, {"runAsUser": 0}, 0, 3000),
+        ({}, {"runAsGroup": 5}, None, 5),
+    ],
+)
+async def test_run_as_user_and_group_the_containers_over_the_pods(
+    pod_context: dict[str, Any], container_context: dict[str, Any], user: int | None,
+    group: int | None,
+) -> None:
+    pod = make_pod()
+    if pod_context:
+        pod["spec"]["securityContext"] = pod_context
+    if container_context:
+        c0(pod)["securityContext"] = container_context
+    spec = await run(pod)
+    assert (spec.run_as_user, spec.run_as_group) == (user, group)

@@ -210,6 +210,21 @@ async def test_command_runs_as_onstart_only_when_configured(
     assert "args" not in rent
 
 
+@pytest.mark.parametrize(
+    ("user", "group", "expected"),
+    [(1000, None, "1000"), (1000, 3000, "1000:3000"), (0, 0, "0:0"), (None, 3000, None),
+     (None, None, None)],
+)
+async def test_the_user_is_the_rents_docker_user(
+    fake: FakeVastAI, provider: VastAIProvider, user: int | None, group: int | None,
+    expected: str | None,
+) -> None:
+    fake.add_offer(gpu_name="H100 SXM")
+    await provider.create(spec(run_as_user=user, run_as_group=group))
+    (rent,) = rents(fake)
+    assert rent.get("user") == expected  # the spec's user: a string for docker create --user
+
+
 async def test_bid_offers_rent_at_the_spec_price_or_the_minimum_bid(
     fake: FakeVastAI, make_provider: MakeProvider
 ) -> None:
@@ -232,6 +247,8 @@ async def test_bid_offers_rent_at_the_spec_price_or_the_minimum_bid(
         ({"env": {"A": 'quo"te'}}, {}, "env_format"),
         ({"ports": (Port(container_port=80, protocol="SCTP"),)}, {}, "SCTP"),
         ({"name": "n" * 1100}, {}, "labels hold at most 1024"),
+        ({"shm_bytes": 8 * 2**30}, {}, "/dev/shm"),
+        ({"shm_bytes": 0}, {"env_format": "dict"}, "/dev/shm"),
     ],
 )
 async def test_specs_vast_cannot_run_are_refused_before_any_request(

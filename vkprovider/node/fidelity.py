@@ -89,6 +89,7 @@ DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "pod-spec.md"
 EVENT_MESSAGE_LIMIT = 1000
 
 _TOKEN_VOLUME_PREFIX = "kube-api-access-"  # the name ServiceAccount admission gives its volume
+_SHM_PATH = "/dev/shm"  # a memory-backed emptyDir mounted here sizes the shared memory
 
 
 class FidelityError(VKError):
@@ -108,6 +109,9 @@ class Rule:
     decision: Decision
     text: str
     by_adapter: bool = False  # REFUSED by the cloud's adapter (InvalidSpec), not by translation
+    #: WARNED: the cloud honours the field after all in a pod for which this holds (no warning
+    #: for this cloud then); the text says when.
+    honoured_if: Callable[[Mapping[str, Any]], bool] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,8 +222,20 @@ def _other_resource(concrete: str, value: Any) -> bool:
 
 
 def _not_the_admission_token(concrete: str, value: Any) -> bool:
-    name = value.get("name") if isinstance(value, Mapping) else None
+    """A mount worth a warning: neither the admission's token nor ``/dev/shm`` (whose volume
+    entry decides it: a pod with any other memory-backed mount is refused)."""
+    if not isinstance(value, Mapping):
+        return True
+    name, path = value.get("name"), value.get("mountPath")
+    if isinstance(path, str) and path.rstrip("/") == _SHM_PATH:
+        return False
     return not (isinstance(name, str) and name.startswith(_TOKEN_VOLUME_PREFIX))
+
+
+def _run_as_user_set(pod: Mapping[str, Any]) -> bool:
+    """The container or the pod sets runAsUser (so a group can be sent with it)."""
+    return bool(values_at(pod, pattern="spec.securityContext.runAsUser")
+                or values_at(pod, pattern="spec.containers[0].securityContext.runAsUser"))
 
 
 def _not_run_as_written(concrete: str, value: Any) -> bool:
@@ -228,6 +244,22 @@ def _not_run_as_written(concrete: str, value: Any) -> bool:
 
 def _longer_than_default_grace(concrete: str, value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 30
+
+
+def _run_as_user(whose: str) -> dict[CloudType, Rule]:
+    return _each(mock=_warned(_IDENTITY), runpod=_warned(_IDENTITY), salad=_warned(_IDENTITY),
+                 vastai=f"run_as_user, sent as the rent's user (docker create --user UID, with "
+                        f":GID when a runAsGroup is set); {whose} unless the container sets "
+                        "its own")
+
+
+def _run_as_group(whose: str) -> dict[CloudType, Rule]:
+    return _each(mock=_warned(_IDENTITY), runpod=_warned(_IDENTITY), salad=_warned(_IDENTITY),
+                 vastai=Rule(decision=Decision.WARNED, honoured_if=_run_as_user_set,
+                             text=f"run_as_group ({whose} unless the container sets its own), "
+                                  "sent as the GID of the rent's user UID:GID when a runAsUser "
+                                  "is set; without one it is not applied (Docker's user names "
+                                  "a user first) and only then warned"))
 
 
 _SCHEDULER = "used by the scheduler"
@@ -333,16 +365,34 @@ ENTRIES: tuple[Entry, ...] = (
        _SCHEDULER + " (the companion adds the virtual node's toleration)"),
     _h("spec.topologySpreadConstraints", _SCHEDULER),
     _r("spec.volumes[*]",
-       "only the service-account token volume is supported (its volume type is named)",
-       when="any volume but a projected service-account token"),
+       "only the service-account token volume is supported, and a memory-backed emptyDir "
+       "mounted at /dev/shm only (the volume type is named)",
+       when="any volume but a projected service-account token or a memory-backed emptyDir "
+            "the container mounts at /dev/shm only"),
+    _w("spec.volumes[*].emptyDir", _each(
+        mock=_warned("the container's /dev/shm is not sized: the mock cloud keeps its own"),
+        runpod=Rule(decision=Decision.REFUSED, by_adapter=True,
+                    text="refused by the adapter (InvalidSpec): RunPod's pod create cannot "
+                         "size /dev/shm"),
+        vastai=Rule(decision=Decision.REFUSED, by_adapter=True,
+                    text="refused by the adapter (InvalidSpec): Vast.ai sizes /dev/shm itself, "
+                         "in proportion to the GPU share, and its rent cannot set it"),
+        salad="shm_bytes, sent as container.resources.shm_size (MB, rounded up): the smaller "
+              "of sizeLimit and the memory limit, as the kubelet sizes it (without either, the "
+              "container's memory), at least Salad's minimum of 64"),
+       when="a memory-backed emptyDir the container mounts at /dev/shm only (any other "
+            "emptyDir is refused above)"),
+    _r("spec.volumes[*].emptyDir.sizeLimit",
+       "the size of /dev/shm must be a positive quantity of at most 64Ti",
+       when="not a positive quantity up to 64Ti", reason=REASON_INVALID_RESOURCES),
     # ---- PodSecurityContext --------------------------------------------------------------
     _w("spec.securityContext.appArmorProfile", _CONFINEMENT),
     _w("spec.securityContext.fsGroup", "not applied: no volume is mounted on the instance"),
     _w("spec.securityContext.fsGroupChangePolicy",
        "not applied: no volume is mounted on the instance"),
-    _w("spec.securityContext.runAsGroup", _IDENTITY),
+    _w("spec.securityContext.runAsGroup", _run_as_group("the pod's")),
     _w("spec.securityContext.runAsNonRoot", _IDENTITY, quiet=(False,)),
-    _w("spec.securityContext.runAsUser", _IDENTITY),
+    _w("spec.securityContext.runAsUser", _run_as_user("the pod's")),
     _w("spec.securityContext.seLinuxChangePolicy", _CONFINEMENT),
     _w("spec.securityContext.seLinuxOptions", _CONFINEMENT),
     _w("spec.securityContext.seccompProfile", _CONFINEMENT),
@@ -504,9 +554,9 @@ ENTRIES: tuple[Entry, ...] = (
     _w(f"{_C0}.securityContext.procMount", _CONFINEMENT, quiet=("Default",)),
     _w(f"{_C0}.securityContext.readOnlyRootFilesystem",
        "not applied: the instance's root filesystem is writable", quiet=(False,)),
-    _w(f"{_C0}.securityContext.runAsGroup", _IDENTITY),
+    _w(f"{_C0}.securityContext.runAsGroup", _run_as_group("the container's")),
     _w(f"{_C0}.securityContext.runAsNonRoot", _IDENTITY, quiet=(False,)),
-    _w(f"{_C0}.securityContext.runAsUser", _IDENTITY),
+    _w(f"{_C0}.securityContext.runAsUser", _run_as_user("the container's")),
     _w(f"{_C0}.securityContext.seLinuxOptions", _CONFINEMENT),
     _w(f"{_C0}.securityContext.seccompProfile", _CONFINEMENT),
     _w(f"{_C0}.securityContext.windowsOptions", _LINUX),
@@ -747,13 +797,19 @@ def _warning(entry: Entry, warned: Sequence[CloudType], clouds: Sequence[CloudTy
     return "; ".join(f"on {', '.join(cs)}: {text}" for text, cs in by_text.items())
 
 
+def _honoured_here(rule: Rule, pod: Mapping[str, Any]) -> bool:
+    """A WARNED rule that honours the field after all in this pod (see Rule.honoured_if)."""
+    return rule.honoured_if is not None and rule.honoured_if(pod)
+
+
 def dropped_fields(pod: Mapping[str, Any], *,
                    clouds: Collection[CloudType] = CLOUD_TYPES) -> tuple[Dropped, ...]:
     """Every WARNED field the pod sets (to a value worth a warning) on any of ``clouds``."""
     ordered = [c for c in CLOUD_TYPES if c in clouds]
     out: list[Dropped] = []
     for entry in ENTRIES:
-        warned = [c for c in ordered if entry.rules[c].decision is Decision.WARNED]
+        warned = [c for c in ordered if entry.rules[c].decision is Decision.WARNED
+                  and not _honoured_here(entry.rules[c], pod)]
         if not warned:
             continue
         found = [f for f, v in values_at(pod, pattern=entry.path) if entry.warns(field=f, value=v)]
@@ -818,7 +874,7 @@ cloud, per cloud type (`mock`, `runpod`, `vastai`, `salad`), for Kubernetes 1.37
   of the node's).
 
 The pod runs in one cloud instance: exactly one container, and no volume but the
-service-account token. Field paths are patterns: `[*]` is any index or key, `{a,b}` either
+service-account token and a memory-backed emptyDir mounted at `/dev/shm` (its shared memory). Field paths are patterns: `[*]` is any index or key, `{a,b}` either
 field. Where the clouds differ, each cloud's decision and text are listed.
 
 This file is generated from `vkprovider/node/fidelity.py` by
@@ -894,6 +950,9 @@ def _check(entries: Sequence[Entry]) -> None:
         if any(r.by_adapter and r.decision is not Decision.REFUSED
                for r in entry.rules.values()):
             raise FidelityError(f"{entry.path}: by_adapter is for REFUSED rules")
+        if any(r.honoured_if is not None and r.decision is not Decision.WARNED
+               for r in entry.rules.values()):
+            raise FidelityError(f"{entry.path}: honoured_if is for WARNED rules")
         if Decision.WARNED in entry.decisions and entry.refuse_if is not None:
             raise FidelityError(f"{entry.path}: WARNED and refused at once")
 

@@ -6,7 +6,9 @@ pod field (so the pod is failed with a clear reason and a Warning event); a miss
 ConfigMap raises ``PodConfigPending`` so the pod waits like the kubelet's
 ``CreateContainerConfigError``. Everything else is mapped: image, command/args (with ``$(VAR)``
 expansion), env (plain, Secret/ConfigMap refs, downward API, resource fields, ``envFrom``), ports,
-GPU count and type, cpu and memory, and the tags that let a restart adopt the instance.
+GPU count and type, cpu and memory, the size of ``/dev/shm`` (a memory-backed emptyDir mounted
+there, the only volume besides the service-account token), the user and group
+(``runAsUser``/``runAsGroup``), and the tags that let a restart adopt the instance.
 
 What is refused and what is dropped with a warning is decided in one table,
 :mod:`vkprovider.node.fidelity`: the simple refusals (a flag that is true, a list that is not
@@ -87,6 +89,7 @@ __all__ = [
     "REASON_INVALID_IMAGE",
     "REASON_INVALID_RESOURCES",
     "REASON_UNSUPPORTED",
+    "SHM_PATH",
     "FieldsDropped",
     "RefSource",
     "fields_dropped",
@@ -106,6 +109,8 @@ CPU_CAP = Decimal(4096)  # cores
 MEMORY_CAP = Decimal(64 * 2**40)  # 64Ti bytes
 
 _C0 = "spec.containers[0]"
+#: Where a memory-backed emptyDir is the container's shared memory (see InstanceSpec.shm_bytes).
+SHM_PATH = "/dev/shm"
 
 
 class RefSource(Protocol):
@@ -186,6 +191,55 @@ def _is_token_volume(volume: Mapping[str, Any]) -> bool:
     return "serviceAccountToken" in kinds and kinds <= _TOKEN_VOLUME_SOURCES
 
 
+def _is_shm_volume(volume: Mapping[str, Any], container: Mapping[str, Any]) -> bool:
+    """A memory-backed emptyDir that the container mounts at ``/dev/shm`` and nowhere else (no
+    subPath): the container's shared memory, whose size a cloud may set."""
+    empty_dir = volume.get("emptyDir")
+    if not isinstance(empty_dir, Mapping) or empty_dir.get("medium") != "Memory":
+        return False
+    if _volume_type(volume) != "emptyDir" or len([k for k, v in volume.items()
+                                                   if k != "name" and v is not None]) != 1:
+        return False
+    name = _str(volume, "name")
+    mounts = [m for m in _list(container, "volumeMounts")
+              if isinstance(m, Mapping) and _str(m, "name") == name]
+    return bool(mounts) and all(
+        _str(m, "mountPath").rstrip("/") == SHM_PATH and not _str(m, "subPath")
+        and not _str(m, "subPathExpr") for m in mounts)
+
+
+def _validate_shm_size(volume: Mapping[str, Any], field: str) -> None:
+    raw = _map(volume, "emptyDir").get("sizeLimit")
+    if raw is None:
+        return
+    try:
+        value = parse_quantity(raw)
+    except QuantityError as err:
+        raise PodRejected(reason=REASON_INVALID_RESOURCES, field=field, message=str(err)) from None
+    if value <= 0 or value > MEMORY_CAP:
+        raise PodRejected(reason=REASON_INVALID_RESOURCES, field=field,
+                          message=f"{raw!r} is not a positive size of at most "
+                                  f"{_format_cap('memory', MEMORY_CAP)}")
+
+
+def _shm_bytes(pod: Mapping[str, Any], container: Mapping[str, Any]) -> int | None:
+    """The size of ``/dev/shm`` the pod asks for (see ``InstanceSpec.shm_bytes``): as the
+    kubelet sizes a memory-backed emptyDir, the smaller of its sizeLimit and the container's
+    memory limit; 0 when neither is set (as large as the instance's memory); None without one."""
+    for volume in _list(_map(pod, "spec"), "volumes"):
+        if not isinstance(volume, Mapping) or not _is_shm_volume(volume, container):
+            continue
+        sizes: list[Decimal] = []
+        raw = _map(volume, "emptyDir").get("sizeLimit")
+        if raw is not None:
+            sizes.append(parse_quantity(raw))
+        limit = _map(_map(container, "resources"), "limits").get("memory")
+        if limit is not None:
+            sizes.append(parse_quantity(limit))
+        return memory_bytes(min(sizes)) if sizes else 0
+    return None
+
+
 def _volume_type(volume: Mapping[str, Any]) -> str:
     types = sorted(k for k, v in volume.items() if k != "name" and v is not None)
     return types[0] if types else "unknown"
@@ -213,17 +267,21 @@ def validate(pod: Mapping[str, Any], *, ignore_exec_probes: bool = False) -> Non
             + (f" ({names})" if names else ""),
         )
 
+    container = containers[0] if isinstance(containers[0], Mapping) else {}
     for i, volume in enumerate(_list(spec, "volumes")):
         if not isinstance(volume, Mapping) or _is_token_volume(volume):
+            continue
+        if _is_shm_volume(volume, container):
+            _validate_shm_size(volume, f"spec.volumes[{i}].emptyDir.sizeLimit")
             continue
         vtype = _volume_type(volume)
         raise _unsupported(
             f"spec.volumes[{i}].{vtype}",
             f"volume {_str(volume, 'name')!r} of type {vtype} is not supported "
-            "(only the service-account token volume is)",
+            "(only the service-account token volume is, and a memory-backed emptyDir mounted "
+            f"at {SHM_PATH} only)",
         )
 
-    container = containers[0] if isinstance(containers[0], Mapping) else {}
     _validate_container(pod, container)
     _validate_probes(container, ignore_exec=ignore_exec_probes)
 
@@ -662,7 +720,21 @@ async def translate(*, pod: Mapping[str, Any], node_name: str, refs: RefSource,
         memory_bytes=memory_bytes(memory) if memory is not None else 0,
         tags={TAG_NODE: node_name, TAG_NAMESPACE: namespace, TAG_POD: pod_name, TAG_UID: uid},
         registry_auth=registry_auth,
+        shm_bytes=_shm_bytes(pod, container),
+        run_as_user=_security(pod, container, "runAsUser"),
+        run_as_group=_security(pod, container, "runAsGroup"),
     )
+
+
+def _security(pod: Mapping[str, Any], container: Mapping[str, Any], key: str) -> int | None:
+    """A user or group id of the container's securityContext, else of the pod's (as Kubernetes
+    does: the container's wins)."""
+    for context in (_map(container, "securityContext"),
+                    _map(_map(pod, "spec"), "securityContext")):
+        value = context.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
 
 
 async def _registry_auth(*, pod: Mapping[str, Any], image: str, refs: _Refs
