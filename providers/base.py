@@ -128,6 +128,9 @@ class InstanceSpec:
     #: leaves them to the image (the fidelity table warns about it).
     run_as_user: int | None = None
     run_as_group: int | None = None
+    #: The container's host name (``spec.hostnameOverride``, else ``spec.hostname``); None: the
+    #: cloud names the host. An adapter that cannot set it leaves it to the cloud (warned).
+    hostname: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -87,6 +87,11 @@ backslash cannot be sent: such a pod is refused (InvalidSpec naming ``imagePullS
 any call. Vast.ai keeps nothing between rents, so there is nothing to clean up. Every password
 sent is scrubbed from the messages Vast.ai sends back.
 
+Host name: a spec's ``hostname`` (the pod's ``hostnameOverride``, else ``hostname``) is sent as
+the docker create option ``-h NAME`` in ``env`` (Vast.ai documents three kinds of docker create
+options there: ``-e``, ``-p`` and ``-h``); in ``env_format: dict`` as the key ``-h``, as Vast.ai's
+CLI reads it.
+
 User: a spec's ``run_as_user`` (the pod's ``runAsUser``) is sent as the rent's ``user`` (what
 ``docker create --user`` takes), ``"<uid>"`` or, with ``run_as_group``, ``"<uid>:<gid>"``. A
 group without a user cannot be written that way and is left to the image (the pod is warned).
@@ -144,6 +149,7 @@ _PAGE_SIZE = 25  # the spec's maximum
 _MAX_PAGES = 400
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _UNSAFE_IN_STRING = re.compile(r"[\s'\"\\]")
+_HOSTNAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*")
 _QUOTA_WORDS = ("credit", "balance", "insufficient_funds")
 _UNKNOWN_REGION = "unknown"  # capacity's region for offers without a location
 
@@ -587,9 +593,14 @@ class VastAIProvider(HTTPAdapter):
             + ("/udp" if p.protocol.upper() == "UDP" else "")
             for p in spec.ports
         ]
+        hostname = spec.hostname or ""
+        if hostname and not _HOSTNAME.fullmatch(hostname):
+            raise self._invalid(spec, f"host name {hostname!r} is not a DNS name")
         if self._opts.env_format == "dict":
             env = dict(spec.env)
             env.update(dict.fromkeys(ports, "1"))
+            if hostname:
+                env["-h"] = hostname  # as Vast.ai's CLI reads "-h NAME" into its dict
             return env
         parts: builtins.list[str] = []
         for key, value in spec.env.items():
@@ -601,6 +612,8 @@ class VastAIProvider(HTTPAdapter):
                 )
             parts.append(f"-e {key}={value}")
         parts.extend(ports)
+        if hostname:
+            parts.append(f"-h {hostname}")
         return " ".join(parts)
 
     def _gpu_names(self, gpu_type: str) -> tuple[str, ...]:

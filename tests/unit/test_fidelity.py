@@ -417,6 +417,12 @@ def test_vastai_honours_the_user_and_group_and_warns_only_a_group_without_a_user
         "spec.securityContext.runAsUser", "spec.containers[0].securityContext.runAsGroup"}
 
 
+def test_vastai_honours_the_hostname() -> None:
+    on_vast = {d.field for d in fidelity.dropped_fields(warned_pod(), clouds=("vastai",))}
+    assert not {"spec.hostname", "spec.hostnameOverride"} & on_vast
+    assert "spec.setHostnameAsFQDN" in on_vast
+
+
 def test_salad_honours_dev_shm_and_the_mount_is_never_warned() -> None:
     pod = make_pod()
     _shm(pod)

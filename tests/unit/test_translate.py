@@ -1071,3 +1071,16 @@ async def test_run_as_user_and_group_the_containers_over_the_pods(
         c0(pod)["securityContext"] = container_context
     spec = await run(pod)
     assert (spec.run_as_user, spec.run_as_group) == (user, group)
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [({}, None), ({"hostname": "llm"}, "llm"),
+     ({"hostname": "llm", "hostnameOverride": "llm-0.example"}, "llm-0.example")],
+)
+async def test_the_hostname_override_wins_over_the_hostname(
+    fields: dict[str, Any], expected: str | None
+) -> None:
+    pod = make_pod()
+    pod["spec"].update(fields)
+    assert (await run(pod)).hostname == expected

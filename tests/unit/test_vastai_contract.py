@@ -225,6 +225,21 @@ async def test_the_user_is_the_rents_docker_user(
     assert rent.get("user") == expected  # the spec's user: a string for docker create --user
 
 
+@pytest.mark.parametrize(
+    ("env_format", "expected"),
+    [("string", "-e MODEL=llama -p 8000:8000 -h llm-0"),
+     ("dict", {"MODEL": "llama", "-p 8000:8000": "1", "-h": "llm-0"})],
+)
+async def test_the_hostname_is_the_docker_option_h_in_env(
+    fake: FakeVastAI, make_provider: MakeProvider, env_format: str, expected: Any,
+) -> None:
+    fake.add_offer(gpu_name="H100 SXM")
+    provider = make_provider(options={"env_format": env_format})
+    await provider.create(spec(hostname="llm-0", env={"MODEL": "llama"},
+                               ports=(Port(container_port=8000),)))
+    assert rents(fake)[0]["env"] == expected
+
+
 async def test_bid_offers_rent_at_the_spec_price_or_the_minimum_bid(
     fake: FakeVastAI, make_provider: MakeProvider
 ) -> None:
@@ -248,6 +263,7 @@ async def test_bid_offers_rent_at_the_spec_price_or_the_minimum_bid(
         ({"ports": (Port(container_port=80, protocol="SCTP"),)}, {}, "SCTP"),
         ({"name": "n" * 1100}, {}, "labels hold at most 1024"),
         ({"shm_bytes": 8 * 2**30}, {}, "/dev/shm"),
+        ({"hostname": "Not A Host"}, {}, "not a DNS name"),
         ({"shm_bytes": 0}, {"env_format": "dict"}, "/dev/shm"),
     ],
 )

@@ -263,6 +263,7 @@ def _run_as_group(whose: str) -> dict[CloudType, Rule]:
 
 
 _SCHEDULER = "used by the scheduler"
+_HOST = "not applied: the cloud names the instance's host"
 _C0 = "spec.containers[0]"
 _PROBES = "{startupProbe,readinessProbe,livenessProbe}"
 _NO_ATTACH = ("not connected: the cloud starts the container without a terminal or stdin "
@@ -306,8 +307,14 @@ ENTRIES: tuple[Entry, ...] = (
     _r("spec.hostPID", "hostPID is not supported: the pod runs on a cloud instance",
        when="true", refuse_if="true"),
     _w("spec.hostUsers", "not applied: the cloud decides the user namespace", quiet=(True,)),
-    _w("spec.hostname", "not applied: the cloud names the instance's host"),
-    _w("spec.hostnameOverride", "not applied: the cloud names the instance's host"),
+    _w("spec.hostname", _each(
+        mock=_warned(_HOST), runpod=_warned(_HOST), salad=_warned(_HOST),
+        vastai="hostname, sent as the docker create option -h in the rent's env (unless "
+               "hostnameOverride is set)")),
+    _w("spec.hostnameOverride", _each(
+        mock=_warned(_HOST), runpod=_warned(_HOST), salad=_warned(_HOST),
+        vastai="hostname, sent as the docker create option -h in the rent's env (it wins "
+               "over spec.hostname)")),
     _hh("spec.imagePullSecrets",
         mock="the image's credential (dockerconfigjson, kubelet matching) is sent with the "
              "create; the mock checks it for its private registries",
@@ -874,8 +881,9 @@ cloud, per cloud type (`mock`, `runpod`, `vastai`, `salad`), for Kubernetes 1.37
   of the node's).
 
 The pod runs in one cloud instance: exactly one container, and no volume but the
-service-account token and a memory-backed emptyDir mounted at `/dev/shm` (its shared memory). Field paths are patterns: `[*]` is any index or key, `{a,b}` either
-field. Where the clouds differ, each cloud's decision and text are listed.
+service-account token and a memory-backed emptyDir mounted at `/dev/shm` (its shared memory).
+Field paths are patterns: `[*]` is any index or key, `{a,b}` either field. Where the clouds
+differ, each cloud's decision and text are listed.
 
 This file is generated from `vkprovider/node/fidelity.py` by
 `python -m vkprovider.node.fidelity`; a unit test fails when they differ.

@@ -723,6 +723,8 @@ async def translate(*, pod: Mapping[str, Any], node_name: str, refs: RefSource,
         shm_bytes=_shm_bytes(pod, container),
         run_as_user=_security(pod, container, "runAsUser"),
         run_as_group=_security(pod, container, "runAsGroup"),
+        hostname=(_str(_map(pod, "spec"), "hostnameOverride")
+                  or _str(_map(pod, "spec"), "hostname") or None),
     )
 
 
