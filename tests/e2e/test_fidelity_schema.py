@@ -110,7 +110,7 @@ async def test_a_pod_with_dropped_fields_runs_and_gets_one_fields_dropped_warnin
     await node_ready(kube, system.node_name)
     spec = pod_spec(system.node_name, container={
         "workingDir": "/srv", "securityContext": {"runAsUser": 1000, "runAsNonRoot": True}})
-    spec["activeDeadlineSeconds"] = 3600
+    spec["hostAliases"] = [{"ip": "10.0.0.1", "hostnames": ["db"]}]
     await create_pod(kube, namespace, "dropped", spec)
     await eventually(lambda: kube.get(f"/api/v1/namespaces/{namespace}/pods/dropped"),
                      until=lambda p: p.get("status", {}).get("phase") == "Running",
@@ -122,7 +122,7 @@ async def test_a_pod_with_dropped_fields_runs_and_gets_one_fields_dropped_warnin
     dropped = [e for e in events if e["reason"] == "FieldsDropped"]
     assert len(dropped) == 1 and dropped[0]["type"] == "Warning"
     message = dropped[0]["message"]
-    for field in ("spec.activeDeadlineSeconds", "spec.containers[0].workingDir",
+    for field in ("spec.hostAliases", "spec.containers[0].workingDir",
                   "spec.containers[0].securityContext.runAsUser",
                   "spec.containers[0].securityContext.runAsNonRoot"):
         assert field in message
