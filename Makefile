@@ -4,7 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint controlplane venv clean
+.PHONY: demo test lint controlplane kueue venv clean
 
 $(BIN)/vkprovider: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -17,8 +17,12 @@ venv: $(BIN)/vkprovider
 controlplane:
 	@bash tools/controlplane/build.sh >/dev/null
 
-demo: venv controlplane
-	$(BIN)/vkprovider demo
+kueue:
+	@bash tools/kueue/build.sh >/dev/null
+
+# the demo's way out goes through Kueue with the pre-warm check (vkprovider demo --no-kueue: not)
+demo: venv controlplane kueue
+	VKP_KUEUE_BIN=$$(bash tools/kueue/build.sh) $(BIN)/vkprovider demo
 
 test: venv controlplane
 	$(BIN)/python -m pytest

@@ -439,7 +439,7 @@ def _descheduler(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from vkprovider.demo import run_demo
 
-    return asyncio.run(run_demo(keep=args.keep))
+    return asyncio.run(run_demo(keep=args.keep, kueue=args.kueue))
 
 
 # -- the parser ------------------------------------------------------------------------------
@@ -532,6 +532,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="play the burst story on a local cluster, narrated",
                           parents=[without_kube])
     demo.add_argument("--keep", action="store_true", help="keep everything running at the end")
+    demo.add_argument("--kueue", action=argparse.BooleanOptionalAction, default=None,
+                      help="the way out through real Kueue with the pre-warm AdmissionCheck "
+                           "(needs VKP_KUEUE_BIN=$(bash tools/kueue/build.sh)); --no-kueue: by "
+                           "plain preemption, the measured baseline (default: Kueue when "
+                           "VKP_KUEUE_BIN names a build, else plain preemption, saying so)")
     demo.set_defaults(func=_demo)
 
     dev = sub.add_parser("dev", help="local development helpers", parents=[without_kube])

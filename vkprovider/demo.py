@@ -2,13 +2,22 @@
 
 Why it exists: a platform engineer should see the system work before reading a line of docs. On
 a real local control plane with two simulated internal GPU nodes, two mock clouds, the virtual
-kubelet and the companion (each with the RBAC from manifests/):
+kubelet and the companion (each with the RBAC from manifests/), and real Kueue when it is built:
 
 1. inference serves inside; an OverflowPolicy lets it (and only it) burst to the clouds;
-2. a training gang with a higher PriorityClass preempts it; the companion admits the evicted
-   replicas to the virtual node; cloud-a runs out of H100s and the rest fail over to cloud-b;
+2. the way out: a training gang with a higher PriorityClass takes the internal GPUs. Through
+   Kueue with the pre-warm check (:data:`PREWARM`, the default when Kueue is built), the gang is
+   a Kueue batch Job in a LocalQueue whose ClusterQueue carries the ``vkprovider.io/prewarm``
+   AdmissionCheck: Kueue reserves its quota and holds it while the companion surges inference
+   onto the clouds; once the surge is Ready by its probes the check turns Ready, Kueue admits
+   the gang, the scheduler preempts the internal replicas and the companion scales the surge
+   back. Without Kueue (:data:`PREEMPTION`, ``--no-kueue``) the gang preempts inference at once
+   and the evicted replicas are admitted to the virtual node afterwards (break-before-make, the
+   measured baseline); :data:`KUEUE` is Kueue without the check (``bench/wayout.py``). Either
+   way cloud-a runs out of H100s and the rest go to cloud-b;
 3. training ends; the companion brings every replica home make-before-break; the instances stop;
-4. a closing table: pods out and back, the fewest ready replicas seen, instances created and
+4. a closing table: pods out and back, the fewest ready replicas seen, the way out (fewest ready,
+   seconds below the desired count, the gang's admission and start delays), instances created and
    deleted, money spent, leaks (must be 0); and the site measured in requests, per chapter.
 
 Traffic is real: the lab network (``LocalCluster.address_map_dir``) routes the virtual addresses
@@ -17,10 +26,12 @@ to loopback; the provider probes through it; the inference server loads for ``lo
 (503 until then, so its replicas are Running but not Ready meanwhile) behind a Service, and a
 :class:`~vkprovider.testing.loadgen.LoadGenerator` sends ``rate`` requests per second through the
 Service's EndpointSlices for the whole story, one chapter per step. Every chapter must fail no
-request except the way out (preemption: the scheduler evicts the replicas before their cloud
-replacements are ready), which is measured and reported as the baseline a pre-warm removes.
+request. The one exception is the way out without the pre-warm check: the scheduler evicts the
+replicas before their cloud replacements are ready, so it is measured and reported as the
+baseline a pre-warm removes; with the check it is judged like every other chapter.
 
-``bench/moveback.py`` runs the same story unnarrated to measure it.
+``bench/moveback.py`` runs the same story unnarrated to measure the way back, ``bench/wayout.py``
+to measure the way out in each mode.
 """
 
 from __future__ import annotations
@@ -37,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from vkprovider.kube import KubeClient
-from vkprovider.kube.errors import NotFoundError
+from vkprovider.kube.errors import APIError, NotFoundError
 from vkprovider.node.spend import SPEND_ANNOTATION, decode, spend_lease_path
 from vkprovider.testing.cluster import LocalCluster
 from vkprovider.testing.fakekubelet import create_gpu_nodes
@@ -54,13 +65,34 @@ from vkprovider.testing.loadgen import LoadGenerator, LoadReport, ready_endpoint
 NS = "serving"
 NODE = "vk-gpu-burst"
 INTENT = "vkprovider.io/move-back"
+PREWARM_INTENT = "vkprovider.io/prewarm"
 SERVICE = "inference"
 PORT = "web"  # the Service port's name (targetPort: the container port named "http")
-#: The story's chapters, as the load generator counts them; the way out may fail requests (the
-#: baseline a pre-warm removes), every other chapter must fail none.
+#: The story's chapters, as the load generator counts them.
 INSIDE, WAY_OUT, ON_CLOUD, WAY_BACK, HOME = ("inside", "way out", "on the clouds", "way back",
                                              "home")
-MAY_FAIL = frozenset({WAY_OUT})
+#: How the way out plays: through Kueue with the pre-warm AdmissionCheck (judged: no failed
+#: request, no dip), through Kueue without it, or by plain preemption without Kueue (both
+#: measured: the baseline the pre-warm removes).
+PREWARM, KUEUE, PREEMPTION = "prewarm", "kueue", "preemption"
+MODES = (PREWARM, KUEUE, PREEMPTION)
+MODE_TITLES = {PREWARM: "through Kueue with the pre-warm check",
+               KUEUE: "through Kueue, no pre-warm check",
+               PREEMPTION: "plain preemption, no Kueue"}
+#: The Kueue objects the story writes (cluster-scoped but the LocalQueue, in namespace NS).
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_API = f"/apis/{KUEUE_GROUP}/v1beta2"
+QUEUE = "training"  # the ClusterQueue and the LocalQueue
+FLAVOR = "internal-gpus"
+CHECK = "prewarm"
+POOL_LABEL = ("gpu-pool", "internal")  # on the internal GPU nodes; the flavor's nodeLabels
+GANG = "training"  # the Job
+
+
+def may_fail(mode: str, label: str) -> bool:
+    """Whether a chapter's failed requests are measured rather than judged: only the way out,
+    and only without the pre-warm check."""
+    return label == WAY_OUT and mode != PREWARM
 
 
 class Narrator:
@@ -112,16 +144,14 @@ class RequestChapter:
     failed: int
     longest_no_endpoint: float  # seconds with no ready endpoint at all, the longest stretch
     failures_by_kind: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def may_fail(self) -> bool:
-        return self.label in MAY_FAIL
+    may_fail: bool = False  # measured, not judged (the way out without the pre-warm check)
 
 
-def request_chapters(report: LoadReport) -> list[RequestChapter]:
+def request_chapters(report: LoadReport, *, mode: str = PREEMPTION) -> list[RequestChapter]:
     return [RequestChapter(label=c.label, sent=c.sent, failed=c.failed,
                            longest_no_endpoint=round(c.longest_no_endpoint, 2),
-                           failures_by_kind=dict(c.failures_by_kind))
+                           failures_by_kind=dict(c.failures_by_kind),
+                           may_fail=may_fail(mode, c.label))
             for c in report.chapters]
 
 
@@ -136,8 +166,26 @@ def requests_table(chapters: Sequence[RequestChapter]) -> str:
 
 
 @dataclass
+class WayOut:
+    """The way out, measured: requests, ready replicas (sampled every 200 ms) and the gang."""
+
+    mode: str = PREEMPTION
+    fast_path: bool = True  # the companion's preemption fast path
+    sent: int = 0
+    failed: int = 0
+    longest_no_endpoint: float = 0.0
+    min_ready: int | None = None  # the Deployment's fewest readyReplicas
+    seconds_below_desired: float = 0.0  # with readyReplicas below the desired count
+    max_replicas: int = 0  # the Deployment's most spec.replicas (desired + surge)
+    gang_admission_seconds: float | None = None  # Workload seen -> Admitted (Kueue only)
+    gang_start_seconds: float | None = None  # Job created -> every gang pod Running
+    check_messages: list[str] = field(default_factory=list)  # "State: message", as they came
+
+
+@dataclass
 class StoryResult:
     replicas: int
+    mode: str = PREEMPTION
     moved_out: int = 0
     moved_back: int = 0
     min_ready_during_moves: int | None = None
@@ -151,17 +199,25 @@ class StoryResult:
     per_cloud: dict[str, dict[str, Any]] = field(default_factory=dict)
     rate: float = 0.0  # requests per second offered through the whole story
     requests: list[RequestChapter] = field(default_factory=list)
+    way_out: WayOut = field(default_factory=WayOut)
 
     @property
     def failed_where_none_may(self) -> int:
-        """Failed requests in the chapters that must fail none (all but the way out)."""
+        """Failed requests in the chapters that must fail none (all but a measured way out)."""
         return sum(c.failed for c in self.requests if not c.may_fail)
 
     @property
+    def way_out_dipped(self) -> bool:
+        """With the pre-warm check, ready replicas fell below the desired count on the way out
+        (without it the dip is the measured baseline, not judged)."""
+        return self.mode == PREWARM and (self.way_out.min_ready or 0) < self.replicas
+
+    @property
     def ok(self) -> bool:
-        """No leak, no dip on the way home, no failed request where none may fail."""
+        """No leak, no dip on the way home (nor on the way out with the pre-warm check), no
+        failed request where none may fail."""
         return (self.leaks == 0 and (self.min_ready_during_moves or 0) >= self.replicas
-                and self.failed_where_none_may == 0)
+                and not self.way_out_dipped and self.failed_where_none_may == 0)
 
 
 async def _pods(kube: KubeClient, app: str) -> list[dict[str, Any]]:
@@ -226,6 +282,136 @@ def inference_service() -> dict[str, Any]:
                      "ports": [{"name": PORT, "port": 80, "targetPort": "http"}]}}
 
 
+def training_job(*, pods: int, run_seconds: float, queue: str | None) -> dict[str, Any]:
+    """The gang: ``pods`` x 1 GPU at the training priority. With ``queue``, a Kueue batch Job:
+    created suspended in that LocalQueue, Kueue unsuspends it when it admits the Workload."""
+    job: dict[str, Any] = {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": GANG},
+        "spec": {"parallelism": pods, "completions": pods, "backoffLimit": 0,
+                 "template": {"metadata": {"labels": {"app": "training"}, "annotations": {
+                     "vkprovider.io/fake-run-seconds": str(run_seconds)}},
+                              "spec": {"restartPolicy": "Never",
+                                       "priorityClassName": "training",
+                                       "containers": [{
+                                           "name": "train", "image": "trainer:1",
+                                           "resources": {"limits": {
+                                               "nvidia.com/gpu": "1"}}}]}}}}
+    if queue is not None:
+        job["metadata"]["labels"] = {f"{KUEUE_GROUP}/queue-name": queue}
+        job["spec"]["suspend"] = True
+    return job
+
+
+def kueue_objects(*, gpus: int, with_check: bool) -> list[tuple[str, dict[str, Any]]]:
+    """(collection path, body) to create, in order: a ResourceFlavor on the internal GPU nodes,
+    the pre-warm AdmissionCheck (``with_check``), a ClusterQueue whose quota is those ``gpus``
+    (carrying the check), and a LocalQueue in namespace NS."""
+    v = f"{KUEUE_GROUP}/v1beta2"
+    out: list[tuple[str, dict[str, Any]]] = [(f"{KUEUE_API}/resourceflavors", {
+        "apiVersion": v, "kind": "ResourceFlavor", "metadata": {"name": FLAVOR},
+        "spec": {"nodeLabels": {POOL_LABEL[0]: POOL_LABEL[1]}}})]
+    cq: dict[str, Any] = {
+        "namespaceSelector": {},
+        "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
+            {"name": FLAVOR, "resources": [{"name": "nvidia.com/gpu",
+                                            "nominalQuota": str(gpus)}]}]}]}
+    if with_check:
+        out.append((f"{KUEUE_API}/admissionchecks", {
+            "apiVersion": v, "kind": "AdmissionCheck", "metadata": {"name": CHECK},
+            "spec": {"controllerName": "vkprovider.io/prewarm"}}))
+        cq["admissionChecksStrategy"] = {"admissionChecks": [{"name": CHECK}]}
+    out.append((f"{KUEUE_API}/clusterqueues", {
+        "apiVersion": v, "kind": "ClusterQueue", "metadata": {"name": QUEUE}, "spec": cq}))
+    out.append((f"{KUEUE_API}/namespaces/{NS}/localqueues", {
+        "apiVersion": v, "kind": "LocalQueue", "metadata": {"name": QUEUE},
+        "spec": {"clusterQueue": QUEUE}}))
+    return out
+
+
+def _condition(obj: dict[str, Any] | None, kind: str) -> str:
+    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return str(cond.get("status"))
+    return "-"
+
+
+def check_state(wl: dict[str, Any] | None, check: str = CHECK) -> tuple[str, str]:
+    """(state, message) of ``check`` on a Workload; ("Pending", "") before Kueue lists it."""
+    for entry in ((wl or {}).get("status") or {}).get("admissionChecks") or []:
+        if entry.get("name") == check:
+            return str(entry.get("state") or "Pending"), str(entry.get("message") or "")
+    return "Pending", ""
+
+
+async def gang_workload(kube: KubeClient) -> dict[str, Any] | None:
+    """The Workload Kueue made for the gang's Job (None before it exists)."""
+    body = await kube.get(f"{KUEUE_API}/namespaces/{NS}/workloads")
+    for wl in body.get("items") or []:
+        if any(o.get("kind") == "Job" and o.get("name") == GANG
+               for o in wl["metadata"].get("ownerReferences") or []):
+            return dict(wl)
+    return None
+
+
+class WayOutWatch:
+    """Every 200 ms through the way out: the Deployment (fewest ready, most spec.replicas, time
+    with fewer ready than desired), the gang's Workload (seen, Admitted, the check's messages)
+    and pods (all Running); the times are monotonic, from ``created`` (the Job's creation)."""
+
+    def __init__(self, kube: KubeClient, *, result: WayOut, desired: int, gang_pods: int,
+                 kueue: bool) -> None:
+        self.kube, self.result, self.desired = kube, result, desired
+        self.gang_pods, self.kueue = gang_pods, kueue
+        self.created = time.monotonic()
+        self.workload_seen: float | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def _sample(self, last: float) -> float:
+        out = self.result
+        dep = await self.kube.get(f"/apis/apps/v1/namespaces/{NS}/deployments/inference")
+        now = time.monotonic()
+        ready = int(dep.get("status", {}).get("readyReplicas") or 0)
+        if ready < self.desired:
+            out.seconds_below_desired += now - last
+        out.min_ready = ready if out.min_ready is None else min(out.min_ready, ready)
+        out.max_replicas = max(out.max_replicas, int(dep["spec"].get("replicas") or 0))
+        if self.kueue and out.gang_admission_seconds is None:
+            wl = await gang_workload(self.kube)
+            if wl is not None and self.workload_seen is None:
+                self.workload_seen = now
+            state, message = check_state(wl)
+            seen = f"{state}: {message}"
+            if wl is not None and message and seen not in out.check_messages:
+                out.check_messages.append(seen)
+            if self.workload_seen is not None and _condition(wl, "Admitted") == "True":
+                out.gang_admission_seconds = round(now - self.workload_seen, 2)
+        if out.gang_start_seconds is None:
+            ps = await _pods(self.kube, "training")
+            if _running(ps, lambda node: True) >= self.gang_pods:
+                out.gang_start_seconds = round(now - self.created, 2)
+        return now
+
+    async def _loop(self) -> None:
+        last = time.monotonic()
+        while True:
+            with contextlib.suppress(APIError, OSError):
+                last = await self._sample(last)
+            await asyncio.sleep(0.2)
+
+    def start(self) -> None:
+        self.created = time.monotonic()
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        out = self.result
+        out.seconds_below_desired = round(out.seconds_below_desired, 2)
+
+
 def _traffic(lg: LoadGenerator, where: str) -> str:
     """``inference serving 50 req/s from WHERE, 0 failed`` (in the current chapter)."""
     return (f"inference serving {lg.rate:g} req/s from {where}, "
@@ -247,11 +433,20 @@ async def _load_for(lg: LoadGenerator, seconds: float) -> None:
 
 async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = False,
                     training_seconds: float = 25.0, rate: float = 50.0,
-                    load_seconds: float = 3.0) -> StoryResult:
+                    load_seconds: float = 3.0, mode: str = PREEMPTION, fast_path: bool = True,
+                    overflow_after: str | None = None,
+                    kueue_home: Path | None = None) -> StoryResult:
     """The story, ``rate`` requests per second through it; inference loads for
-    ``load_seconds`` (Running, not Ready, meanwhile) wherever a replica starts."""
+    ``load_seconds`` (Running, not Ready, meanwhile) wherever a replica starts. ``mode`` says how
+    the way out plays (:data:`MODES`; the Kueue ones need ``VKP_KUEUE_BIN`` or ``kueue_home``);
+    ``fast_path=False`` runs the companion with ``--no-preemption-fast-path``;
+    ``overflow_after`` sets the policy's ``overflowAfter``."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: one of {', '.join(MODES)}")
+    with_kueue = mode in (PREWARM, KUEUE)
     n = Narrator(quiet=not narrate)
-    result = StoryResult(replicas=replicas, rate=rate)
+    result = StoryResult(replicas=replicas, rate=rate, mode=mode,
+                         way_out=WayOut(mode=mode, fast_path=fast_path))
     work = Path(tempfile.mkdtemp(prefix="vkp-demo-"))
     cluster = LocalCluster(log_dir=work / "logs")
     network = cluster.address_map_dir  # the lab network: one address map for every listener
@@ -267,8 +462,10 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
     provider: ProviderProcess | None = None
     companion: CompanionProcess | None = None
     lg: LoadGenerator | None = None
+    watch: WayOutWatch | None = None
     try:
-        n.chapter("A real control plane: etcd, kube-apiserver, controller-manager, scheduler")
+        n.chapter("A real control plane: etcd, kube-apiserver, controller-manager, scheduler"
+                  + (", and Kueue" if with_kueue else ""))
         await cluster.start()
         cluster.start_fake_kubelet(start_delay=1, address_map_dir=network)
         n.say(f"API server at {cluster.server}; logs in {cluster.log_dir}")
@@ -277,7 +474,8 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
               f"map in {network}")
         async with cluster.client() as kube:
             per_node = max(1, replicas // 2)
-            await create_gpu_nodes(kube=kube, names=["gpu-node-0", "gpu-node-1"], gpus=per_node)
+            await create_gpu_nodes(kube=kube, names=["gpu-node-0", "gpu-node-1"], gpus=per_node,
+                                   labels={POOL_LABEL[0]: POOL_LABEL[1]})
             n.say(f"2 internal GPU nodes x {per_node} nvidia.com/gpu (simulated kubelets)")
             await install_crds(kube)
             vk_config = await install_provider_rbac(kube=kube, cluster=cluster,
@@ -285,6 +483,13 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
             companion_config = await service_account_kubeconfig(
                 kube=kube, cluster=cluster, namespace="vkprovider-system",
                 name="vkprovider-companion", path=work / "companion.kubeconfig")
+            if with_kueue:  # imported here: vkprovider.testing.kueue also holds a pytest fixture
+                from vkprovider.testing.kueue import KUEUE_VERSION, KueueManager
+
+                kueue = KueueManager(cluster=cluster, home=kueue_home)  # cluster.stop() ends it
+                await kueue.start()
+                n.say(f"Kueue {KUEUE_VERSION}: its CRDs, the manager, its webhooks at "
+                      f"{kueue.url} (signed by the cluster CA)")
 
             n.chapter("Two mock GPU clouds, the virtual kubelet and the companion")
             for cloud in clouds:
@@ -295,8 +500,10 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
                                        pods={"spend_record_seconds": 1,
                                              "probe_address_map": str(network)})
             provider.start()
-            companion = CompanionProcess(work_dir=work, kubeconfig=companion_config,
-                                         node_name=NODE, interval=0.5, move_back_interval=1.0)
+            companion = CompanionProcess(
+                work_dir=work, kubeconfig=companion_config, node_name=NODE, interval=0.5,
+                move_back_interval=1.0,
+                extra_args=() if fast_path else ("--no-preemption-fast-path",))
             companion.start()
 
             async def node_ready() -> tuple[bool, str]:
@@ -317,17 +524,43 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
                     await kube.create("/apis/scheduling.k8s.io/v1/priorityclasses", {
                         "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
                         "metadata": {"name": name}, "value": value})
+            spec: dict[str, Any] = {
+                "selector": {"namespaces": [NS],
+                             "podSelector": {"matchLabels": {"app": "inference"}}},
+                "providers": ["cloud-a", "cloud-b"],
+                "limits": {"maxGPUs": replicas * 2, "maxPricePerHour": 100},
+                "moveBack": {"enabled": True, "stableFor": "5s", "maxConcurrent": 2,
+                             "cooldown": "30s"},
+                "prewarm": {"enabled": True, "timeout": "120s"}}
+            if overflow_after is not None:
+                spec["overflowAfter"] = overflow_after
             await kube.create("/apis/vkprovider.io/v1alpha1/overflowpolicies", {
                 "apiVersion": "vkprovider.io/v1alpha1", "kind": "OverflowPolicy",
-                "metadata": {"name": "inference-burst"},
-                "spec": {"selector": {"namespaces": [NS],
-                                      "podSelector": {"matchLabels": {"app": "inference"}}},
-                         "providers": ["cloud-a", "cloud-b"],
-                         "limits": {"maxGPUs": replicas * 2, "maxPricePerHour": 100},
-                         "moveBack": {"enabled": True, "stableFor": "5s",
-                                      "maxConcurrent": 2, "cooldown": "30s"}}})
+                "metadata": {"name": "inference-burst"}, "spec": spec})
             n.say("OverflowPolicy inference-burst: app=inference in namespace serving may burst "
-                  "to cloud-a then cloud-b, up to $100/h; move back after 5 s of fit")
+                  "to cloud-a then cloud-b, up to $100/h; move back after 5 s of fit"
+                  + ("; pre-warm before a Kueue gang displaces it (timeout 120 s)"
+                     if mode == PREWARM else "")
+                  + (f"; overflow after {overflow_after}" if overflow_after else ""))
+            if with_kueue:
+                for path, body in kueue_objects(gpus=per_node * 2, with_check=mode == PREWARM):
+                    await kube.create(path, body)
+                if mode == PREWARM:
+                    n.say(f"Kueue: ResourceFlavor {FLAVOR} (the internal GPU nodes), "
+                          f"ClusterQueue {QUEUE} ({per_node * 2} nvidia.com/gpu of quota) "
+                          f"carrying the AdmissionCheck {CHECK} (controllerName "
+                          f"vkprovider.io/prewarm: the companion), LocalQueue {NS}/{QUEUE}")
+
+                    async def check_active() -> tuple[bool, str]:
+                        ac = await kube.get(f"{KUEUE_API}/admissionchecks/{CHECK}")
+                        active = _condition(ac, "Active")
+                        return active == "True", f"Active={active}"
+
+                    await n.until(f"AdmissionCheck {CHECK}", check_active)
+                else:
+                    n.say(f"Kueue: ResourceFlavor {FLAVOR}, ClusterQueue {QUEUE} "
+                          f"({per_node * 2} nvidia.com/gpu of quota, no admission check), "
+                          f"LocalQueue {NS}/{QUEUE}")
 
             n.chapter(f"Inference serves inside: {replicas} replicas on the internal GPUs")
             await kube.create(f"/apis/apps/v1/namespaces/{NS}/deployments",
@@ -357,27 +590,34 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
             n.say(_traffic(lg, f"{replicas} replicas inside") + " (a load generator follows "
                   "the Service's EndpointSlices, as kube-proxy does)")
 
-            n.chapter(f"A training gang ({replicas} x 1 GPU, higher priority) preempts inference")
+            n.chapter(f"The way out, {MODE_TITLES[mode]}: a training gang ({replicas} x 1 GPU, "
+                      f"higher priority) takes the internal GPUs")
             n.say(_chapter_line(lg))
             lg.mark(WAY_OUT)
-            await kube.create(f"/apis/batch/v1/namespaces/{NS}/jobs", {
-                "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "training"},
-                "spec": {"parallelism": replicas, "completions": replicas, "backoffLimit": 0,
-                         "template": {"metadata": {"labels": {"app": "training"}, "annotations": {
-                             "vkprovider.io/fake-run-seconds": str(training_seconds)}},
-                                      "spec": {"restartPolicy": "Never",
-                                               "priorityClassName": "training",
-                                               "containers": [{
-                                                   "name": "train", "image": "trainer:1",
-                                                   "resources": {"limits": {
-                                                       "nvidia.com/gpu": "1"}}}]}}}})
+            dep_path = f"/apis/apps/v1/namespaces/{NS}/deployments/inference"
+            await kube.create(f"/apis/batch/v1/namespaces/{NS}/jobs", training_job(
+                pods=replicas, run_seconds=training_seconds,
+                queue=QUEUE if with_kueue else None))
+            watch = WayOutWatch(kube, result=result.way_out, desired=replicas,
+                                gang_pods=replicas, kueue=with_kueue)
+            watch.start()
+            if with_kueue:
+                n.say(f"Job {GANG} created suspended in LocalQueue {NS}/{QUEUE}: Kueue decides "
+                      "when it runs")
+                await _kueue_way_out(n=n, kube=kube, lg=lg, mode=mode, replicas=replicas,
+                                     dep_path=dep_path)
+            else:
+                n.say(f"Job {GANG} created: the scheduler preempts inference for its pods")
             clouds_used: dict[str, int] = {}
 
             async def overflowed() -> tuple[bool, str]:
                 ps = await _pods(kube, "inference")
                 out = _running(ps, lambda node: node == NODE)
                 ready = _serving(ps, lambda node: node == NODE)
+                still = sum(1 for p in ps if (p["spec"].get("nodeName") or "").startswith(
+                    "gpu-node"))
                 tr = _running(await _pods(kube, "training"), lambda node: True)
+                desired = int((await kube.get(dep_path))["spec"].get("replicas") or 0)
                 clouds_used.clear()
                 for p in ps:
                     if p["spec"].get("nodeName") == NODE:
@@ -385,14 +625,27 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
                             "vkprovider.io/provider", "placing")
                         clouds_used[name] = clouds_used.get(name, 0) + 1
                 where = ", ".join(f"{k} {v}" for k, v in sorted(clouds_used.items())) or "-"
-                return ready == replicas and tr == replicas, (
+                done = (ready == replicas and tr == replicas and still == 0
+                        and desired == replicas)
+                return done, (
                     f"training {tr}/{replicas} inside; inference {out}/{replicas} Running on "
-                    f"the clouds ({where}), {ready} Ready")
+                    f"the clouds ({where}), {ready} Ready, {still} still inside; "
+                    f"Deployment at {desired} replicas; "
+                    + _traffic(lg, "inside and the clouds"))
 
             await n.until("overflow", overflowed)
+            await watch.stop()
             result.moved_out = replicas
-            n.say(_chapter_line(lg) + " (measured, not yet zero: the scheduler evicts before "
-                  "the cloud replicas are ready; a pre-warm removes this)")
+            w = result.way_out
+            if mode == PREWARM:
+                n.say(_chapter_line(lg) + f"; fewest ready replicas {w.min_ready} of {replicas} "
+                      f"(pre-warmed: the way out must fail none)")
+            else:
+                n.say(_chapter_line(lg) + f"; fewest ready replicas {w.min_ready} of {replicas}, "
+                      f"{w.seconds_below_desired:.1f} s below {replicas} (measured, not yet "
+                      "zero: the scheduler evicts before the cloud replicas are ready; "
+                      + ("the Kueue pre-warm check removes this)" if mode == KUEUE else
+                         "`vkprovider demo` with Kueue pre-warms and removes this)"))
             lg.mark(ON_CLOUD)
             rows: list[tuple[str, ...]] = [("POD", "NODE", "CLOUD", "REGION", "$/H")]
             for p in sorted(await _pods(kube, "inference"), key=lambda p: p["metadata"]["name"]):
@@ -404,7 +657,6 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
             n.say("kubectl get pods -o wide, in short:\n" + table(rows))
 
             n.chapter("Training ends; inference comes home make-before-break")
-            dep_path = f"/apis/apps/v1/namespaces/{NS}/deployments/inference"
             moves: dict[str, float] = {}
             min_ready: list[int] = []
             serving_from = f"{len(clouds_used)} cloud{'s' if len(clouds_used) != 1 else ''}"
@@ -462,7 +714,11 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
             await _load_for(lg, 2.0)
             n.say(_traffic(lg, f"{replicas} replicas inside again"))
             report = await lg.stop()
-            result.requests = request_chapters(report)
+            result.requests = request_chapters(report, mode=mode)
+            for c in result.requests:
+                if c.label == WAY_OUT:
+                    w.sent, w.failed = c.sent, c.failed
+                    w.longest_no_endpoint = c.longest_no_endpoint
 
             n.chapter("Summary")
             for cloud in clouds:
@@ -477,30 +733,19 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
                 result.dollars += spent
             result.dollars = round(result.dollars, 4)
             result.counted_dollars = await _counted_spend(kube)
-            summary: list[tuple[str, ...]] = [("", "VALUE")]
-            summary += [("inference replicas moved out / back",
-                      f"{result.moved_out} / {result.moved_back}"),
-                     ("fewest ready replicas during the moves",
-                      f"{result.min_ready_during_moves} of {replicas}"),
-                     ("training done -> all home (s)", str(result.seconds_gpus_freed_to_all_home)),
-                     ("cloud instances created / deleted",
-                      f"{result.instances_created} / {result.instances_deleted}"),
-                     *[(f"  {k}", f"{v['created']} created, ${v['dollars']:.4f}")
-                       for k, v in result.per_cloud.items()],
-                     ("money spent ($), the clouds' bill", f"{result.dollars:.4f}"),
-                     ("  as the provider counted it", "not recorded"
-                      if result.counted_dollars is None else f"{result.counted_dollars:.4f}"),
-                     ("leaks (live instances)", str(result.leaks)),
-                     ("failed requests outside the way out", str(result.failed_where_none_may))]
-            n.say("\n" + table(summary))
+            n.say("\n" + table(summary_rows(result)))
+            judged = ("every chapter must fail none, the way out included (pre-warmed)"
+                      if mode == PREWARM else "every chapter but the way out must fail none")
             n.say(f"the site in requests ({rate:g} req/s through Service {SERVICE}, a chapter "
-                  f"per step; every chapter but the way out must fail none):\n"
-                  + requests_table(result.requests))
+                  f"per step; {judged}):\n" + requests_table(result.requests))
             if keep:
                 n.say(f"still running; export KUBECONFIG={cluster.kubeconfig}; Ctrl-C stops")
                 await asyncio.Event().wait()
             return result
     finally:
+        if watch is not None:
+            with contextlib.suppress(Exception):
+                await watch.stop()
         if lg is not None:
             with contextlib.suppress(Exception):
                 await lg.stop()
@@ -515,10 +760,135 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
                 sys.stdout.write(f"\nstopped everything; logs kept in {work}\n")
 
 
-async def run_demo(*, keep: bool = False) -> int:
+async def _kueue_way_out(*, n: Narrator, kube: KubeClient, lg: LoadGenerator, mode: str,
+                         replicas: int, dep_path: str) -> None:
+    """Narrate Kueue's side of the way out: quota reserved, the pre-warm check Pending ->
+    Ready (with its messages) while the surge boots on the clouds, the gang admitted."""
+    names: list[str] = []
+
+    async def reserved() -> tuple[bool, str]:
+        wl = await gang_workload(kube)
+        if wl is None:
+            return False, "Kueue is making the Job's Workload"
+        names[:] = [wl["metadata"]["name"]]
+        quota = _condition(wl, "QuotaReserved") == "True"
+        admitted = _condition(wl, "Admitted") == "True"
+        return quota or admitted, (f"Workload {wl['metadata']['name']}: quota "
+                                   + (f"reserved in ClusterQueue {QUEUE}" if quota else "pending"))
+
+    await n.until("Kueue", reserved)
+    if mode == PREWARM:
+        told: list[str] = []
+
+        async def prewarmed() -> tuple[bool, str]:
+            wl = await gang_workload(kube)
+            state, message = check_state(wl)
+            if message and f"{state}: {message}" not in told:  # the check's own words, once
+                told.append(f"{state}: {message}")
+                n.say(f"   AdmissionCheck {CHECK} on the Workload: {state}, \"{message}\"")
+            ps = await _pods(kube, "inference")
+            out = sum(1 for p in ps if p["spec"].get("nodeName") == NODE)
+            ready_out = _serving(ps, lambda node: node == NODE)
+            dep = await kube.get(dep_path)
+            surge = int(dep["spec"].get("replicas") or 0) - replicas
+            if state == "Ready":
+                return True, f"check {state}: {ready_out} ready: admitting the gang"
+            if surge <= 0:
+                return False, f"check {state}"
+            return False, (f"check {state}: pre-warming {surge} replicas on the clouds, {out} "
+                           f"placed, {ready_out} Ready; "
+                           + _traffic(lg, f"{replicas} replicas inside"))
+
+        await n.until("pre-warm", prewarmed)
+
+    async def admitted() -> tuple[bool, str]:
+        wl = await gang_workload(kube)
+        ok = _condition(wl, "Admitted") == "True"
+        name = names[0] if names else GANG
+        return ok, (f"Workload {name} Admitted: Kueue unsuspends the Job, whose pods preempt "
+                    f"the internal replicas" if ok else f"Workload {name} waiting for admission")
+
+    await n.until("Kueue", admitted)
+    if mode == PREWARM:
+        n.say("   the companion scales inference back to its recorded count once the gang is "
+              "bound: the Pending replacements go first, the cloud replicas keep serving")
+
+
+def summary_rows(result: StoryResult) -> list[tuple[str, ...]]:
+    """The closing table's rows (a header first)."""
+    w, r = result.way_out, result.replicas
+
+    def secs(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f}"
+
+    fast = "" if result.mode == PREWARM else (
+        ", preemption fast path " + ("on" if w.fast_path else "off"))
+    rows: list[tuple[str, ...]] = [("", "VALUE")]
+    rows += [("way out", MODE_TITLES[result.mode] + fast),
+             ("  fewest ready replicas / seconds below desired",
+              f"{w.min_ready} of {r} / {w.seconds_below_desired:.1f}"),
+             ("  gang admitted after (Workload -> Admitted, s)",
+              secs(w.gang_admission_seconds) if result.mode != PREEMPTION else "- (no Kueue)"),
+             ("  gang running after (Job created -> all Running, s)",
+              secs(w.gang_start_seconds)),
+             ("inference replicas moved out / back",
+              f"{result.moved_out} / {result.moved_back}"),
+             ("fewest ready replicas during the moves home",
+              f"{result.min_ready_during_moves} of {r}"),
+             ("training done -> all home (s)", str(result.seconds_gpus_freed_to_all_home)),
+             ("cloud instances created / deleted",
+              f"{result.instances_created} / {result.instances_deleted}"),
+             *[(f"  {k}", f"{v['created']} created, ${v['dollars']:.4f}")
+               for k, v in result.per_cloud.items()],
+             ("money spent ($), the clouds' bill", f"{result.dollars:.4f}"),
+             ("  as the provider counted it", "not recorded"
+              if result.counted_dollars is None else f"{result.counted_dollars:.4f}"),
+             ("leaks (live instances)", str(result.leaks))]
+    if result.mode == PREWARM:
+        rows.append(("failed requests (the way out included)", str(result.failed_where_none_may)))
+    else:
+        rows.append(("failed requests outside the way out", str(result.failed_where_none_may)))
+    return rows
+
+
+def choose_mode(kueue: bool | None) -> tuple[str, str | None, Path | None]:
+    """(mode, a line to say first, Kueue's folder) for ``--kueue`` (True), ``--no-kueue``
+    (False) or neither (None: Kueue with pre-warm when ``VKP_KUEUE_BIN`` names a build, else
+    plain preemption, saying how to get Kueue). ``--kueue`` without a build raises
+    :class:`~vkprovider.testing.kueue.KueueError`."""
+    if kueue is False:
+        return PREEMPTION, None, None
+    from vkprovider.testing.kueue import KueueError, find_kueue
+
+    try:
+        home = find_kueue()
+    except KueueError as exc:
+        if kueue:
+            raise
+        return PREEMPTION, (f"Kueue not found ({exc}); playing the way out by plain preemption "
+                            "(as --no-kueue). With Kueue built, the demo plays it through Kueue "
+                            "with the pre-warm check."), None
+    return PREWARM, None, home
+
+
+async def run_demo(*, keep: bool = False, kueue: bool | None = None) -> int:
     """Exit status: 0 when :attr:`StoryResult.ok` (no leak, no dip, no failed request outside
-    the way out), else 1. The way out's failed requests are reported, not judged: they are the
-    baseline the Kueue pre-warm removes."""
+    a measured way out), else 1. Through Kueue with pre-warm the way out is judged too (no
+    failed request, never fewer ready replicas than desired); without it its failed requests
+    are reported, not judged: they are the baseline the pre-warm removes."""
+    from vkprovider.testing.kueue import KueueError
+
     logging.getLogger("vkprovider.testing.loadgen").setLevel(logging.WARNING)
-    result = await run_story(narrate=True, keep=keep)
+    try:
+        mode, note, home = choose_mode(kueue)
+    except KueueError as exc:
+        sys.stderr.write(f"vkprovider demo: error: --kueue: {exc}\n")
+        return 1
+    if note:
+        sys.stdout.write(note + "\n")
+    try:
+        result = await run_story(narrate=True, keep=keep, mode=mode, kueue_home=home)
+    except KueueError as exc:
+        sys.stderr.write(f"vkprovider demo: error: {exc}\n")
+        return 1
     return 0 if result.ok else 1
