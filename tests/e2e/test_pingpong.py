@@ -1,0 +1,322 @@
+"""No ping-pong and GPU health (issue 15), against the real control plane and real Kueue v0.17.0.
+
+One simulated 2-GPU node, an inference Deployment (2 replicas x 1 GPU, low priority) that fills
+it, one mock cloud. Kueue gangs (1 pod x 2 GPUs, high priority) go through a ClusterQueue with
+2 GPUs of quota and an AdmissionCheck that this test serves by hand (as a provisioning or
+multi-cluster check would): a gang holds quota with no pod until the test approves it, so the
+window in which a naive move-back would bring inference home onto the next gang's GPUs is as
+long as the test makes it.
+
+* Gang A runs (it preempts both replicas onto the cloud), gang B is queued behind it. A ends: B
+  reserves quota and waits on its check; inference must stay on the cloud (``MoveBackHeld``
+  names B), B runs, and once B ends inference comes home. The scheduler preempted inference
+  twice (A's victims) and never again. With ``holdWhileQueued: false`` the same story ping-pongs:
+  inference comes home during B's wait and B preempts it again.
+* A node with a health taint (``AggregatedNodeHealth``, ``PreferNoSchedule`` so the scheduler
+  would place a surge pod there) does not count as free: inference stays on the cloud with a
+  ``MoveBackHeld`` saying why; untainted, it comes home.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from vkprovider.kube import KubeClient
+from vkprovider.kube.errors import APIError
+from vkprovider.testing.harness import CompanionProcess
+from vkprovider.testing.kueue import GROUP, KueueManager
+from vkprovider.testing.plugin import GPUNodeFactory
+from vkprovider.testing.waiting import eventually
+
+from .conftest import Cluster, System
+from .test_overflow import POLICIES, PRIORITY, gpu_deployment, pods, policy
+
+pytestmark = pytest.mark.cluster
+API = f"/apis/{GROUP}/v1beta2"
+QUEUE_LABEL = f"{GROUP}/queue-name"
+GPUS = 2  # the internal node's, the inference's (2 x 1) and each gang's (1 x 2)
+
+
+@pytest_asyncio.fixture
+async def kueue_objects(kueue: KueueManager, kube: KubeClient) -> AsyncIterator[list[str]]:
+    paths: list[str] = []
+    try:
+        yield paths
+    finally:
+        for path in reversed(paths):
+            with contextlib.suppress(APIError):
+                await kube.delete(path)
+
+
+async def inference_home_then_out(*, kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory,
+                                  system: System, companion_kubeconfig: Path, objects: Cluster,
+                                  move_back: dict[str, Any]) -> tuple[str, str, str]:
+    """The inside node, inference Running on it, the companion; returns (node, tag, high)."""
+    [internal] = await gpu_nodes.create(count=1, gpus=GPUS)
+    await system.start(clouds=1, node_labels={"vkprovider.io/pool": namespace})
+    system.companion = CompanionProcess(work_dir=system.work_dir,
+                                        kubeconfig=companion_kubeconfig,
+                                        node_name=system.node_name, interval=0.5,
+                                        move_back_interval=0.5)
+    system.companion.start()
+    tag = uuid.uuid4().hex[:6]
+    low, high = f"inf-{tag}", f"train-{tag}"
+    for name, value in ((low, 100), (high, 1000)):
+        await objects.create(PRIORITY, {"apiVersion": "scheduling.k8s.io/v1",
+                                        "kind": "PriorityClass", "metadata": {"name": name},
+                                        "value": value})
+    body = policy(f"pp-{tag}", namespace=namespace, app="inference", providers=["cloud0"])
+    body["spec"]["moveBack"] = {"enabled": True, "stableFor": "1s", "maxConcurrent": 2,
+                                "cooldown": "5s", "timeout": "60s", **move_back}
+    body["spec"]["prewarm"] = {"enabled": False}
+    await objects.create(POLICIES, body)
+    await kube.create(f"/apis/apps/v1/namespaces/{namespace}/deployments",
+                      gpu_deployment("inference", replicas=GPUS, pool=namespace,
+                                     priority_class=low))
+    await eventually(lambda: pods(kube, namespace, "inference"),
+                     until=lambda ps: len(ps) == GPUS and all(
+                         p["spec"].get("nodeName") == internal
+                         and p["status"].get("phase") == "Running" for p in ps),
+                     timeout=90, what="inference Running inside")
+    return internal, tag, high
+
+
+def gang_job(name: str, *, high: str, run_seconds: float, queue: str | None = None
+             ) -> dict[str, Any]:
+    labels = {QUEUE_LABEL: queue} if queue else {}
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"parallelism": 1, "completions": 1, "backoffLimit": 0,
+                     "suspend": bool(queue),
+                     "template": {"metadata": {"labels": {"app": "training", "gang": name},
+                                               "annotations": {"vkprovider.io/fake-run-seconds":
+                                                               str(run_seconds)}},
+                                  "spec": {"restartPolicy": "Never", "priorityClassName": high,
+                                           "terminationGracePeriodSeconds": 0,
+                                           "containers": [{"name": "t", "image": "trainer:1",
+                                                           "resources": {"limits": {
+                                                               "nvidia.com/gpu": str(GPUS)}}}]}}}}
+
+
+async def on_cloud(kube: KubeClient, namespace: str, system: System) -> list[dict[str, Any]]:
+    return await eventually(lambda: pods(kube, namespace, "inference"),
+                            until=lambda ps: len(ps) == GPUS and all(
+                                p["spec"].get("nodeName") == system.node_name
+                                and p["status"].get("phase") == "Running" for p in ps),
+                            timeout=120, interval=0.3, what="inference serving from the cloud")
+
+
+async def events(kube: KubeClient, namespace: str, **selector: str) -> list[dict[str, Any]]:
+    fields = ",".join(f"{k}={v}" for k, v in selector.items())
+    body = await kube.get(f"/api/v1/namespaces/{namespace}/events",
+                          params={"fieldSelector": fields} if fields else None)
+    return list(body["items"])
+
+
+async def preempted(kube: KubeClient, namespace: str) -> int:
+    """Inference replicas the scheduler preempted (its ``Preempted`` events, one per victim)."""
+    return sum(1 for e in await events(kube, namespace, reason="Preempted")
+               if e["involvedObject"]["name"].startswith("inference-"))
+
+
+async def gang_pod(kube: KubeClient, namespace: str, name: str) -> list[dict[str, Any]]:
+    body = await kube.get(f"/api/v1/namespaces/{namespace}/pods",
+                          params={"labelSelector": f"gang={name}"})
+    return list(body["items"])
+
+
+class ManualCheck:
+    """An AdmissionCheck served by the test: Active, and Ready per Workload when approved."""
+
+    def __init__(self, kube: KubeClient, name: str) -> None:
+        self.kube, self.name = kube, name
+
+    async def activate(self) -> None:
+        await self.kube.patch(f"{API}/admissionchecks/{self.name}/status", {"status": {
+            "conditions": [{"type": "Active", "status": "True", "reason": "Active",
+                            "message": "served by the test", "observedGeneration": 1,
+                            "lastTransitionTime": _now()}]}})
+
+    async def approve(self, wl: dict[str, Any]) -> None:
+        body = {"apiVersion": f"{GROUP}/v1beta2", "kind": "Workload",
+                "metadata": {"name": wl["metadata"]["name"],
+                             "namespace": wl["metadata"]["namespace"]},
+                "status": {"admissionChecks": [{"name": self.name, "state": "Ready",
+                                                "message": "approved by the test",
+                                                "lastTransitionTime": _now()}]}}
+        await self.kube.request(
+            "PATCH", f"{API}/namespaces/{wl['metadata']['namespace']}/workloads/"
+                     f"{wl['metadata']['name']}/status",
+            params={"fieldManager": "test-manual-check", "force": True}, body=body,
+            content_type="application/apply-patch+yaml")
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def workload_of(kube: KubeClient, namespace: str, job: str) -> dict[str, Any] | None:
+    body = await kube.get(f"{API}/namespaces/{namespace}/workloads")
+    for wl in body.get("items") or []:
+        if any(o["kind"] == "Job" and o["name"] == job
+               for o in wl["metadata"].get("ownerReferences") or []):
+            return dict(wl)
+    return None
+
+
+def cond(wl: dict[str, Any] | None, kind: str) -> str | None:
+    for c in ((wl or {}).get("status") or {}).get("conditions") or []:
+        if c["type"] == kind:
+            return str(c["status"])
+    return None
+
+
+async def kueue_setup(kube: KubeClient, namespace: str, tag: str, paths: list[str]) -> ManualCheck:
+    name = f"pp-{tag}"
+    await kube.create(f"{API}/resourceflavors", {
+        "apiVersion": f"{GROUP}/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": name},
+        "spec": {"nodeLabels": {"vkprovider.io/pool": namespace}}})
+    paths.append(f"{API}/resourceflavors/{name}")
+    check = ManualCheck(kube, f"manual-{tag}")
+    await kube.create(f"{API}/admissionchecks", {
+        "apiVersion": f"{GROUP}/v1beta2", "kind": "AdmissionCheck",
+        "metadata": {"name": check.name}, "spec": {"controllerName": "example.com/manual"}})
+    paths.append(f"{API}/admissionchecks/{check.name}")
+    await check.activate()
+    await kube.create(f"{API}/clusterqueues", {
+        "apiVersion": f"{GROUP}/v1beta2", "kind": "ClusterQueue", "metadata": {"name": name},
+        "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                 "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
+                     {"name": name, "resources": [{"name": "nvidia.com/gpu",
+                                                   "nominalQuota": str(GPUS)}]}]}],
+                 "admissionChecksStrategy": {"admissionChecks": [{"name": check.name}]}}})
+    paths.append(f"{API}/clusterqueues/{name}")
+    await kube.create(f"{API}/namespaces/{namespace}/localqueues", {
+        "apiVersion": f"{GROUP}/v1beta2", "kind": "LocalQueue", "metadata": {"name": "gpus"},
+        "spec": {"clusterQueue": name}})
+    return check
+
+
+async def approve_when_reserved(kube: KubeClient, namespace: str, check: ManualCheck,
+                                job: str) -> dict[str, Any]:
+    wl = await eventually(lambda: workload_of(kube, namespace, job), timeout=60, interval=0.3,
+                          until=lambda w: cond(w, "QuotaReserved") == "True",
+                          what=f"Workload of {job} holding quota")
+    assert wl is not None
+    await check.approve(wl)
+    return wl
+
+
+@pytest.mark.parametrize("hold", [True, False], ids=["hold-while-queued", "knob-off"])
+async def test_a_queued_gang_keeps_inference_out_until_the_queue_empties(
+    kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory, system: System,
+    companion_kubeconfig: Path, cluster_objects: Cluster, kueue_objects: list[str],
+    hold: bool,
+) -> None:
+    internal, tag, high = await inference_home_then_out(
+        kube=kube, namespace=namespace, gpu_nodes=gpu_nodes, system=system,
+        companion_kubeconfig=companion_kubeconfig, objects=cluster_objects,
+        move_back={"holdWhileQueued": hold})
+    check = await kueue_setup(kube, namespace, tag, kueue_objects)
+    jobs = f"/apis/batch/v1/namespaces/{namespace}/jobs"
+    await kube.create(jobs, gang_job("gang-a", high=high, run_seconds=8, queue="gpus"))
+    await approve_when_reserved(kube, namespace, check, "gang-a")
+    await on_cloud(kube, namespace, system)
+    assert await preempted(kube, namespace) == GPUS, "gang A displaced both replicas"
+    await kube.create(jobs, gang_job("gang-b", high=high, run_seconds=6, queue="gpus"))
+    wl_b = await eventually(lambda: workload_of(kube, namespace, "gang-b"), timeout=30,
+                            until=lambda w: w is not None and cond(w, "QuotaReserved") != "True",
+                            what="gang B queued behind A")
+    assert wl_b is not None
+    # A ends; B reserves the quota and waits on its check, with no pod
+    await eventually(lambda: gang_pod(kube, namespace, "gang-a"), timeout=60, interval=0.3,
+                     until=lambda ps: bool(ps) and all(p["status"].get("phase") == "Succeeded"
+                                                       for p in ps), what="gang A finished")
+    await eventually(lambda: workload_of(kube, namespace, "gang-b"), timeout=60, interval=0.3,
+                     until=lambda w: cond(w, "QuotaReserved") == "True",
+                     what="gang B holding quota, its check pending")
+    b_name = f"{namespace}/{wl_b['metadata']['name']}"
+    if hold:
+        held = await eventually(
+            lambda: events(kube, namespace, reason="MoveBackHeld"), timeout=30, interval=0.3,
+            until=lambda es: any(b_name in e["message"] for e in es),
+            what="a MoveBackHeld event naming gang B")
+        print("\nMoveBackHeld:", *sorted({e["message"] for e in held}), sep="\n  ")
+        assert any(f"Kueue will place {GPUS} GPU(s) of workload {b_name}" in e["message"]
+                   for e in held)
+        messages = [e["message"] for e in held]
+        assert len(messages) == len(set(messages)), "once per change, not per pass"
+        for e in held:
+            assert e["count"] <= 2, f"repeated per pass: {e['message']} x{e['count']}"
+        await asyncio.sleep(4)  # 8 move-back passes with the GPUs free and B's check pending
+        assert not [p for p in await pods(kube, namespace, "inference")
+                    if p["spec"].get("nodeName") == internal], "inference came home onto B's GPUs"
+        assert not await events(kube, namespace, reason="MoveBackStarted")
+    else:
+        await eventually(lambda: pods(kube, namespace, "inference"), timeout=60, interval=0.3,
+                         until=lambda ps: any(p["spec"].get("nodeName") == internal
+                                              and p["status"].get("phase") == "Running"
+                                              for p in ps),
+                         what="inference moving home into B's window (the knob is off)")
+    await approve_when_reserved(kube, namespace, check, "gang-b")
+    await eventually(lambda: gang_pod(kube, namespace, "gang-b"), timeout=60, interval=0.3,
+                     until=lambda ps: bool(ps) and all(p["spec"].get("nodeName") == internal
+                                                       for p in ps), what="gang B placed inside")
+    # B ends, the queue is empty: inference comes home
+    await eventually(lambda: pods(kube, namespace, "inference"), timeout=120, interval=0.5,
+                     until=lambda ps: len(ps) == GPUS and all(
+                         p["spec"].get("nodeName") == internal
+                         and p["status"].get("phase") == "Running" for p in ps),
+                     what="inference home after the queue emptied")
+    victims = await preempted(kube, namespace)
+    print(f"\nholdWhileQueued={hold}: the scheduler preempted {victims} inference replicas "
+          f"(gang A's {GPUS}, then {victims - GPUS} more)")
+    if hold:
+        assert victims == GPUS, "no ping-pong: gang B preempted no inference replica"
+    else:
+        assert victims > GPUS, "with the knob off, gang B preempted what had come home"
+
+
+async def test_an_unhealthy_node_does_not_count_as_free_until_untainted(
+    kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory, system: System,
+    companion_kubeconfig: Path, cluster_objects: Cluster,
+) -> None:
+    internal, _tag, high = await inference_home_then_out(
+        kube=kube, namespace=namespace, gpu_nodes=gpu_nodes, system=system,
+        companion_kubeconfig=companion_kubeconfig, objects=cluster_objects, move_back={})
+    training = gang_job("training", high=high, run_seconds=6)
+    training["spec"]["template"]["spec"]["nodeSelector"] = {"vkprovider.io/pool": namespace}
+    await kube.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", training)
+    await on_cloud(kube, namespace, system)
+    node_path = f"/api/v1/nodes/{internal}"
+    taint = {"key": "AggregatedNodeHealth", "value": "False", "effect": "PreferNoSchedule"}
+    await kube.patch(node_path, {"spec": {"taints": [taint]}})
+    await eventually(lambda: gang_pod(kube, namespace, "training"), timeout=60, interval=0.3,
+                     until=lambda ps: bool(ps) and all(p["status"].get("phase") == "Succeeded"
+                                                       for p in ps), what="training finished")
+    held = await eventually(lambda: events(kube, namespace, reason="MoveBackHeld"), timeout=30,
+                            interval=0.3, until=lambda es: any(
+                                "unhealthy" in e["message"] for e in es),
+                            what="a MoveBackHeld event about the unhealthy node")
+    print("\nMoveBackHeld:", *sorted({e["message"] for e in held}), sep="\n  ")
+    assert any(f"{internal} (health taint AggregatedNodeHealth=False:PreferNoSchedule)"
+               in e["message"] for e in held)
+    await asyncio.sleep(4)  # the GPUs are free, the node is Ready and schedulable: 8 passes
+    assert all(p["spec"].get("nodeName") == system.node_name
+               for p in await pods(kube, namespace, "inference")), "moved onto a sick node"
+    assert not await events(kube, namespace, reason="MoveBackStarted")
+    await kube.patch(node_path, {"spec": {"taints": []}})
+    await eventually(lambda: pods(kube, namespace, "inference"), timeout=120, interval=0.5,
+                     until=lambda ps: len(ps) == GPUS and all(
+                         p["spec"].get("nodeName") == internal
+                         and p["status"].get("phase") == "Running" for p in ps),
+                     what="inference home once the node is healthy again")
