@@ -259,8 +259,10 @@ def test_the_model_defaults_are_the_crd_defaults() -> None:
                                     "moveBack.maxConcurrent", "moveBack.cooldown",
                                     "moveBack.timeout", "moveBack.headroomGPUs",
                                     "moveBack.holdWhileQueued",
-                                    "prewarm.enabled", "prewarm.timeout", "prewarm.onTimeout"}
-    dumped = parse_overflow_policy(ofp()).spec.model_dump()
+                                    "prewarm.enabled", "prewarm.timeout", "prewarm.onTimeout",
+                                    "gpuHealth.sustainedFor"}
+    # gpuHealth is off when absent; its one required field given, the rest default.
+    dumped = parse_overflow_policy(ofp(gpuHealth={"maxTemperatureCelsius": 80})).spec.model_dump()
     for path, default in policy_defaults.items():
         assert _at(dumped, path) == default, path
 
@@ -642,3 +644,20 @@ def test_parsing_does_not_mutate_the_input() -> None:
     before = copy.deepcopy(obj)
     parse_overflow_policy(obj)
     assert obj == before
+
+
+def test_gpu_health_is_off_by_default_and_checked_with_the_field_named() -> None:
+    assert parse_overflow_policy(ofp()).spec.gpu_health is None
+    health = parse_overflow_policy(
+        ofp(gpuHealth={"maxTemperatureCelsius": 78, "sustainedFor": "5m"})).spec.gpu_health
+    assert health is not None
+    assert (health.max_temperature_celsius, health.sustained_for_seconds) == (78, 300.0)
+    for bad, field in (({"maxTemperatureCelsius": 121}, "spec.gpuHealth.maxTemperatureCelsius"),
+                       ({"maxTemperatureCelsius": 49}, "spec.gpuHealth.maxTemperatureCelsius"),
+                       ({"maxTemperatureCelsius": 80.5}, "spec.gpuHealth.maxTemperatureCelsius"),
+                       ({}, "spec.gpuHealth.maxTemperatureCelsius"),
+                       ({"maxTemperatureCelsius": 80, "sustainedFor": "2 m"},
+                        "spec.gpuHealth.sustainedFor")):
+        with pytest.raises(PolicyError) as caught:
+            parse_overflow_policy(ofp(gpuHealth=bad))
+        assert caught.value.field == field

@@ -342,6 +342,22 @@ class Prewarm(_Frozen):
 PREWARM_MAX_TIMEOUT_SECONDS = 3600.0
 
 
+class GPUHealth(_Frozen):
+    """``spec.gpuHealth``: a cloud replica whose hottest GPU stays above the limit is replaced.
+
+    The provider sets the pod condition ``vkprovider.io/GPUHealthy=False`` once the hottest GPU
+    has read above ``maxTemperatureCelsius`` for ``sustainedFor``; the companion then replaces
+    the replica make-before-break (descheduler/hotswap.py). Absent: nothing is watched.
+    """
+
+    max_temperature_celsius: Annotated[StrictInt, Field(ge=50, le=120)]
+    sustained_for: Duration = "2m"
+
+    @property
+    def sustained_for_seconds(self) -> float:
+        return parse_duration(self.sustained_for, field="spec.gpuHealth.sustainedFor")
+
+
 class OverflowPolicySpec(_Frozen):
     """``spec`` of an OverflowPolicy."""
 
@@ -355,6 +371,8 @@ class OverflowPolicySpec(_Frozen):
     prewarm: Prewarm = Field(default_factory=Prewarm)
     exec_probes: Literal["Refuse", "Ignore"] = "Refuse"
     placement: Literal["Ordered", "Cheapest"] = "Ordered"
+    gpu_health: GPUHealth | None = Field(
+        default=None, validation_alias="gpuHealth", serialization_alias="gpuHealth")
     dry_run: StrictBool = False
 
     @model_validator(mode="after")
