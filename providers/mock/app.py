@@ -27,6 +27,7 @@ from providers.mock.bodies import (
     InventoryBody,
     LoadBody,
     RegistryBody,
+    TemperatureBody,
 )
 from providers.mock.errors import LostResponse, MockCloudError, describe_errors
 from providers.mock.scenario import ScenarioError, parse_scenario
@@ -261,6 +262,12 @@ def create_app(*, state: MockCloudState) -> FastAPI:
     async def admin_load(request: Request, instance_id: str) -> JSONResponse:
         body = await _parse_body(request, LoadBody)
         state.set_load(instance_id, gpu_utilization=body.gpu_utilization)
+        return JSONResponse(state.get(instance_id))
+
+    @app.post("/admin/instances/{instance_id}/temperature", dependencies=admin_only)
+    async def admin_temperature(request: Request, instance_id: str) -> JSONResponse:
+        body = await _parse_body(request, TemperatureBody)
+        state.set_temperature(instance_id, celsius=body.celsius)
         return JSONResponse(state.get(instance_id))
 
     @app.post("/admin/instances/{instance_id}/health", dependencies=admin_only)

@@ -81,6 +81,10 @@ class LoadBody(BaseModel):
     gpu_utilization: float | None = Field(default=None, ge=0.0, le=1.0)
 
 
+class TemperatureBody(BaseModel):
+    celsius: float | None = Field(default=None, ge=0.0, le=150.0)  # None: from the load again
+
+
 class OfferBody(BaseModel):
     gpu_type: str = Field(min_length=1)
     region: str = Field(min_length=1)

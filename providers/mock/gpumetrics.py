@@ -2,7 +2,8 @@
 
 Why it exists: the provider's metrics and descheduling policies read per-GPU figures; the mock
 makes them up here, deterministically from the state's seed, the instance and a 10 s time
-bucket, so a test sees the same figures on every run and a pinned load (``set_load``) shows.
+bucket, so a test sees the same figures on every run and a pinned load (``set_load``) shows; a
+pinned temperature (``set_temperature``, a hot GPU) is reported as is while the container runs.
 """
 
 from __future__ import annotations
@@ -66,7 +67,9 @@ def metrics_json(record: Record, *, now: float, seed: int, at: str | None) -> di
                 "tensor_active": round(util * 0.8, 3),
                 "memory_used_bytes": int(memory_total * (0.05 + 0.85 * util)) if running else 0,
                 "memory_total_bytes": memory_total,
-                "temperature_c": round(32.0 + 48.0 * util, 1),
+                "temperature_c": (round(record.temperature, 1)
+                                  if running and record.temperature is not None
+                                  else round(32.0 + 48.0 * util, 1)),
                 "power_w": round(watts * (0.1 + 0.9 * util), 1),
             }
         )

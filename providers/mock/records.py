@@ -78,6 +78,7 @@ class Record:
     crashed: bool = False
     delete_fails: bool = False  # scenario fault: the pending delete comes to nothing
     public_block: int = 0  # which of the 16 public address blocks (see public_ip)
+    temperature: float | None = None  # pinned GPU temperature (admin knob), else from the load
     # The container's current run (it restarts: POST /instances/{id}/restart); ``started`` is
     # the first start (billing, logs), ``run_started`` this run's (exit, load time).
     run_started: float | None = None

@@ -736,6 +736,13 @@ class MockCloudState:
             )
         self._live_record(instance_id).load = gpu_utilization
 
+    def set_temperature(self, instance_id: str, *, celsius: float | None) -> None:
+        """Pin every GPU of the instance at ``celsius`` (None: back to what its load gives)."""
+        if celsius is not None and not 0.0 <= celsius <= 150.0:
+            raise MockCloudError(status=400, code="invalid_spec",
+                                 message="celsius must be in [0, 150]")
+        self._live_record(instance_id).temperature = celsius
+
     def set_health(
         self, instance_id: str, *, live: bool | None = None, ready: bool | None = None
     ) -> dict[str, Any]:

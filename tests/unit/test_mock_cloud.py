@@ -913,3 +913,19 @@ async def test_a_body_that_is_not_json_is_a_422_naming_the_body(cloud: Cloud, me
                                          headers={"content-type": "application/json"})
     assert response.status_code == 422
     assert response.json()["error"]["message"] == "body: not valid JSON"
+
+
+async def test_gpu_temperature_can_be_pinned_hot_and_released(cloud: Cloud) -> None:
+    provider = cloud.provider()
+    inst = await provider.create(spec("n-hot"))
+    response = await cloud.admin.post(f"/admin/instances/{inst.id}/temperature",
+                                      json={"celsius": 85})
+    assert response.status_code == 200
+    metrics = await provider.gpu_metrics(inst.id)
+    assert {g["temperature_c"] for g in metrics["gpus"]} == {85.0}
+    bad = await cloud.admin.post(f"/admin/instances/{inst.id}/temperature",
+                                 json={"celsius": 400})
+    assert bad.status_code == 422
+    await cloud.admin.post(f"/admin/instances/{inst.id}/temperature", json={"celsius": None})
+    metrics = await provider.gpu_metrics(inst.id)
+    assert all(g["temperature_c"] < 85.0 for g in metrics["gpus"])
