@@ -37,6 +37,7 @@ from vkprovider.logs import kv
 from vkprovider.looplag import sample_lag
 from vkprovider.metrics import Metrics
 from vkprovider.node.endpointslices import EndpointSliceController
+from vkprovider.node.gpuhealth import GPUHealthWatch
 from vkprovider.node.pods import PodController
 from vkprovider.node.providerset import ProviderSource
 from vkprovider.node.virtualnode import NodeAgent
@@ -200,6 +201,10 @@ async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str,
                 tg.create_task(agent.run(), name="node"),
                 tg.create_task(pods()),
                 tg.create_task(servers.run()),
+                tg.create_task(GPUHealthWatch(  # policy gpuHealth: hot cloud GPUs
+                    controller=controller, samples=lambda: servers.gpus.samples,
+                    tick=min(1.0, settings.kubelet_api.gpu_metrics_interval_seconds)).run(),
+                    name="gpuhealth"),
                 tg.create_task(sample_lag(histogram=metrics.event_loop_lag), name="looplag"),
             ]
             ended = [asyncio.create_task(stop.wait()),
