@@ -249,3 +249,40 @@ async def test_retry_policy_retries_transient_then_raises() -> None:
     with pytest.raises(TransientError):
         await policy.call(failing, retry_transient=False)
     assert calls == 1
+
+
+@pytest.mark.parametrize("proxy", [False, True])
+async def test_kube_client_request_line_and_headers(serve: Callable[..., Any], proxy: bool,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # The direct path (no proxy) must send what the client path (a proxy in the environment,
+    # here pointed nowhere and bypassed by NO_PROXY) sends.
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
+                 "all_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    if proxy:
+        monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    server = Server(answer=json_ok)
+    port = await serve(server)
+    creds = Credentials(host=f"http://127.0.0.1:{port}", ssl_context=ssl.create_default_context(),
+                        _configuration=_Config())
+    async with asyncio.timeout(GUARD), KubeClient(credentials=creds) as kube:
+        assert (kube._transport is None) is proxy
+        await kube.get("/api/v1/pods", params={"fieldSelector": "spec.nodeName=n1",
+                                               "watch": False, "limit": 500})
+        await kube.get("/metrics", params={"y": "a b"})
+        await kube.patch("/api/v1/namespaces/a/pods/b/status", {"status": {"phase": "Running"}},
+                         patch_type="strategic")
+    lines = [r.split(b"\r\n", 1)[0].decode() for r in server.requests]
+    assert lines[0] in ("GET /api/v1/pods?fieldSelector=spec.nodeName%3Dn1&watch=false&limit=500 "
+                        "HTTP/1.1",
+                        "GET /api/v1/pods?fieldSelector=spec.nodeName=n1&watch=false&limit=500 "
+                        "HTTP/1.1")
+    assert lines[1] in ("GET /metrics?y=a+b HTTP/1.1", "GET /metrics?y=a%20b HTTP/1.1")
+    assert lines[2] == "PATCH /api/v1/namespaces/a/pods/b/status HTTP/1.1"
+    patch = server.headers_seen[2]
+    assert patch["content-type"] == "application/strategic-merge-patch+json"
+    assert patch["accept"] == "application/json" and patch["user-agent"] == "vkprovider"
+    assert patch["authorization"] == "Bearer tok-1"
+    assert patch["host"] == f"127.0.0.1:{port}"
+    assert server.requests[2].endswith(b'{"status":{"phase":"Running"}}')
