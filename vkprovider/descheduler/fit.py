@@ -84,7 +84,11 @@ def slim_pod(obj: Body) -> Body:
                  "priority": spec.get("priority")},
         "status": {"phase": (obj.get("status") or {}).get("phase"),
                    "ready": any(c.get("type") == "Ready" and c.get("status") == "True"
-                                for c in (obj.get("status") or {}).get("conditions") or [])},
+                                for c in (obj.get("status") or {}).get("conditions") or []),
+                   # the provider's GPU health verdict (node/gpuhealth.py), None when unset
+                   "gpuHealthy": next((c.get("status") for c in (obj.get("status") or {}).get(
+                       "conditions") or [] if c.get("type") == "vkprovider.io/GPUHealthy"),
+                       None)},
     }
 
 

@@ -31,6 +31,7 @@ from vkprovider import __version__
 from vkprovider.asgiserve import bind, serve
 from vkprovider.descheduler.admission import OverflowAdmission
 from vkprovider.descheduler.fit import DEFAULT_HEALTH_TAINTS
+from vkprovider.descheduler.hotswap import HotSwap
 from vkprovider.descheduler.metrics import CompanionMetrics
 from vkprovider.descheduler.moveback import MoveBack
 from vkprovider.descheduler.preemption import PreemptionTracker
@@ -180,7 +181,9 @@ async def run_companion(
                 health.standby = False  # now judged by its loops (informers synced, alive)
             async with asyncio.TaskGroup() as tg:
                 tasks = [tg.create_task(admission.run()), tg.create_task(moveback.run()),
-                         tg.create_task(prewarm.run())]
+                         tg.create_task(prewarm.run()),
+                         tg.create_task(HotSwap(moveback=moveback, interval=min(
+                             5.0, move_back_interval)).run())]
                 waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(lost.wait())]
                 await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
                 for t in [*tasks, *waiters]:

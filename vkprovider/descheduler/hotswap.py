@@ -1,0 +1,264 @@
+"""Hot-swap: replace a cloud replica whose GPU runs hot, make-before-break.
+
+Why it exists: the provider marks a cloud pod ``vkprovider.io/GPUHealthy=False`` when its hottest
+GPU stays above its OverflowPolicy's ``gpuHealth.maxTemperatureCelsius`` for ``sustainedFor``
+(node/gpuhealth.py), and avoids that offer for a while. Deleting the pod would drop a serving
+replica until its replacement boots; instead, as move-back does (moveback.py):
+
+1. a pod on a virtual node with that condition ``False``, owned by a Deployment, whose policy has
+   ``gpuHealth`` (and is not ``dryRun``); the Deployment is settled, no move-back, pre-warm or
+   other replacement of it is in flight, and it is out of its cooldown;
+2. record intent on the Deployment (annotation ``vkprovider.io/hot-swap``) and mark the hot pod
+   ``controller.kubernetes.io/pod-deletion-cost: "-2147483648"``;
+3. surge N -> N+1 through the scale subresource; the new pod overflows to the virtual node as
+   admission allows (the hot offer is blocked, so it lands elsewhere when the cloud sells
+   elsewhere);
+4. wait until a replica that was not there before is Ready and the Deployment has N+1 available
+   (at most the policy's ``moveBack.timeout``);
+5. scale back to N: the ReplicaSet removes the lowest-cost pod, the hot one, and the provider
+   stops its instance. On timeout the same scale-back removes the not-ready surge pod instead,
+   the hot pod is unmarked and the Deployment backs off for ``moveBack.cooldown``.
+
+Events ``ReplacingHotReplica``, ``ReplacedHotReplica`` and ``HotReplicaNotReplaced`` on the
+Deployment; ``vkprovider_hot_replacements_total{result}``. Restart-safe like move-back: a
+recorded intent is finished by scaling back to the recorded N. Deployments an HPA scales are
+left alone (not yet supported: the HPA owns ``replicas``).
+
+It shares move-back's watches (pods, ReplicaSets, Deployments, HPAs), so it adds no API reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from vkprovider.descheduler.moveback import (
+    COST,
+    LOWEST_COST,
+    MoveBack,
+    _dep_path,
+    _dep_ref,
+    _key,
+)
+from vkprovider.descheduler.moveback import (
+    INTENT as MOVEBACK_INTENT,
+)
+from vkprovider.descheduler.prewarm_plan import INTENT as PREWARM_INTENT
+from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
+from vkprovider.logs import kv
+from vkprovider.placement import policy as pol
+from vkprovider.placement.budget import pod_policy
+
+log = logging.getLogger(__name__)
+
+Body = dict[str, Any]
+INTENT = "vkprovider.io/hot-swap"
+
+
+@dataclass
+class SwapIntent:
+    pod: str  # name of the hot pod being replaced
+    pod_uid: str
+    replicas: int  # N before the surge
+    started: float  # epoch seconds
+    policy: str
+
+
+@dataclass
+class SwapResult:
+    deployment: str
+    pod: str
+    result: str  # replaced | rolled-back
+    seconds: float
+    min_ready: int
+    desired: int
+    reason: str
+
+
+def hot_pods(pods: Iterable[Mapping[str, Any]], *, virtual: Iterable[str]) -> list[Body]:
+    """Pods on a virtual node the provider marked ``GPUHealthy=False``, oldest first (pure)."""
+    nodes = set(virtual)
+    out = [dict(p) for p in pods
+           if p["spec"].get("nodeName") in nodes and not p["metadata"].get("deletionTimestamp")
+           and p["status"].get("gpuHealthy") == "False"]
+    return sorted(out, key=lambda p: (str(p["metadata"].get("creationTimestamp") or ""),
+                                      str(p["metadata"].get("name"))))
+
+
+def settled(dep: Mapping[str, Any]) -> bool:
+    """The Deployment's controller has caught up and runs exactly what it wants (pure)."""
+    spec, status = dep.get("spec") or {}, dep.get("status") or {}
+    return (int(status.get("observedGeneration") or 0)
+            >= int(dep["metadata"].get("generation") or 0)
+            and int(status.get("replicas") or 0) == int(spec.get("replicas") or 0))
+
+
+class HotSwap:
+    def __init__(self, *, moveback: MoveBack, interval: float = 5.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.mb = moveback  # its watches, client, events, admission and metrics are shared
+        self.interval = interval
+        self.clock = clock
+        self.in_flight: dict[str, asyncio.Task[SwapResult]] = {}
+        self.cooldown_until: dict[str, float] = {}
+        self.results: list[SwapResult] = []
+
+    async def run(self) -> None:
+        """Run beside move-back (which runs the shared watches) until cancelled."""
+        for informer in self.mb.informers:
+            await informer.synced.wait()
+        await self.mb.admission.policies.synced.wait()
+        await self.recover()
+        while True:
+            try:
+                await self.pass_once()
+            except APIError as exc:
+                log.warning("hot-swap pass failed", extra=kv(error=str(exc)))
+            await asyncio.sleep(self.interval)
+
+    async def recover(self) -> None:
+        for dep in list(self.mb.deployments.store.values()):
+            raw = (dep["metadata"].get("annotations") or {}).get(INTENT)
+            if not raw:
+                continue
+            try:
+                intent = SwapIntent(**json.loads(raw))
+            except (TypeError, ValueError):
+                log.error("unreadable hot-swap intent; clearing", extra=kv(deployment=_key(dep)))
+                await self._clear_intent(dep)
+                continue
+            await self._finish(dep, intent, ok=None, reason="companion restarted mid-swap",
+                               min_ready=int((dep.get("status") or {}).get("readyReplicas") or 0))
+
+    async def pass_once(self) -> None:
+        for key, task in list(self.in_flight.items()):
+            if task.done():
+                del self.in_flight[key]
+                if not task.cancelled() and task.exception() is not None:
+                    log.error("hot-swap crashed",
+                              extra=kv(deployment=key, error=repr(task.exception())))
+        live = set(self.mb.deployments.store)
+        for key in [k for k in self.cooldown_until if k not in live]:
+            del self.cooldown_until[key]
+        policies = {p.name: p for p in self.mb.admission.parsed_policies()}
+        now = self.clock()
+        for pod in hot_pods(self.mb.pods.store.values(), virtual=self.mb.virtual):
+            policy = policies.get(pod_policy(pod) or "")
+            if policy is None or policy.spec.gpu_health is None or policy.spec.dry_run:
+                continue
+            dep = self.mb._deployment_of(pod)
+            if dep is None:
+                continue
+            key = _key(dep)
+            annotations = dep["metadata"].get("annotations") or {}
+            if (key in self.in_flight or key in self.mb.in_flight
+                    or now < self.cooldown_until.get(key, 0.0)
+                    or any(k in annotations for k in (INTENT, MOVEBACK_INTENT, PREWARM_INTENT))
+                    or not settled(dep)):
+                continue
+            if self.mb._hpa_for(dep) is not None:
+                continue  # the HPA owns replicas (not supported yet)
+            self.in_flight[key] = asyncio.get_running_loop().create_task(
+                self._replace(dep=dep, pod=pod, policy=policy), name=f"hot-swap {key}")
+
+    async def _replace(self, *, dep: Body, pod: Body, policy: pol.OverflowPolicy) -> SwapResult:
+        mb = self.mb
+        ns = dep["metadata"]["namespace"]
+        n = int(dep["spec"].get("replicas") or 0)
+        intent = SwapIntent(pod=pod["metadata"]["name"], pod_uid=pod["metadata"]["uid"],
+                            replicas=n, started=self.clock(), policy=policy.name)
+        try:
+            await mb.client.patch(_dep_path(dep), {"metadata": {
+                "resourceVersion": dep["metadata"]["resourceVersion"],
+                "annotations": {INTENT: json.dumps(asdict(intent))}}})
+        except ConflictError:
+            return SwapResult(deployment=_key(dep), pod=intent.pod, result="skipped", seconds=0,
+                              min_ready=n, desired=n, reason="the Deployment changed")
+        rs_uid = pod["metadata"]["ownerReferences"][0]["uid"]
+        before = {p["metadata"]["uid"] for p in mb.pods.store.values()
+                  if p["metadata"]["ownerReferences"]
+                  and p["metadata"]["ownerReferences"][0].get("uid") == rs_uid}
+        await mb.events.emit(obj=_dep_ref(dep), reason="ReplacingHotReplica",
+                             message=f"Replacing {intent.pod}: its GPU runs hot; surge "
+                                     f"{n} -> {n + 1}, then {intent.pod} is removed")
+        with contextlib.suppress(NotFoundError):
+            await mb.client.patch(f"/api/v1/namespaces/{ns}/pods/{intent.pod}",
+                                  {"metadata": {"annotations": {COST: LOWEST_COST}}})
+        await mb.client.patch(f"{_dep_path(dep)}/scale", {"spec": {"replicas": n + 1}})
+        deadline = intent.started + policy.spec.move_back.timeout_seconds
+        ok, reason, min_ready, cur = False, "timed out waiting for the new replica", n, dep
+        while self.clock() < deadline:
+            await mb._changed(mb.poll)
+            cur = mb._deployment(dep)
+            status = cur.get("status") or {}
+            min_ready = min(min_ready, int(status.get("readyReplicas") or 0))
+            fresh_ready = any(
+                p["metadata"]["ownerReferences"]
+                and p["metadata"]["ownerReferences"][0].get("uid") == rs_uid
+                and p["metadata"]["uid"] not in before and not p["metadata"]["deletionTimestamp"]
+                and p["status"]["ready"] for p in mb.pods.store.values())
+            if fresh_ready and int(status.get("availableReplicas") or 0) >= n + 1:
+                ok, reason = True, "the new replica is ready"
+                break
+        return await self._finish(cur, intent, ok=ok, reason=reason, min_ready=min_ready)
+
+    async def _finish(self, dep: Body, intent: SwapIntent, *, ok: bool | None, reason: str,
+                      min_ready: int) -> SwapResult:
+        """Scale back to the recorded N (the ReplicaSet removes the hot pod, or a not-ready
+        surge pod), then clean up; the same action finishes a swap recorded before a restart."""
+        mb = self.mb
+        key, ns, n = _key(dep), dep["metadata"]["namespace"], intent.replicas
+        await mb.client.patch(f"{_dep_path(dep)}/scale", {"spec": {"replicas": n}})
+        deadline = self.clock() + 120
+        hot_gone = False
+        while self.clock() < deadline:
+            cur = mb._deployment(dep)
+            status = cur.get("status") or {}
+            min_ready = min(min_ready, int(status.get("readyReplicas") or 0))
+            if int(status.get("replicas") or 0) <= n and (
+                    int(status.get("observedGeneration") or 0)
+                    >= int(cur["metadata"].get("generation") or 0)):
+                hot_gone = not any(p["metadata"]["uid"] == intent.pod_uid
+                                   and not p["metadata"]["deletionTimestamp"]
+                                   for p in mb.pods.store.values())
+                break
+            await mb._changed(mb.poll)
+        replaced = hot_gone if ok is None else ok and hot_gone
+        if not hot_gone:
+            with contextlib.suppress(NotFoundError):
+                await mb.client.patch(f"/api/v1/namespaces/{ns}/pods/{intent.pod}",
+                                      {"metadata": {"annotations": {COST: None}}})
+        await self._clear_intent(dep)
+        seconds = max(0.0, self.clock() - intent.started)
+        result = SwapResult(deployment=key, pod=intent.pod,
+                            result="replaced" if replaced else "rolled-back",
+                            seconds=round(seconds, 2), min_ready=min_ready, desired=n,
+                            reason=reason)
+        self.results.append(result)
+        del self.results[:-256]
+        mb.metrics.hot_replacements.labels(result.result).inc()
+        if replaced:
+            await mb.events.emit(obj=_dep_ref(dep), reason="ReplacedHotReplica",
+                                 message=f"{intent.pod} (hot GPU) replaced in {seconds:.0f}s; "
+                                         f"ready replicas never below {min_ready} (desired {n})")
+        else:
+            policy = {p.name: p for p in mb.admission.parsed_policies()}.get(intent.policy)
+            self.cooldown_until[key] = self.clock() + (
+                policy.spec.move_back.cooldown_seconds if policy else 300.0)
+            await mb.events.emit(obj=_dep_ref(dep), reason="HotReplicaNotReplaced",
+                                 type_="Warning",
+                                 message=f"{intent.pod} (hot GPU) kept: {reason}; tried again "
+                                         "after the policy's moveBack.cooldown")
+        log.info("hot-swap finished", extra=kv(**asdict(result)))
+        return result
+
+    async def _clear_intent(self, dep: Body) -> None:
+        with contextlib.suppress(NotFoundError):
+            await self.mb.client.patch(_dep_path(dep),
+                                       {"metadata": {"annotations": {INTENT: None}}})
