@@ -86,8 +86,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="requests per second through the Service (default 25)")
     parser.add_argument("--load-seconds", type=_positive, default=3.0,
                         help="the model server's weight load (default 3)")
-    parser.add_argument("--training-seconds", type=_positive, default=10.0,
-                        help="how long the gang trains (default 10)")
+    parser.add_argument("--training-seconds", type=_positive, default=30.0,
+                        help="how long the gang trains; longer than the slowest way out, or "
+                             "training ends before inference is out (default 30)")
     parser.add_argument("--overflow-after", default="10s",
                         help="the policy's overflowAfter, which the fast path and the pre-warm "
                              "skip (default 10s)")
@@ -169,24 +170,30 @@ async def main(args: argparse.Namespace) -> int:
         except KueueError as exc:
             sys.stderr.write(f"bench.wayout: {exc}\n")
             return 2
-    rows, stories = [], []
+    rows, stories, errors = [], [], []
     for name in args.runs:
         mode, fast = RUNS[name]
         sys.stderr.write(f"way out: {TITLES[name]} ...\n")
-        result = await run_story(replicas=args.replicas, narrate=False, rate=args.rate,
-                                 load_seconds=args.load_seconds,
-                                 training_seconds=args.training_seconds, mode=mode,
-                                 fast_path=fast, overflow_after=args.overflow_after)
+        try:
+            result = await run_story(replicas=args.replicas, narrate=False, rate=args.rate,
+                                     load_seconds=args.load_seconds,
+                                     training_seconds=args.training_seconds, mode=mode,
+                                     fast_path=fast, overflow_after=args.overflow_after)
+        except (TimeoutError, RuntimeError) as exc:  # one run that does not finish is reported
+            errors.append({"run": name, "error": f"{type(exc).__name__}: {exc}"})
+            continue
         rows.append(row(name, result))
         stories.append({"run": name, **asdict(result)})
     info = machine()
-    text = describe(info, args) + render(rows) + "\n"
+    text = describe(info, args) + render(rows) + "\n" + "".join(
+        f"{TITLES[e['run']]}: did not finish: {e['error']}\n" for e in errors)
     sys.stdout.write(text)
-    for path in save(out=args.out, data=payload(info=info, args=args, rows=rows,
-                                                stories=stories), text=text):
+    data = payload(info=info, args=args, rows=rows, stories=stories)
+    data["errors"] = errors
+    for path in save(out=args.out, data=data, text=text):
         sys.stdout.write(f"wrote {path}\n")
     # the pre-warm must fail no request and never dip; no run may leak or fail elsewhere
-    good = all(x["leaks"] == 0 and x["failed_elsewhere"] == 0 for x in rows) and all(
+    good = not errors and all(x["leaks"] == 0 and x["failed_elsewhere"] == 0 for x in rows) and all(
         x["failed"] == 0 and (x["min_ready"] or 0) >= x["replicas"]
         for x in rows if x["mode"] == PREWARM)
     return 0 if good else 1

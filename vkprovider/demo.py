@@ -616,7 +616,9 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
                 ready = _serving(ps, lambda node: node == NODE)
                 still = sum(1 for p in ps if (p["spec"].get("nodeName") or "").startswith(
                     "gpu-node"))
-                tr = _running(await _pods(kube, "training"), lambda node: True)
+                # started: Running, or already done (a gang shorter than the way out)
+                tr = sum(1 for p in await _pods(kube, "training")
+                         if p.get("status", {}).get("phase") in ("Running", "Succeeded"))
                 desired = int((await kube.get(dep_path))["spec"].get("replicas") or 0)
                 clouds_used.clear()
                 for p in ps:

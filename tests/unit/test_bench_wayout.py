@@ -106,7 +106,7 @@ def test_the_json_names_the_machine_the_settings_and_every_run(tmp_path: Path) -
     back = json.loads(paths[0].read_text())
     assert back["machine"] == INFO
     assert back["settings"] == {"runs": ["prewarm"], "replicas": 4, "rate": 25.0,
-                                "load_seconds": 3.0, "training_seconds": 10.0,
+                                "load_seconds": 3.0, "training_seconds": 30.0,
                                 "overflow_after": "10s"}
     assert back["runs"][0]["run"] == "prewarm" and back["runs"][0]["failed"] == 0
     assert back["stories"] == [{"run": "prewarm"}]
