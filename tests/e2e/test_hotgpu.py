@@ -1,0 +1,130 @@
+"""A hot cloud GPU is replaced make-before-break (issue 15 item 2, the cloud part).
+
+Two replicas serve from the mock cloud under a policy with ``gpuHealth``; one instance's GPUs are
+pinned at 90 °C. The provider marks its pod ``vkprovider.io/GPUHealthy=False`` after
+``sustainedFor`` (2 s; GPU figures read every second), the companion surges the Deployment, waits
+for the new replica to be Ready and scales back with the hot pod at the lowest deletion cost. A
+watcher samples ready replicas every 200 ms: never below 2. The hot instance is deleted and
+nothing leaks.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from vkprovider.kube import KubeClient
+from vkprovider.testing.harness import CompanionProcess, MockCloudProcess, ProviderProcess
+from vkprovider.testing.waiting import eventually
+
+from .conftest import Cluster, System
+from .test_moveback import ReadyWatcher, live_instances
+from .test_overflow import POLICIES, gpu_deployment, pods, policy
+
+pytestmark = pytest.mark.cluster
+INTENT = "vkprovider.io/hot-swap"
+CONDITION = "vkprovider.io/GPUHealthy"
+
+
+@pytest_asyncio.fixture
+async def objects(cluster_objects: Cluster) -> Cluster:
+    return cluster_objects
+
+
+async def start(system: System, namespace: str, companion_kubeconfig: Path) -> MockCloudProcess:
+    """One mock cloud, a provider reading GPU figures every second, and the companion."""
+    cloud = MockCloudProcess(work_dir=system.work_dir, name="cloud0", boot_delay=0.3,
+                             inventory="H100:us-east:64:2.49,H100:eu-west:64:2.19",
+                             address_map_dir=system.network, public_block=0)
+    await cloud.start()
+    system.clouds.append(cloud)
+    lab = {"probe_address_map": str(system.network)} if system.network else {}
+    system.provider = ProviderProcess(
+        work_dir=system.work_dir, kubeconfig=system.kubeconfig, node_name=system.node_name,
+        clouds=system.clouds, pods=lab, node={"labels": {"vkprovider.io/pool": namespace}},
+        client_ca_file=system.client_ca, kubelet_api={"gpu_metrics_interval_seconds": 1})
+    system.provider.start()
+    system.companion = CompanionProcess(work_dir=system.work_dir, kubeconfig=companion_kubeconfig,
+                                        node_name=system.node_name, interval=0.5,
+                                        move_back_interval=1.0)
+    system.companion.start()
+    return cloud
+
+
+def condition(pod: dict[str, object], kind: str) -> dict[str, object]:
+    status = pod.get("status")
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    return next((c for c in conditions or [] if c.get("type") == kind), {})
+
+
+async def test_a_hot_cloud_gpu_is_replaced_before_it_is_removed(
+    kube: KubeClient, namespace: str, system: System, companion_kubeconfig: Path,
+    objects: Cluster,
+) -> None:
+    cloud = await start(system, namespace, companion_kubeconfig)
+    body = policy(f"hot-{uuid.uuid4().hex[:6]}", namespace=namespace, app="inference",
+                  providers=["cloud0"])
+    body["spec"]["gpuHealth"] = {"maxTemperatureCelsius": 82, "sustainedFor": "2s"}
+    body["spec"]["moveBack"] = {"timeout": "90s", "cooldown": "5s"}
+    await objects.create(POLICIES, body)
+    await kube.create(f"/apis/apps/v1/namespaces/{namespace}/deployments",
+                      gpu_deployment("inference", replicas=2, pool=namespace))
+    first = await eventually(lambda: pods(kube, namespace, "inference"),
+                             until=lambda ps: len(ps) == 2 and all(
+                                 p["spec"].get("nodeName") == system.node_name
+                                 and p["status"].get("phase") == "Running" for p in ps),
+                             timeout=120, what="both replicas serving from the cloud")
+    dep_path = f"/apis/apps/v1/namespaces/{namespace}/deployments/inference"
+    await eventually(lambda: kube.get(dep_path), timeout=60,
+                     until=lambda d: int(d.get("status", {}).get("readyReplicas") or 0) == 2,
+                     what="the Deployment reporting 2 ready")
+    assert all(condition(p, CONDITION).get("status") != "False" for p in first)
+    hot = first[0]
+    hot_name = hot["metadata"]["name"]
+    hot_instance = hot["metadata"]["annotations"]["vkprovider.io/instance-id"]
+    watcher = ReadyWatcher(kube, dep_path)
+    watcher.start()
+    try:
+        await cloud.admin("POST", f"/admin/instances/{hot_instance}/temperature",
+                          json={"celsius": 90})
+        marked = await eventually(
+            lambda: kube.get(f"/api/v1/namespaces/{namespace}/pods/{hot_name}"),
+            until=lambda p: condition(p, CONDITION).get("status") == "False",
+            timeout=60, interval=0.3, what="the hot pod marked GPUHealthy=False")
+        cond = condition(marked, CONDITION)
+        assert cond.get("reason") == "GPUTooHot"
+        assert "90 °C" in str(cond.get("message")) and "82 °C" in str(cond.get("message"))
+        after = await eventually(
+            lambda: pods(kube, namespace, "inference"),
+            until=lambda ps: len(ps) == 2 and hot_name not in {p["metadata"]["name"] for p in ps}
+            and all(p["status"].get("phase") == "Running" for p in ps),
+            timeout=150, interval=0.5, what="the hot replica replaced")
+        dep = await eventually(lambda: kube.get(dep_path), timeout=60,
+                               until=lambda d: INTENT not in (d["metadata"].get("annotations")
+                                                              or {})
+                               and int(d.get("status", {}).get("readyReplicas") or 0) == 2,
+                               what="the swap finished, 2 ready")
+    finally:
+        await watcher.stop()
+    assert watcher.samples > 10
+    assert watcher.minimum is not None and watcher.minimum >= 2, \
+        f"ready replicas dipped to {watcher.minimum}"
+    assert dep["spec"]["replicas"] == 2
+    assert all(p["spec"]["nodeName"] == system.node_name for p in after)
+    # the hot instance is gone; one instance per replica again
+    await eventually(cloud.ledger, timeout=60, what="the hot instance deleted",
+                     until=lambda led: any(e["id"] == hot_instance and e["state"] == "deleted"
+                                           for e in led))
+    await eventually(lambda: live_instances(system), until=lambda n: n == 2, timeout=60,
+                     what="one instance per replica")
+    events = (await kube.get(f"/api/v1/namespaces/{namespace}/events"))["items"]
+    reasons = {(e["involvedObject"]["kind"], e["reason"]) for e in events}
+    assert {("Pod", "GPUTooHot"), ("Deployment", "ReplacingHotReplica"),
+            ("Deployment", "ReplacedHotReplica")} <= reasons, reasons
+    # nothing leaks: the Deployment gone, every instance is deleted
+    await kube.delete(dep_path)
+    await eventually(lambda: live_instances(system), until=lambda n: n == 0, timeout=90,
+                     what="every cloud instance deleted")
