@@ -58,7 +58,7 @@ from vkprovider.placement.budget import pod_policy
 log = logging.getLogger(__name__)
 
 Body = dict[str, Any]
-INTENT = "vkprovider.io/hot-swap"
+INTENT = "vkprovider.io/hot-swap"  # move-back skips Deployments carrying it
 
 
 @dataclass

@@ -85,6 +85,7 @@ Body = dict[str, Any]
 INTENT = "vkprovider.io/move-back"
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 COST = "controller.kubernetes.io/pod-deletion-cost"
+HOTSWAP_INTENT = "vkprovider.io/hot-swap"  # hotswap.INTENT (it imports this module)
 LOWEST_COST = "-2147483648"
 
 
@@ -256,8 +257,9 @@ class MoveBack:
             if policy is None or not policy.spec.move_back.enabled:
                 continue
             dep = self._deployment_of(pod)
-            if dep is None or PREWARM_INTENT in (dep["metadata"].get("annotations") or {}):
-                continue  # (a pre-warm owns the replica count until it is done)
+            if dep is None or {PREWARM_INTENT, HOTSWAP_INTENT} & set(
+                    dep["metadata"].get("annotations") or {}):
+                continue  # (a pre-warm or a hot-swap owns the replica count until done)
             key = _key(dep)
             if key in seen or key in self.in_flight:
                 continue
