@@ -8,9 +8,11 @@ single requests are retried at this edge, honouring ``Retry-After``.
 CPU per request is what limits the provider in a burst (bench/burst.py), so the request path is
 lean: the connection pool runs on plain asyncio streams (:mod:`providers.asyncnet`: about a
 quarter less CPU per request than httpx's anyio-based default, and a request's headers and body
-leave in one TLS record), connections are kept alive and reused, the bearer token is read at
-most every few seconds (:class:`~vkprovider.kube.auth.BearerAuth`), and the retry loop costs
-nothing until a request fails.
+leave in one TLS record), connections are kept alive and reused, single requests go straight
+to the transport with the client's headers and timeouts merged once (:meth:`KubeClient._send`),
+the bearer token is read at most every few seconds (:class:`~vkprovider.kube.auth.BearerAuth`),
+and the retry loop costs nothing until a request fails. Most of what is left per request is
+httpcore's pool and h11 bookkeeping, and the socket write itself.
 """
 
 from __future__ import annotations
