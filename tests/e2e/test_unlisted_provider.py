@@ -41,7 +41,7 @@ async def test_an_unlistable_cloud_holds_back_only_pods_it_may_hide(
     async def log() -> str:
         return provider.log_text()
 
-    synced = "starting workers"
+    synced = "pods synced and instances adopted"
 
     await eventually(log, until=lambda t: "list instances failed" in t, timeout=30,
                      what="a sweep that could not list cloud0")
