@@ -47,6 +47,7 @@ from typing import Any
 
 from vkprovider.descheduler import prewarm_plan
 from vkprovider.descheduler.metrics import CompanionMetrics
+from vkprovider.descheduler.objects import pod_ref as _pod_ref
 from vkprovider.descheduler.preemption import PreemptionTracker
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
@@ -743,6 +744,3 @@ class OverflowAdmission:
             except NotFoundError:
                 continue
 
-
-def _pod_ref(pod: Body) -> Body:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": pod["metadata"]}

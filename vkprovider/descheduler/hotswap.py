@@ -42,13 +42,13 @@ from vkprovider.descheduler.moveback import (
     COST,
     LOWEST_COST,
     MoveBack,
-    _dep_path,
-    _dep_ref,
-    _key,
 )
 from vkprovider.descheduler.moveback import (
     INTENT as MOVEBACK_INTENT,
 )
+from vkprovider.descheduler.objects import deployment_path as _dep_path
+from vkprovider.descheduler.objects import deployment_ref as _dep_ref
+from vkprovider.descheduler.objects import object_key as _key
 from vkprovider.descheduler.prewarm_plan import INTENT as PREWARM_INTENT
 from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
 from vkprovider.logs import kv

@@ -70,6 +70,11 @@ from vkprovider.descheduler.fit import (
 )
 from vkprovider.descheduler.kueue_demand import upcoming_claims
 from vkprovider.descheduler.metrics import CompanionMetrics
+from vkprovider.descheduler.objects import deployment_path as _dep_path
+from vkprovider.descheduler.objects import deployment_ref as _dep_ref
+from vkprovider.descheduler.objects import hpa_path as _hpa_path
+from vkprovider.descheduler.objects import object_key as _key
+from vkprovider.descheduler.objects import pod_ref as _pod_ref
 from vkprovider.descheduler.prewarm_plan import INTENT as PREWARM_INTENT
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
@@ -575,23 +580,5 @@ def _mid_rollout(dep: Body) -> bool:
             or int(status.get("availableReplicas") or 0) < want)
 
 
-def _key(dep: Body) -> str:
-    return f"{dep['metadata']['namespace']}/{dep['metadata']['name']}"
 
 
-def _dep_path(dep: Body) -> str:
-    return (f"/apis/apps/v1/namespaces/{dep['metadata']['namespace']}/deployments/"
-            f"{dep['metadata']['name']}")
-
-
-def _hpa_path(hpa: Body) -> str:
-    return (f"/apis/autoscaling/v2/namespaces/{hpa['metadata']['namespace']}/"
-            f"horizontalpodautoscalers/{hpa['metadata']['name']}")
-
-
-def _dep_ref(dep: Body) -> Body:
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": dep["metadata"]}
-
-
-def _pod_ref(pod: Body) -> Body:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": pod["metadata"]}

@@ -57,6 +57,9 @@ from vkprovider.descheduler.admission import Decision, OverflowAdmission
 from vkprovider.descheduler.metrics import CompanionMetrics
 from vkprovider.descheduler.moveback import INTENT as MOVE_BACK_INTENT
 from vkprovider.descheduler.moveback import MoveBack
+from vkprovider.descheduler.objects import deployment_path as _dep_path
+from vkprovider.descheduler.objects import deployment_ref as _dep_ref
+from vkprovider.descheduler.objects import object_key as _key
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
 from vkprovider.kube.events import EventRecorder
@@ -608,14 +611,3 @@ def _check_since(wl: Body, check: str) -> float | None:
     return None
 
 
-def _key(obj: Body) -> str:
-    return f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
-
-
-def _dep_path(dep: Body) -> str:
-    return (f"/apis/apps/v1/namespaces/{dep['metadata']['namespace']}/deployments/"
-            f"{dep['metadata']['name']}")
-
-
-def _dep_ref(dep: Body) -> Body:
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": dep["metadata"]}

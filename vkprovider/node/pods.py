@@ -1070,18 +1070,7 @@ class PodController:
                                        message=f"Back-off restarting failed container {name} "
                                                f"(instance {inst.id} on {placed.provider})")
             raise Retry("crash loop back-off", after=left)
-        provider = self.providers.get(placed.provider)
-        restart = getattr(provider, "restart", None)
-        if restart is None:
-            return
-        try:
-            await restart(inst.id)
-            self._count(placed.provider, "restart", None)
-        except ProviderError as exc:
-            self._count(placed.provider, "restart", exc)
-            raise
-        self.placed.set(uid, dataclasses.replace(
-            placed, instance=dataclasses.replace(inst, state=InstanceState.PENDING)))
+        await self._restart_instance(uid, placed)
 
     async def _past_active_deadline(self, pod: Body, uid: str, placed: Placed) -> bool:
         """``spec.activeDeadlineSeconds`` after ``status.startTime``: the pod fails
@@ -1129,19 +1118,26 @@ class PodController:
                                        f"{placed.provider} cannot restart an instance; the "
                                        "pod fails so that its controller replaces it")
             return
-        try:
-            await restart(inst.id)
-            self._count(placed.provider, "restart", None)
-        except ProviderError as exc:
-            self._count(placed.provider, "restart", exc)
-            raise
+        await self._restart_instance(uid, placed)
         self.metrics.probe_restarts.labels(placed.provider).inc()
         await self.events.emit(obj=_pod_ref(pod), reason="Killing",
                                message=f"Container {name} failed liveness probe, will be "
                                        f"restarted (instance {inst.id} on {placed.provider})")
-        # The next list shows it booting again (restart count up): probes start afresh then.
+
+    async def _restart_instance(self, uid: str, placed: Placed) -> None:
+        """Restart the container of ``placed`` through its cloud; until the next list shows it
+        booting (restart count up) it is taken as booting, so probes start afresh then."""
+        restart = getattr(self.providers.get(placed.provider), "restart", None)
+        if restart is None:
+            return
+        try:
+            await restart(placed.instance.id)
+            self._count(placed.provider, "restart", None)
+        except ProviderError as exc:
+            self._count(placed.provider, "restart", exc)
+            raise
         self.placed.set(uid, dataclasses.replace(
-            placed, instance=dataclasses.replace(inst, state=InstanceState.PENDING)))
+            placed, instance=dataclasses.replace(placed.instance, state=InstanceState.PENDING)))
 
     def _tell_created(self, pod: Body, uid: str, placed: Placed) -> None:
         if uid in self.told_created:
