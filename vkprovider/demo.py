@@ -387,7 +387,8 @@ class WayOutWatch:
                 out.gang_admission_seconds = round(now - self.workload_seen, 2)
         if out.gang_start_seconds is None:
             ps = await _pods(self.kube, "training")
-            if _running(ps, lambda node: True) >= self.gang_pods:
+            if sum(1 for p in ps if p.get("status", {}).get("phase") in (
+                    "Running", "Succeeded")) >= self.gang_pods:
                 out.gang_start_seconds = round(now - self.created, 2)
         return now
 
@@ -408,6 +409,9 @@ class WayOutWatch:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+            if self.result.gang_start_seconds is None:  # the story saw it first: a last look
+                with contextlib.suppress(APIError, OSError):
+                    await self._sample(time.monotonic())
         out = self.result
         out.seconds_below_desired = round(out.seconds_below_desired, 2)
 
