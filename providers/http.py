@@ -209,11 +209,15 @@ class HTTPAdapter:
         self._secret = secret or None
         headers = {"Accept": "application/json", **(auth_headers or {})}
         # The default transport runs on plain asyncio streams (providers/asyncnet.py: less CPU
-        # per call); a transport given (tests) or a proxy in the environment keeps httpx's own.
+        # per call); with a proxy in the environment it is None and httpx's own honours it.
+        self._transport = transport if transport is not None else fast_transport()
         self._client = httpx.AsyncClient(
-            base_url=base_url, headers=headers, timeout=timeout,
-            transport=transport if transport is not None else fast_transport(),
+            base_url=base_url, headers=headers, timeout=timeout, transport=self._transport
         )
+        # What the client adds to every request, merged once (see _request).
+        self._prefix = str(self._client.base_url).rstrip("/") + "/"
+        self._headers = dict(self._client.headers)
+        self._extensions = {"timeout": self._client.timeout.as_dict()}
 
     def __repr__(self) -> str:
         return (
@@ -256,10 +260,40 @@ class HTTPAdapter:
         """One API call, retried; a typed error for anything but a 2xx."""
 
         async def attempt() -> httpx.Response:
-            request = self._client.build_request(method, path, params=params, json=json_body)
-            return await self._send(request, what=what, op=op)
+            if self._transport is None:  # a proxy from the environment: the client knows it
+                request = self._client.build_request(method, path, params=params, json=json_body)
+                return await self._send(request, what=what, op=op)
+            return await self._send_direct(self._build(method, path, params, json_body),
+                                           what=what, op=op)
 
         return await self._retrying(attempt, retry_transient=retry_transient)
+
+    def _build(self, method: str, path: str, params: Mapping[str, str] | None,
+               json_body: Any) -> httpx.Request:
+        """The request ``self._client.build_request`` would build, without merging the base
+        URL, headers, cookies and timeouts again for every call."""
+        url = path if path.startswith(("http://", "https://")) else self._prefix + path.lstrip("/")
+        return httpx.Request(method, url, params=params, json=json_body,
+                             headers=self._headers, extensions=self._extensions)
+
+    async def _send_direct(self, request: httpx.Request, *, what: str,
+                           op: str) -> httpx.Response:
+        """:meth:`_send` for a whole (not streamed) answer, straight to the transport: the
+        client's auth flow, redirect loop and cookie jar do nothing for these APIs but cost
+        CPU on every call."""
+        assert self._transport is not None
+        try:
+            response = await self._transport.handle_async_request(request)
+            response.request = request
+            try:
+                await response.aread()
+            finally:
+                await response.aclose()
+        except httpx.TransportError as exc:
+            raise self._transport_error(exc, what=what) from exc
+        if response.is_success:
+            return response
+        raise self._status_error(response, what=what, op=op)
 
     async def _send(
         self, request: httpx.Request, *, what: str, stream: bool = False, op: str = ""

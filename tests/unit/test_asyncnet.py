@@ -286,3 +286,29 @@ async def test_kube_client_request_line_and_headers(serve: Callable[..., Any], p
     assert patch["authorization"] == "Bearer tok-1"
     assert patch["host"] == f"127.0.0.1:{port}"
     assert server.requests[2].endswith(b'{"status":{"phase":"Running"}}')
+
+
+@pytest.mark.parametrize("proxy", [False, True])
+async def test_adapter_request_line_and_headers(serve: Callable[..., Any], proxy: bool,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # HTTPAdapter._request: the direct path and the client path (proxy) send the same request.
+    from providers.mock.client import MockProvider
+
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
+                 "all_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    if proxy:
+        monkeypatch.setenv("HTTP_PROXY", "http://proxy.invalid:3128")
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    server = Server(answer=json_ok)
+    port = await serve(server)
+    async with asyncio.timeout(GUARD), MockProvider(
+            name="m", base_url=f"http://127.0.0.1:{port}/v0", owner="node") as adapter:
+        assert (adapter._transport is None) is proxy
+        got = await adapter._request("POST", "/instances", what="create", params={"a": "1 2"},
+                                     json_body={"name": "x"})
+        assert got.json() == {"ok": True} and got.request.method == "POST"
+    line = server.requests[0].split(b"\r\n", 1)[0].decode()
+    assert line == "POST /v0/instances?a=1+2 HTTP/1.1"
+    assert server.headers_seen[0]["content-type"] == "application/json"
+    assert server.requests[0].endswith(b'{"name":"x"}')
