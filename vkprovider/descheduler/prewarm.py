@@ -484,7 +484,12 @@ class Prewarm:
 
     async def _restore(self, wl: Body | None, check: str,
                        recorded: list[tuple[plan.Intent, Body]], action: plan.Action) -> None:
+        """Scale each Deployment back to its recorded count; tell it once; clear the intents only
+        once the ReplicaSets removed the extra pods. Until then admission keeps holding the
+        Pending replacements of preempted replicas (the intent's "hold"): clearing it at the
+        scale-down let one be admitted and start a cloud instance for nothing."""
         timed_out = bool(action.check)
+        first = any(intent.phase != plan.RESTORING for intent, _ in recorded)
         for intent, dep in recorded:
             if intent.phase != plan.RESTORING:
                 restoring = intent.moved(phase=plan.RESTORING, outcome=action.check,
@@ -493,13 +498,15 @@ class Prewarm:
                     await self.client.patch(_dep_path(dep), {"metadata": {"annotations": {
                         plan.INTENT: restoring.dumps()}}})
             await self._scale(self._fresh(dep), intent, intent.replicas, restore=True)
+            if not first:
+                continue
             text = f"Back to {intent.replicas} replicas: {action.reason}"
             await self.events.emit(obj=_dep_ref(dep), reason="PrewarmRestored", message=text,
                                    type_="Warning" if timed_out else "Normal")
             if timed_out:
                 self._decide(intent.policy, wl, "PrewarmTimedOut",
                              f"{_key(dep)}: {action.reason}")
-        if wl is not None and action.check:
+        if first and wl is not None and action.check:
             state = "Retry" if action.check == "Retry" else "Ready"
             message = f"pre-warm {action.reason}; " + (
                 "retrying later" if state == "Retry" else "proceeding without it: the "
@@ -507,9 +514,13 @@ class Prewarm:
             self.metrics.prewarm_checks.labels("retry" if state == "Retry" else "timed-out").inc()
             await self._event(wl, reason="PrewarmTimedOut", message=message, type_="Warning")
             await self._set_check(wl, check, state, message)
-        elif wl is not None:
+        elif first and wl is not None:
             await self._event(wl, reason="PrewarmFinished",
                               message=f"surge undone: {action.reason}")
+        # (an HPA owns the count after its floor is restored: nothing to wait for there)
+        if not all(intent.hpa or _settled(self._fresh(dep), intent.replicas)
+                   for intent, dep in recorded):
+            return  # the next pass (the Deployment's status changing) finishes it
         for _intent, dep in recorded:
             with contextlib.suppress(NotFoundError):
                 await self.client.patch(_dep_path(dep), {"metadata": {
@@ -596,6 +607,16 @@ class Prewarm:
             self.admission.record_decision(Decision(pod=who, decision="WouldPrewarm",
                                                     reason=reason, policy=policy))
 
+
+def _settled(dep: Body, replicas: int) -> bool:
+    """The Deployment runs at most ``replicas`` pods now (its controller saw the scale-down and
+    the ReplicaSet removed the extra ones), or it is gone."""
+    if not dep.get("metadata"):
+        return True
+    status = dep.get("status") or {}
+    seen = int(status.get("observedGeneration") or 0) >= int(dep["metadata"].get("generation")
+                                                              or 0)
+    return seen and int(status.get("replicas") or 0) <= replicas
 
 def _ready(dep: Body) -> int:
     return int((dep.get("status") or {}).get("readyReplicas") or 0)
