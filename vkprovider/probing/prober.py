@@ -19,8 +19,9 @@ Rules (as the kubelet's prober manager applies them):
 * ``initialDelaySeconds`` counts from ``running_since``; then one probe per ``periodSeconds``.
 
 Cost: one sleeping task per (replica, container, probe); at most ``max_concurrent`` probes in
-flight; each probe's first run is jittered over part of its period so that a thousand replicas
-started together are not probed in the same millisecond. An HTTP probe is one short HTTP/1.1
+flight; each probe's first run is jittered over a tenth of its period, and once it first passes
+it moves to a random phase of its period, so a thousand replicas started together are probed
+spread over the period, not in the same second. An HTTP probe is one short HTTP/1.1
 exchange on a fresh connection (``Connection: close``, as the kubelet's prober does), read up to
 the status line: a general-purpose client's pool bookkeeping cost ten times more CPU per probe
 (bench/probes.py), and CPU per pod is what limits a small provider host.
@@ -185,10 +186,19 @@ class Prober:
         delay = max(0.0, first - self._clock())
         delay += random.uniform(0.0, self._jitter * probe.period) if self._jitter else 0.0
         await asyncio.sleep(delay)
+        spread = bool(self._jitter)
         while True:
             ok, message = await self._run_one(entry, probe)
             if self._record(key, c, kind, probe, ok=ok, message=message):
                 return  # startup succeeded (done), or failed past its threshold
+            if spread and ok:
+                # Once it answers, move this probe to a random phase of its period (one sleep
+                # between half and one and a half periods): replicas that started together
+                # (a burst, a provider restart) are then probed spread over the whole period,
+                # not in the same second, which kept the event loop's lag up (bench/probes.py).
+                spread = False
+                await asyncio.sleep(probe.period * random.uniform(0.5, 1.5))
+                continue
             await asyncio.sleep(probe.period)
 
     def _record(self, key: str, c: _Container, kind: str, probe: Probe, *, ok: bool,
