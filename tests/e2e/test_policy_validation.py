@@ -207,7 +207,9 @@ async def test_minimal_objects_are_accepted_with_defaults_applied(
     assert ofp["spec"]["overflowAfter"] == "0s"
     assert ofp["spec"]["dryRun"] is False
     assert ofp["spec"]["moveBack"] == {"enabled": True, "stableFor": "2m", "maxConcurrent": 1,
-                                       "cooldown": "5m", "timeout": "10m"}
+                                       "cooldown": "5m", "timeout": "10m",
+                                       "holdWhileQueued": True, "headroomGPUs": 0}
+    assert ofp["spec"]["placement"] == "Ordered"
     read = await kube.get(f"{POLICIES_PATH}/{ofp['metadata']['name']}")
     assert read["spec"] == ofp["spec"]
 
@@ -222,7 +224,8 @@ async def test_minimal_objects_are_accepted_with_defaults_applied(
                            policy(with_(POLICY, moveBack={"enabled": False, "cooldown": "1h"})))
     assert partial["spec"]["moveBack"] == {"enabled": False, "stableFor": "2m",
                                            "maxConcurrent": 1, "cooldown": "1h",
-                                           "timeout": "10m"}
+                                           "timeout": "10m", "holdWhileQueued": True,
+                                           "headroomGPUs": 0}
 
 
 @pytest.mark.parametrize("example", sorted(EXAMPLES))
