@@ -46,6 +46,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from vkprovider.descheduler import prewarm_plan
+from vkprovider.descheduler.loophealth import loop_problem
 from vkprovider.descheduler.metrics import CompanionMetrics
 from vkprovider.descheduler.objects import pod_ref as _pod_ref
 from vkprovider.descheduler.preemption import PreemptionTracker
@@ -456,14 +457,8 @@ class OverflowAdmission:
     def problem(self, *, now: float, stale_after: float) -> str | None:
         """Why this loop is not healthy (``/healthz``), or None: every watch has synced and a
         pass began within ``stale_after`` seconds (``now`` on the ``time.monotonic`` clock)."""
-        unsynced = [i.name for i in self.informers if not i.synced.is_set()]
-        if unsynced:
-            return f"admission: informers not synced: {', '.join(unsynced)}"
-        if self.beat is None:
-            return "admission: starting"
-        if now - self.beat > stale_after:
-            return f"admission: no pass for {now - self.beat:.0f}s"
-        return None
+        return loop_problem(loop="admission", informers=self.informers, beat=self.beat, now=now,
+                            stale_after=stale_after)
 
     def _seed_decisions(self) -> None:
         """Once, when the policies are listed: continue the stored ``lastDecisions``.

@@ -69,6 +69,7 @@ from vkprovider.descheduler.fit import (
     slim_pod,
 )
 from vkprovider.descheduler.kueue_demand import upcoming_claims
+from vkprovider.descheduler.loophealth import loop_problem
 from vkprovider.descheduler.metrics import CompanionMetrics
 from vkprovider.descheduler.objects import deployment_path as _dep_path
 from vkprovider.descheduler.objects import deployment_ref as _dep_ref
@@ -206,14 +207,8 @@ class MoveBack:
     def problem(self, *, now: float, stale_after: float) -> str | None:
         """Why this loop is not healthy (``/healthz``), or None: every watch has synced and the
         loop showed life (a pass, or one recovered move) within ``stale_after`` seconds."""
-        unsynced = [i.name for i in self.informers if not i.synced.is_set()]
-        if unsynced:
-            return f"move-back: informers not synced: {', '.join(unsynced)}"
-        if self.beat is None:
-            return "move-back: starting"
-        if now - self.beat > stale_after:
-            return f"move-back: no pass for {now - self.beat:.0f}s"
-        return None
+        return loop_problem(loop="move-back", informers=self.informers, beat=self.beat, now=now,
+                            stale_after=stale_after)
 
     def _decide(self, *, policy: str, pod: str, decision: str, reason: str) -> None:
         """Record a move-back decision in the policy's ``status.lastDecisions``."""

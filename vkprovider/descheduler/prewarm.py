@@ -54,6 +54,7 @@ from typing import Any
 
 from vkprovider.descheduler import prewarm_plan as plan
 from vkprovider.descheduler.admission import Decision, OverflowAdmission
+from vkprovider.descheduler.loophealth import loop_problem
 from vkprovider.descheduler.metrics import CompanionMetrics
 from vkprovider.descheduler.moveback import INTENT as MOVE_BACK_INTENT
 from vkprovider.descheduler.moveback import MoveBack
@@ -144,14 +145,8 @@ class Prewarm:
 
     def problem(self, *, now: float, stale_after: float) -> str | None:
         """Why this loop is not healthy (``/healthz``), or None."""
-        unsynced = [i.name for i in self.informers if not i.synced.is_set()]
-        if unsynced:
-            return f"pre-warm: informers not synced: {', '.join(unsynced)}"
-        if self.beat is None:
-            return "pre-warm: starting"
-        if now - self.beat > stale_after:
-            return f"pre-warm: no pass for {now - self.beat:.0f}s"
-        return None
+        return loop_problem(loop="pre-warm", informers=self.informers, beat=self.beat, now=now,
+                            stale_after=stale_after)
 
     async def pass_once(self) -> bool:
         """One look at everything; True while a pre-warm is in flight (look again soon)."""

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from providers.base import Instance, PublishedPort
-from vkprovider.errors import VKError
 from vkprovider.node.endpointslices import EndpointTarget
 from vkprovider.probing.prober import ContainerProbeState
 from vkprovider.probing.spec import ContainerProbes, ProbeSpecError, parse_probes
@@ -57,10 +56,6 @@ class ProberLike(Protocol):
     def forget(self, key: str) -> None: ...
 
     def state(self, key: str) -> tuple[ContainerProbeState, ...] | None: ...
-
-
-class ReplicaError(VKError):
-    """A probe the provider accepted earlier cannot be parsed now (should not happen)."""
 
 
 @dataclass(kw_only=True)
