@@ -39,6 +39,7 @@ from providers.base import (
     RateLimited,
     TransientError,
 )
+from providers.h1 import H1ConnectError, H1Error, H1Pool, H1Timeout
 from providers.options import DEFAULT_RETRY
 
 __all__ = [
@@ -54,6 +55,10 @@ _T = TypeVar("_T")
 
 #: How much of a cloud's own error text an error message quotes.
 MAX_SERVER_MESSAGE = 300
+#: Request headers the lean HTTP/1.1 path writes itself, or must not send: it never decodes
+#: compressed answers, so it never asks for them.
+_H1_SKIP = frozenset({"host", "content-length", "accept-encoding", "connection",
+                      "transfer-encoding"})
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -214,6 +219,11 @@ class HTTPAdapter:
         self._client = httpx.AsyncClient(
             base_url=base_url, headers=headers, timeout=timeout, transport=self._transport
         )
+        # Whole answers on the default transport take the lean HTTP/1.1 path (providers/h1.py);
+        # an injected transport (tests, a caller's own) or a proxy keeps httpx.
+        url = self._client.base_url
+        self._h1 = H1Pool(f"{url.scheme}://{url.netloc.decode('ascii')}") \
+            if transport is None and self._transport is not None else None
         # What the client adds to every request, merged once (see _request).
         self._prefix = str(self._client.base_url).rstrip("/") + "/"
         self._headers = dict(self._client.headers)
@@ -237,6 +247,8 @@ class HTTPAdapter:
         await self.aclose()
 
     async def aclose(self) -> None:
+        if self._h1 is not None:
+            await self._h1.aclose()
         await self._client.aclose()
 
     # -- requests ---------------------------------------------------------------------------
@@ -282,6 +294,9 @@ class HTTPAdapter:
         client's auth flow, redirect loop and cookie jar do nothing for these APIs but cost
         CPU on every call."""
         assert self._transport is not None
+        if self._h1 is not None and request.url.scheme == self._h1.scheme and \
+                request.url.netloc.decode("ascii") == self._h1.authority:
+            return await self._send_h1(request, what=what, op=op)
         try:
             response = await self._transport.handle_async_request(request)
             response.request = request
@@ -291,6 +306,25 @@ class HTTPAdapter:
                 await response.aclose()
         except httpx.TransportError as exc:
             raise self._transport_error(exc, what=what) from exc
+        if response.is_success:
+            return response
+        raise self._status_error(response, what=what, op=op)
+
+    async def _send_h1(self, request: httpx.Request, *, what: str, op: str) -> httpx.Response:
+        """:meth:`_send_direct` on the lean HTTP/1.1 pool; the answer as an httpx response,
+        so that adapters read it the same way."""
+        assert self._h1 is not None
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _H1_SKIP]
+        body = request.content
+        try:
+            answer = await self._h1.request(
+                request.method, request.url.raw_path.decode("ascii"), headers=headers,
+                body=body if body or request.method in ("POST", "PUT", "PATCH") else None,
+                timeout=self._timeout)
+        except H1Error as exc:
+            raise self._transport_error(exc, what=what) from exc
+        response = httpx.Response(answer.status_code, headers=list(answer.headers.items()),
+                                  content=answer.content, request=request)
         if response.is_success:
             return response
         raise self._status_error(response, what=what, op=op)
@@ -317,10 +351,11 @@ class HTTPAdapter:
 
     # -- errors -----------------------------------------------------------------------------
 
-    def _transport_error(self, exc: httpx.TransportError, *, what: str) -> TransientError:
-        if isinstance(exc, httpx.TimeoutException):
+    def _transport_error(self, exc: httpx.TransportError | H1Error, *,
+                         what: str) -> TransientError:
+        if isinstance(exc, httpx.TimeoutException | H1Timeout):
             kind = "timed out"
-        elif isinstance(exc, httpx.ConnectError):
+        elif isinstance(exc, httpx.ConnectError | H1ConnectError):
             kind = "could not connect"
         else:
             kind = "lost the connection"

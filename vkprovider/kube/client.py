@@ -27,6 +27,7 @@ from urllib.parse import urlencode
 import httpx
 
 from providers.asyncnet import fast_transport
+from providers.h1 import H1Error, H1Pool, H1Response
 from vkprovider.kube.auth import BearerAuth, Credentials, load_credentials
 from vkprovider.kube.errors import (
     APIError,
@@ -97,9 +98,13 @@ class KubeClient:
             limits=limits,
             transport=self._transport,
         )
-        # What the client would add to every request, computed once (see _send).
-        self._headers = dict(self._http.headers)
-        self._extensions = {"timeout": self._http.timeout.as_dict()}
+        # Single requests take the lean HTTP/1.1 path (providers/h1.py) unless a proxy is
+        # configured; streams (watches, logs) stay on httpx.
+        self._timeout = timeout
+        self._pool = None if self._transport is None else H1Pool(
+            credentials.host, ssl_context=credentials.ssl_context,
+            max_connections=max_connections, connect_timeout=10.0)
+        self._headers = {"User-Agent": user_agent, "Accept": "application/json"}
 
     @classmethod
     def from_kubeconfig(
@@ -108,6 +113,8 @@ class KubeClient:
         return cls(credentials=load_credentials(kubeconfig=kubeconfig, context=context), **kwargs)
 
     async def aclose(self) -> None:
+        if self._pool is not None:
+            await self._pool.aclose()
         await self._http.aclose()
 
     async def __aenter__(self) -> KubeClient:
@@ -127,13 +134,16 @@ class KubeClient:
         body: Any = None,
         content_type: str = "application/json",
         retry: bool = True,
+        want_body: bool = True,
     ) -> Body:
-        """Send one request and return the decoded JSON body; raise an :class:`APIError`."""
+        """Send one request and return the decoded JSON body; raise an :class:`APIError`.
+        ``want_body=False`` returns ``{}`` on success without decoding the answer (a pod's
+        status patch answers with the whole pod: decoding what nobody reads costs CPU)."""
         attempts = self._retries if retry else 1
         attempt = 1
         while True:
             try:
-                return await self._once(method, path, params, body, content_type)
+                return await self._once(method, path, params, body, content_type, want_body)
             except _RETRYABLE as exc:
                 if attempt >= attempts:
                     raise
@@ -147,12 +157,13 @@ class KubeClient:
         params: Mapping[str, str | int | bool] | None,
         body: Any,
         content_type: str,
+        want_body: bool = True,
     ) -> Body:
         what = f"{method} {path}"
         content = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         try:
             resp = await self._send(method, path, params, content, content_type)
-        except httpx.TransportError as exc:
+        except (httpx.TransportError, H1Error) as exc:
             raise ConnectionFailed(f"{what}: {type(exc).__name__}: {exc}") from exc
         if resp.status_code >= 400:
             raise error_for(
@@ -161,7 +172,7 @@ class KubeClient:
                 retry_after=_retry_after(resp.headers.get("Retry-After")),
                 what=what,
             )
-        if not resp.content:
+        if not resp.content or not want_body:
             return {}
         if "json" not in resp.headers.get("Content-Type", "json"):
             return {"text": resp.text}  # /readyz, /healthz and friends answer plain text
@@ -175,12 +186,12 @@ class KubeClient:
         params: Mapping[str, str | int | bool] | None,
         content: bytes | None,
         content_type: str,
-    ) -> httpx.Response:
-        """One request, its body read. Straight to the transport: the client's per-request
-        work (merging the base URL, headers and cookies, an auth flow, a redirect loop, cookie
-        extraction from every response) is what it would do here anyway, done once in
-        ``__init__``; it was a tenth of the CPU of an API request."""
-        if self._transport is None:  # a proxy from the environment: the client knows it
+    ) -> httpx.Response | H1Response:
+        """One request, its body read, on the lean HTTP/1.1 pool (providers/h1.py): httpx's
+        client and transport spend several times its CPU per request on work these requests do
+        not need (URL objects, header merging, an auth flow, a redirect loop, a cookie jar,
+        httpcore's pool and h11 bookkeeping)."""
+        if self._pool is None:  # a proxy from the environment: the client knows it
             headers = {"Content-Type": content_type} if content is not None else None
             return await self._http.request(
                 method, path, params=_params(params), content=content, headers=headers
@@ -191,27 +202,22 @@ class KubeClient:
             headers["Authorization"] = auth
         if content is not None:
             headers["Content-Type"] = content_type
-        url = self.host + path
         query = _params(params)
         if query:
-            url += ("&" if "?" in path else "?") + urlencode(query)
-        request = httpx.Request(method, url, headers=headers, content=content,
-                                extensions=self._extensions)
-        resp = await self._transport.handle_async_request(request)
-        try:
-            await resp.aread()
-        finally:
-            await resp.aclose()
-        return resp
+            path += ("&" if "?" in path else "?") + urlencode(query)
+        return await self._pool.request(method, path, headers=headers, body=content,
+                                        timeout=self._timeout)
 
     async def get(self, path: str, *, params: Mapping[str, str | int | bool] | None = None) -> Body:
         return await self.request("GET", path, params=params)
 
-    async def create(self, path: str, body: Body) -> Body:
-        return await self.request("POST", path, body=body)
+    async def create(self, path: str, body: Body, *, want_body: bool = True) -> Body:
+        return await self.request("POST", path, body=body, want_body=want_body)
 
-    async def patch(self, path: str, body: Any, *, patch_type: PatchType = "merge") -> Body:
-        return await self.request("PATCH", path, body=body, content_type=_CONTENT_TYPES[patch_type])
+    async def patch(self, path: str, body: Any, *, patch_type: PatchType = "merge",
+                    want_body: bool = True) -> Body:
+        return await self.request("PATCH", path, body=body,
+                                  content_type=_CONTENT_TYPES[patch_type], want_body=want_body)
 
     async def delete(
         self,

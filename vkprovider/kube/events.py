@@ -170,14 +170,15 @@ class EventRecorder:
                     await self._client.patch(
                         f"/api/v1/namespaces/{item.namespace}/events/{item.name}",
                         {"count": item.count, "message": item.message,
-                         "lastTimestamp": item.last})
+                         "lastTimestamp": item.last}, want_body=False)
                     self.written += 1
                     return
                 except NotFoundError:  # expired by its TTL: write it anew
                     self._correlator.forget(key)
             body = dict(item.body, message=item.message, count=item.count,
                         lastTimestamp=item.last)
-            await self._client.create(f"/api/v1/namespaces/{item.namespace}/events", body)
+            await self._client.create(f"/api/v1/namespaces/{item.namespace}/events", body,
+                                      want_body=False)
             self.written += 1
         except APIError as exc:
             self._correlator.forget(key)  # the next repeat tries a new object
