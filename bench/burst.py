@@ -44,7 +44,7 @@ from typing import Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.common import RESULTS, machine, pct, proc_usage, table, write
+from bench.common import RESULTS, Profiler, machine, pct, proc_usage, table, write
 from bench.govk import GoVKProcess, govk_binary
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import NotFoundError
@@ -102,6 +102,8 @@ class System(Protocol):
 
     def pid(self) -> int: ...
 
+    def helper_pid(self) -> int | None: ...
+
     def check_alive(self) -> None: ...
 
     async def drained(self) -> bool: ...
@@ -115,14 +117,14 @@ class System(Protocol):
 class Ours:
     """vkprovider with a mock cloud that boots instantly."""
 
-    def __init__(self, *, work: Path, kubeconfig: Path, n: int) -> None:
+    def __init__(self, *, work: Path, kubeconfig: Path, n: int, workers: int = WORKERS) -> None:
         self.label = "vkprovider"
         self.node = f"vk-bench-{uuid.uuid4().hex[:6]}"
         self.cloud = MockCloudProcess(work_dir=work, name=f"bench{n}", boot_delay=0.0,
                                       inventory=f"H100:us-east:{n * 2}:2.49")
         self.provider = ProviderProcess(work_dir=work, kubeconfig=kubeconfig, node_name=self.node,
                                         clouds=[self.cloud],
-                                        pods={"status_interval_seconds": 5, "workers": WORKERS,
+                                        pods={"status_interval_seconds": 5, "workers": workers,
                                               "orphan_grace_seconds": 30})
 
     async def start(self) -> None:
@@ -134,6 +136,11 @@ class Ours:
         if proc is None:
             raise RuntimeError("provider not started")
         return proc.pid
+
+    def helper_pid(self) -> int | None:
+        """The mock cloud: it shares the machine, so its CPU is reported beside ours."""
+        proc = self.cloud.component.process
+        return None if proc is None else proc.pid
 
     def check_alive(self) -> None:
         for part in (self.provider, self.cloud):
@@ -164,11 +171,12 @@ class Ours:
 class GoVK:
     """The upstream Go virtual-kubelet with an in-memory provider (``tools/govk``)."""
 
-    def __init__(self, *, binary: Path, work: Path, kubeconfig: Path, lift_limits: bool) -> None:
+    def __init__(self, *, binary: Path, work: Path, kubeconfig: Path, lift_limits: bool,
+                 workers: int = WORKERS) -> None:
         self.label = "go-vk lifted" if lift_limits else "go-vk default"
         self.node = f"vk-go-{'lifted' if lift_limits else 'default'}-{uuid.uuid4().hex[:6]}"
         self.process = GoVKProcess(binary=binary, work_dir=work, kubeconfig=kubeconfig,
-                                   node=self.node, lift_limits=lift_limits, workers=WORKERS)
+                                   node=self.node, lift_limits=lift_limits, workers=workers)
 
     async def start(self) -> None:
         self.process.start()
@@ -178,6 +186,9 @@ class GoVK:
         if proc is None:
             raise RuntimeError("govk not started")
         return proc.pid
+
+    def helper_pid(self) -> int | None:
+        return None  # its provider is in memory
 
     def check_alive(self) -> None:
         if not self.process.alive():
@@ -338,13 +349,16 @@ class Reading:
 
     at: float
     cpu: float
+    helper_cpu: float
     writes: Writes
     failed_writes: float
 
 
 async def reading(*, kube: KubeClient, system: System) -> Reading:
     writes, failed = await write_counts(kube)
-    return Reading(at=time.time(), cpu=proc_usage(system.pid())[1], writes=writes,
+    helper = system.helper_pid()
+    return Reading(at=time.time(), cpu=proc_usage(system.pid())[1],
+                   helper_cpu=0.0 if helper is None else proc_usage(helper)[1], writes=writes,
                    failed_writes=failed)
 
 
@@ -390,6 +404,7 @@ def result_row(*, system: System, n: int, watch: PodWatch, start: Reading, at_ru
         "create_to_running_p99_ms": ms(pct(to_running, 99)),
         "cpu_seconds_to_running": round(at_running.cpu - start.cpu, 2),
         "cpu_seconds_lifecycle": round(end.cpu - start.cpu, 2),
+        "cloud_cpu_seconds_lifecycle": round(end.helper_cpu - start.helper_cpu, 2),
         "apiserver_writes_per_pod_to_running": per_pod_running,
         "apiserver_writes_per_pod_lifecycle": per_pod,
         "heartbeat_writes_lifecycle": heartbeats,
@@ -437,19 +452,27 @@ async def measure(*, kube: KubeClient, system: System, ns: str, n: int,
         task.cancel()
 
 
-async def run_system(*, kube: KubeClient, system: System, n: int,
-                     timeout: float) -> dict[str, Any]:
+async def run_system(*, kube: KubeClient, system: System, n: int, timeout: float,
+                     profile: Path | None = None) -> dict[str, Any]:
     ns = f"burst-{n}-{uuid.uuid4().hex[:4]}"
     load = os.getloadavg()[0]
     await system.start()
+    profilers: list[Profiler] = []
     try:
         await wait_node(kube=kube, system=system)
         await kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                  "metadata": {"name": ns}})
+        if profile is not None:
+            stem = f"{system.label.replace(' ', '-')}-{n}"
+            profilers.append(Profiler(pid=system.pid(), out=profile / f"{stem}.txt"))
+            if (helper := system.helper_pid()) is not None:
+                profilers.append(Profiler(pid=helper, out=profile / f"{stem}-cloud.txt"))
         row = await measure(kube=kube, system=system, ns=ns, n=n, timeout=timeout)
         row["load_average_1m_at_start"] = round(load, 2)
         return row
     finally:
+        for profiler in profilers:
+            sys.stderr.write(f"profile: {profiler.stop()}\n")
         system.stop()
         await cleanup(kube=kube, ns=ns, node=system.node)
 
@@ -478,14 +501,17 @@ def limits_note(timeouts: dict[int, float]) -> str:
 
 
 def render(*, info: dict[str, Any], results: list[dict[str, Any]], load: tuple[float, ...],
+           workers: int = WORKERS,
            timeout_note: str) -> str:
     header = ["system", "pods", "wall to all Running (s)", "create->Running p50/p99 (ms)",
               "bind->cloud create p50/p99 (ms)", "cloud running->pod Running p50/p99 (ms)",
-              "CPU to Running (s)", "CPU lifecycle (s)", "API writes/pod to Running",
+              "CPU to Running (s)", "CPU lifecycle (s)", "mock cloud CPU lifecycle (s)",
+              "API writes/pod to Running",
               "API writes/pod lifecycle", "delete->quiet (s)", "peak RSS (MiB)"]
     rows = [[r["system"], str(r["pods"]), wall_cell(r), pair(r, "create_to_running"),
              pair(r, "bind_to_create"), pair(r, "running_to_pod_running"),
              str(r["cpu_seconds_to_running"]), str(r["cpu_seconds_lifecycle"]),
+             str(r.get("cloud_cpu_seconds_lifecycle") or ""),
              str(r["apiserver_writes_per_pod_to_running"]),
              str(r["apiserver_writes_per_pod_lifecycle"]) + lifecycle_mark(r),
              str(r["delete_to_quiet_seconds"]), str(r["peak_rss_mib"])] for r in results]
@@ -495,7 +521,7 @@ def render(*, info: dict[str, Any], results: list[dict[str, Any]], load: tuple[f
         f"{load[2]:.2f} (the machine is shared: other work ran beside the bench)",
         f"settings: one LocalCluster; each system alone on its own node, run once per size "
         f"(numbers are noisy); pods created by {CREATE_CONCURRENCY} concurrent clients with "
-        f"spec.nodeName set, deleted with grace 0 by as many once all are Running; {WORKERS} "
+        f"spec.nodeName set, deleted with grace 0 by as many once all are Running; {workers} "
         "workers in every system; vkprovider: mock cloud boot delay 0, status sweep 5 s; go-vk: "
         "virtual-kubelet v1.14.1 nodeutil, in-memory provider, admin kubeconfig, default = "
         "library defaults (client QPS 5 / burst 10, queues 10/s burst 100), lifted = "
@@ -529,7 +555,9 @@ def phase_timeouts(sizes: list[int], given: list[float] | None) -> dict[int, flo
     return dict(zip(sizes, given, strict=True))
 
 
-async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float]) -> int:
+async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float],
+               name: str = "burst", profile: Path | None = None,
+               workers: int = WORKERS) -> int:
     work = Path(tempfile.mkdtemp(prefix="vkp-bench-"))
     binary = govk_binary() if compare_go else None
     load = os.getloadavg()
@@ -541,26 +569,29 @@ async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float]
             kubeconfig = await install_provider_rbac(kube=kube, cluster=cluster,
                                                      path=work / "provider.kubeconfig")
             for n in sizes:
-                systems: list[System] = [Ours(work=work, kubeconfig=kubeconfig, n=n)]
+                systems: list[System] = [Ours(work=work, kubeconfig=kubeconfig, n=n,
+                                              workers=workers)]
                 if binary is not None:
                     systems += [GoVK(binary=binary, work=work, kubeconfig=cluster.kubeconfig,
-                                     lift_limits=lift) for lift in (False, True)]
+                                     lift_limits=lift, workers=workers)
+                                for lift in (False, True)]
                 for system in systems:
                     sys.stderr.write(f"burst of {n} pods on {system.label} ...\n")
                     results.append(await run_system(kube=kube, system=system, n=n,
-                                                    timeout=timeouts[n]))
+                                                    timeout=timeouts[n], profile=profile))
     finally:
         cluster.stop()
     info = machine()
-    text = render(info=info, results=results, load=load, timeout_note=limits_note(timeouts))
+    text = render(info=info, results=results, load=load, workers=workers,
+                  timeout_note=limits_note(timeouts))
     sys.stdout.write(text)
-    settings = {"create_concurrency": CREATE_CONCURRENCY, "workers": WORKERS,
+    settings = {"create_concurrency": CREATE_CONCURRENCY, "workers": workers,
                 "quiet_seconds": QUIET_SECONDS,
                 "phase_timeout_seconds": {str(n): t for n, t in timeouts.items()},
                 "compare_go": compare_go, "load_average_at_start": list(load)}
-    path = write("burst", {"machine": info, "settings": settings, "results": results})
-    (RESULTS / "burst.txt").write_text(text)
-    sys.stdout.write(f"wrote {path} and {RESULTS / 'burst.txt'}\n")
+    path = write(name, {"machine": info, "settings": settings, "results": results})
+    (RESULTS / f"{name}.txt").write_text(text)
+    sys.stdout.write(f"wrote {path} and {RESULTS / (name + '.txt')}\n")
     return 0
 
 
@@ -574,6 +605,14 @@ if __name__ == "__main__":
                         help="time limit (s) of each phase, one per --pods size "
                              "(default 120 s + 0.6 s/pod); a system that hits it is reported "
                              "as timed out")
+    parser.add_argument("--name", default="burst",
+                        help="results file stem under bench/results (default burst)")
+    parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                        help="sample each system (and the mock cloud) with py-spy into DIR, "
+                             "collapsed stacks per run")
+    parser.add_argument("--workers", type=int, default=WORKERS,
+                        help=f"concurrent pod workers in every system (default {WORKERS})")
     args = parser.parse_args()
-    sys.exit(asyncio.run(main(sizes=args.pods, compare_go=args.compare_go,
-                              timeouts=phase_timeouts(args.pods, args.phase_timeout))))
+    sys.exit(asyncio.run(main(sizes=args.pods, compare_go=args.compare_go, workers=args.workers,
+                              timeouts=phase_timeouts(args.pods, args.phase_timeout),
+                              name=args.name, profile=args.profile)))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -68,3 +70,31 @@ def proc_usage(pid: int) -> tuple[float, float]:
     ticks = os.sysconf("SC_CLK_TCK")
     cpu = (int(fields[11]) + int(fields[12])) / ticks
     return peak, cpu
+
+
+class Profiler:
+    """py-spy sampling a running process into collapsed stacks (``--format raw``), for finding
+    where a bench's CPU goes. py-spy comes with the ``bench`` extra (``pip install -e .[bench]``);
+    it needs ptrace rights over the process (root, or the same user with ptrace allowed)."""
+
+    def __init__(self, *, pid: int, out: Path, rate: int = 250) -> None:
+        self.out = out
+        binary = Path(sys.executable).with_name("py-spy")
+        if not binary.exists():
+            raise SystemExit(f"--profile needs py-spy next to {sys.executable}: "
+                             "install the bench extra (pip install -e '.[bench]')")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        self._proc = subprocess.Popen(
+            [str(binary), "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw",
+             "--output", str(out), "--nonblocking"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(self) -> Path:
+        """Stop sampling and write the stacks (py-spy writes its file on SIGINT)."""
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGINT)
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+        return self.out
