@@ -409,17 +409,24 @@ async def test_collector_reads_a_bulk_provider_in_one_call_per_interval(
     clock.now += 5
     await collector.refresh()
     assert cloud.bulk_calls == 1, "nothing due within the interval"
-    view.add(make_pod("d"), cloud)  # a new running pod: read at once, with the others
+    start = clock.now - 5
+    view.add(make_pod("d"), cloud)  # a new running pod: read at once, alone
     cloud.ids.append("i-uid-d")
     await collector.refresh()
     assert cloud.bulk_calls == 2 and "uid-d" in collector.samples
+    assert collector._attempted["uid-a"] == start, "read 5 s ago: not stored again"
+    assert collector._attempted["uid-d"] == start + 5
+    clock.now += 10
+    await collector.refresh()  # a, b, c due; d (read 10 s ago, past half the interval) too
+    assert cloud.bulk_calls == 3
+    assert set(collector._attempted.values()) == {start + 15}, "one cohort again"
     clock.now += 14
     await collector.refresh()
-    assert cloud.bulk_calls == 2, "the new pod's read refreshed everyone"
+    assert cloud.bulk_calls == 3, "nothing due within the interval"
     cloud.metrics_error = TransientError("mock: HTTP 503")
     clock.now += 1
     await collector.refresh()
-    assert cloud.bulk_calls == 3 and metrics.registry.get_sample_value(
+    assert cloud.bulk_calls == 4 and metrics.registry.get_sample_value(
         "vkprovider_provider_requests_total",
         {"provider": "mock", "operation": "gpu_metrics", "result": "TransientError"}) == 1
     assert set(collector.samples) == {"uid-a", "uid-b", "uid-c", "uid-d"}, "stale kept a while"

@@ -47,6 +47,10 @@ class ControllerView:
     def __init__(self, *, controller: PodController) -> None:
         self._controller = controller
         self.node_name = controller.node
+        # uid -> (the Placed, the provider, the pod key it was built from; the Placement):
+        # the GPU collector and the health watch ask for every placement every second, and
+        # building them anew was a fifth of the provider's steady-state CPU at 3,000 pods.
+        self._built: dict[str, tuple[object, object, str | None, Placement]] = {}
 
     def pods(self) -> list[Body]:
         return list(self._controller.informer.store.values())
@@ -57,21 +61,31 @@ class ControllerView:
     def placement(self, uid: str) -> Placement | None:
         placed = self._controller.placed.get(uid)
         if placed is None:
+            self._built.pop(uid, None)
             return None
         provider = self._controller.providers.get(placed.provider)
         if provider is None:
             return None
         key = self._controller.pod_keys.get(uid)
+        built = self._built.get(uid)
+        if built is not None and built[0] is placed and built[1] is provider and \
+                built[2] == key:
+            return built[3]
         if key and "/" in key:
             namespace, name = key.split("/", 1)
         else:
             tags = placed.instance.tags
             namespace, name = tags.get(TAG_NAMESPACE, ""), tags.get(TAG_POD, "")
-        return Placement(uid=uid, namespace=namespace, pod=name, provider_name=placed.provider,
+        made = Placement(uid=uid, namespace=namespace, pod=name, provider_name=placed.provider,
                          provider=provider, instance=placed.instance)
+        self._built[uid] = (placed, provider, key, made)
+        return made
 
     def placements(self) -> list[Placement]:
-        found = (self.placement(uid) for uid in list(self._controller.placed))
+        placed = self._controller.placed
+        for uid in [u for u in self._built if u not in placed]:
+            del self._built[uid]
+        found = (self.placement(uid) for uid in list(placed))
         return [p for p in found if p is not None]
 
 
