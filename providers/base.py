@@ -25,6 +25,13 @@ Rules for adapters:
   only from what the cloud reports (or documents as a fixed convention). A field the cloud
   leaves out gives fewer entries (none at worst), never an error. Entries for one container
   port come in order of preference.
+* Interruptible (spot) capacity is opt-in. An adapter whose cloud sells it reports such offers
+  with ``Offer.interruptible`` True (beside the on-demand ones; the same GPUs may appear in
+  both), creates an interruptible instance only when ``InstanceSpec.interruptible`` asks for
+  one, and reports what the cloud says: ``Instance.interruptible``, ``Instance.interruption_at``
+  (a planned interruption the cloud announced) and ``Instance.interrupted`` (the cloud reclaimed
+  it; its state is then FAILED). A cloud with no notice API never sets ``interruption_at``; its
+  adapter says so in its docstring.
 """
 
 from __future__ import annotations
@@ -131,6 +138,11 @@ class InstanceSpec:
     #: The container's host name (``spec.hostnameOverride``, else ``spec.hostname``); None: the
     #: cloud names the host. An adapter that cannot set it leaves it to the cloud (warned).
     hostname: str | None = None
+    #: Ask for an interruptible (spot, bid) instance: cheaper, and the cloud may reclaim it.
+    #: Set by placement only when the pod's OverflowPolicy allows it (``spec.interruptible``)
+    #: and the adapter reports interruptible offers; an adapter that sells none never gets it.
+    #: ``max_price_per_hour`` is then the highest bid where the cloud takes bids.
+    interruptible: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,17 +167,28 @@ class Instance:
     exit_code: int | None = None
     message: str | None = None  # a human reason for FAILED/PENDING, free of secrets
     restart_count: int = 0
+    #: An interruptible (spot, bid) instance: the cloud may reclaim it.
+    interruptible: bool = False
+    #: When the cloud plans to reclaim it (a notice it announced); None: nothing announced.
+    interruption_at: datetime | None = None
+    #: The cloud reclaimed it (state FAILED): not a crash of the container, nothing to restart.
+    interrupted: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
 class Offer:
-    """Capacity a cloud sells now: `available` GPUs of one type in one region."""
+    """Capacity a cloud sells now: `available` GPUs of one type in one region.
+
+    ``interruptible``: sold as spot/bid capacity the cloud may reclaim (cheaper); only placed
+    when the pod's OverflowPolicy allows it. One GPU may be offered both ways.
+    """
 
     provider: str
     gpu_type: str
     region: str
     available: int
     price_per_gpu_hour: float
+    interruptible: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -43,6 +43,10 @@ Mapping (see ``docs/providers/runpod.md`` for the tables):
 * ``run_as_user``/``run_as_group`` are left to the image (the create body has no user field).
 * ``cpu_millis``/``memory_bytes`` are ignored for GPU pods (RunPod sizes vCPU and RAM by GPU);
   ``max_price_per_hour`` cannot be enforced (v2 has no bid or price cap, and no spot pods).
+* ``interruptible`` (a spot pod) is refused with InvalidSpec: the REST v2 spec has no
+  interruptible or spot field on create, so ``capacity()`` reports on-demand offers only and
+  placement never asks for one; nor does it report a coming interruption (``interruption_at``
+  is never set).
 
 Published ports (:class:`~providers.base.PublishedPort`, only while the pod is ``RUNNING``): for
 every declared ``Pod.ports`` entry ``"<port>/<kind>"``, in that order,
@@ -202,6 +206,9 @@ TAGS_ENV = "VKPROVIDER_TAGS"
 COMMAND_UNSUPPORTED = (
     "RunPod v2 cannot override the container entrypoint (command); use args or an image whose "
     "entrypoint does what you need"
+)
+INTERRUPTIBLE_UNSUPPORTED = (
+    "RunPod's REST API v2 has no interruptible (spot) pods: its pod create takes no such field"
 )
 SHM_UNSUPPORTED = (
     "RunPod v2's pod create cannot size /dev/shm (the pod's memory-backed emptyDir at /dev/shm); "
@@ -824,6 +831,8 @@ class RunPodProvider(HTTPAdapter):
             raise InvalidSpec(COMMAND_UNSUPPORTED, provider=p)
         if spec.shm_bytes is not None:
             raise InvalidSpec(SHM_UNSUPPORTED, provider=p)
+        if spec.interruptible:
+            raise InvalidSpec(INTERRUPTIBLE_UNSUPPORTED, provider=p)
         if not spec.image:
             raise InvalidSpec("the pod has no image", provider=p)
         if not spec.name:

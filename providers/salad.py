@@ -41,6 +41,15 @@ kubelet bounds a memory-backed emptyDir by the memory limit) and at least Salad'
 ``shm_bytes == 0`` (no size asked) is the container's ``memory``. Without it the field is left
 out and Salad's default (64 MB) applies.
 
+Interruptible nodes: every SaladCloud node is an interruptible consumer GPU, at any
+``priority`` (the spec's ``ContainerGroupPriority``: high, medium, low, batch, the price tier and
+scheduling precedence). Salad moves an interrupted replica to another node itself (the container
+group keeps its replica count), and its spec has no field that announces an interruption or says
+a replica was interrupted: so the adapter reports Salad's offers as ordinary ones (a policy with
+``interruptible: Never`` uses Salad as before; Salad's reallocations show as the group pending
+or restarting), accepts a spec asking for an interruptible instance (every node is one) at the
+configured ``priority``, and never sets ``interruption_at`` or ``interrupted``.
+
 Options (the ``options`` mapping; read by :mod:`providers.options`, so a boolean is
 ``true``/``false`` (also ``"true"``/``"false"``, ``"yes"``/``"no"``, ``1``/``0``), a number may be
 a decimal string, seconds may be written ``"30s"``, and an unknown key or a bad value is a

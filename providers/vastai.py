@@ -46,7 +46,13 @@ is a ``ValueError`` naming the option):
 ``offer_type`` (``"ondemand"`` | ``"bid"``, default ``"ondemand"``)
     Search ``type``. With ``"bid"`` (interruptible) offers are ranked and capped by ``min_bid``
     instead of ``dph_total``, and the rent carries ``price``: the spec's ``max_price_per_hour``
-    when set, else the offer's ``min_bid``.
+    when set, else the offer's ``min_bid``. ``"bid"`` makes the account rent interruptible
+    instances only: its offers are reported ``interruptible``, so a policy with
+    ``interruptible: Never`` does not place pods on it.
+``interruptible_offers`` (bool, default false)
+    With ``offer_type: ondemand``, also sell bid (interruptible) capacity: ``capacity()`` makes
+    a second search with ``type: bid`` and reports those offers ``interruptible`` (priced at
+    ``min_bid``), and a spec asking for an interruptible instance is rented as a bid, as above.
 ``verified`` (bool, default true)
     Only verified machines (search ``verified``).
 ``min_reliability`` (float 0..1, default none)
@@ -95,6 +101,15 @@ CLI reads it.
 User: a spec's ``run_as_user`` (the pod's ``runAsUser``) is sent as the rent's ``user`` (what
 ``docker create --user`` takes), ``"<uid>"`` or, with ``run_as_group``, ``"<uid>:<gid>"``. A
 group without a user cannot be written that way and is left to the image (the pod is warned).
+
+Interruptible instances (``Offer.interruptible``, ``InstanceSpec.interruptible``): Vast.ai's
+"bid" instances, from the spec's search ``type: bid`` ("interruptible: uses minimum bid price.
+Lower cost but may be interrupted if outbid"), the offer's ``min_bid`` and the rent's ``price``
+("Bid price per machine ... Only for interruptible instances"). A spec asking for one is
+searched and rented as a bid; a listed instance is ``interruptible`` when its ``is_bid`` is true,
+and ``interrupted`` when such an instance is ``stopped`` while Vast.ai meant it to run (outbid:
+state FAILED, as before). Vast.ai publishes no notice of a coming interruption (no such field or
+call in the spec), so ``interruption_at`` is never set: an outbid instance is handled as a crash.
 
 Not supported, and said so rather than ignored: ``command`` in ``"reject"`` mode, a sized
 ``/dev/shm`` (``shm_bytes``: Vast.ai sizes shared memory itself, in proportion to the GPU share),
@@ -272,6 +287,7 @@ _OPTION_KEYS = frozenset({
     "gpu_types", "disk_gb", "offer_type", "verified", "min_reliability", "offer_filters",
     "offer_limit", "max_offer_attempts", "capacity_limit", "env_format", "command_mode",
     "image_login", "log_poll_attempts", "log_poll_interval", *opt.RETRY_KEYS, "regions",
+    "interruptible_offers",
 })  # fmt: skip
 
 
@@ -289,6 +305,7 @@ class _Options:
         self.disk_gb = opt.number(raw, "disk_gb", default=20.0, minimum=0, above=True)
         self.offer_type = opt.choice(raw, "offer_type", choices=("ondemand", "bid"),
                                      default="ondemand")
+        self.interruptible_offers = opt.boolean(raw, "interruptible_offers", default=False)
         self.verified = opt.boolean(raw, "verified", default=True)
         self.min_reliability = opt.optional_number(raw, "min_reliability", minimum=0, maximum=1)
         self.offer_filters: dict[str, Any] = opt.mapping(raw, "offer_filters") or {}
@@ -351,6 +368,7 @@ class VastAIProvider(HTTPAdapter):
         """Adopt the instance labelled for ``spec.name``, or rent the cheapest matching offer."""
         body, label = self._rent_body(spec)  # InvalidSpec before any HTTP call
         self._registry_secrets.remember(spec.registry_auth)
+        kind = self._kind(spec)
         search = self._search_body(spec)
         existing = await self._list(select_filters={"label": {"eq": label}})
         if existing:
@@ -361,7 +379,7 @@ class VastAIProvider(HTTPAdapter):
         )
         offers = self._offers(self._json(response, what=what), what=what)
         offers = [o for o in offers if self._offer_fits(o, spec)]
-        price_field = "min_bid" if self._opts.offer_type == "bid" else "dph_total"
+        price_field = "min_bid" if kind == "bid" else "dph_total"
         offers.sort(key=lambda o: (float(o[price_field]), -float(o.get("reliability") or 0)))
         if not offers:
             raise CapacityError(
@@ -372,7 +390,7 @@ class VastAIProvider(HTTPAdapter):
             what = f"rent offer {offer['id']} for {spec.name!r}"
             try:
                 rent = dict(body)
-                if self._opts.offer_type == "bid":
+                if kind == "bid":
                     rent["price"] = self._bid_price(spec, offer)
                 price = float(rent.get("price", offer["dph_total"]))
                 response = await self._request(
@@ -469,12 +487,23 @@ class VastAIProvider(HTTPAdapter):
             yield text[start : start + 65536]
 
     async def capacity(self) -> builtins.list[Offer]:
-        """GPUs for sale now, per (GPU type, country), from one offer search.
+        """GPUs for sale now, per (GPU type, country), from one offer search (two with
+        ``interruptible_offers``: on demand and bid).
 
         Vast.ai lists one machine as several offers (1, 2, 4... GPUs), so each machine counts
-        once, with its largest offer; the price is the cheapest per-GPU price seen.
+        once, with its largest offer; the price is the cheapest per-GPU price seen (``min_bid``
+        for bid offers).
         """
-        body = self._base_filters()
+        kinds = [self._opts.offer_type]
+        if self._opts.offer_type == "ondemand" and self._opts.interruptible_offers:
+            kinds.append("bid")
+        out: builtins.list[Offer] = []
+        for kind in kinds:
+            out.extend(await self._capacity(kind))
+        return out
+
+    async def _capacity(self, kind: str) -> builtins.list[Offer]:
+        body = self._base_filters(kind)
         body["limit"] = self._opts.capacity_limit
         if self._opts.gpu_types:
             names = sorted({n for ns in self._opts.gpu_types.values() for n in ns})
@@ -500,7 +529,7 @@ class VastAIProvider(HTTPAdapter):
                 machine = str(offer.get("machine_id", offer["id"]))
                 key = (gpu, region, machine)
                 per_machine[key] = max(per_machine.get(key, 0), count)
-                per_gpu = float(offer["dph_total"]) / count
+                per_gpu = float(offer["min_bid" if kind == "bid" else "dph_total"]) / count
                 price[(gpu, region)] = min(price.get((gpu, region), math.inf), per_gpu)
         except (KeyError, TypeError, ValueError) as exc:
             raise self._malformed(what) from exc
@@ -514,6 +543,7 @@ class VastAIProvider(HTTPAdapter):
                 region=region,
                 available=count,
                 price_per_gpu_hour=round(price[(gpu, region)], 6),
+                interruptible=kind == "bid",
             )
             for (gpu, region), count in sorted(available.items())
         ]
@@ -630,9 +660,14 @@ class VastAIProvider(HTTPAdapter):
                 return cluster
         return None
 
-    def _base_filters(self) -> dict[str, Any]:
+    def _kind(self, spec: InstanceSpec) -> str:
+        """The search ``type`` for ``spec``: ``bid`` when it asks for an interruptible instance
+        or the account rents bids only (``offer_type: bid``), else ``ondemand``."""
+        return "bid" if spec.interruptible or self._opts.offer_type == "bid" else "ondemand"
+
+    def _base_filters(self, kind: str | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "type": self._opts.offer_type,
+            "type": kind or self._opts.offer_type,
             "rentable": {"eq": True},
             "rented": {"eq": False},
             "disk_space": {"gte": self._opts.disk_gb},
@@ -649,7 +684,7 @@ class VastAIProvider(HTTPAdapter):
         return body
 
     def _search_body(self, spec: InstanceSpec) -> dict[str, Any]:
-        body = self._base_filters()
+        body = self._base_filters(self._kind(spec))
         body["limit"] = self._opts.offer_limit
         body["num_gpus"] = {"eq": spec.gpu_count}
         if spec.gpu_type:
@@ -663,7 +698,7 @@ class VastAIProvider(HTTPAdapter):
         if spec.memory_bytes > 0:
             body["cpu_ram"] = {"gte": math.ceil(spec.memory_bytes / 2**20)}
         if spec.max_price_per_hour is not None:
-            price_field = "min_bid" if self._opts.offer_type == "bid" else "dph_total"
+            price_field = "min_bid" if self._kind(spec) == "bid" else "dph_total"
             body[price_field] = {"lte": spec.max_price_per_hour}
         return body
 
@@ -686,7 +721,7 @@ class VastAIProvider(HTTPAdapter):
                 return False
             if self._opts.regions and _country(offer) not in self._opts.regions:
                 return False  # a lax search must not rent outside the allowed countries
-            price = float(offer["min_bid" if self._opts.offer_type == "bid" else "dph_total"])
+            price = float(offer["min_bid" if self._kind(spec) == "bid" else "dph_total"])
             int(offer["id"])
         except (KeyError, TypeError, ValueError):
             return False
@@ -728,6 +763,7 @@ class VastAIProvider(HTTPAdapter):
             region=_country(offer),
             price_per_hour=price,
             message="rented; waiting for the host",
+            interruptible=self._kind(spec) == "bid",
         )
 
     # -- listing ----------------------------------------------------------------------------
@@ -787,6 +823,10 @@ class VastAIProvider(HTTPAdapter):
             ip = item.get("public_ipaddr")
             ip = ip.strip() if isinstance(ip, str) and ip.strip() else None
             gpu_name = item.get("gpu_name")
+            bid = item.get("is_bid") is True
+            outbid = bid and state == InstanceState.FAILED and str(
+                item.get("actual_status") or "").lower() == "stopped" and str(
+                item.get("intended_status") or "").lower() == "running"
             return Instance(
                 id=str(int(item["id"])),
                 name=name,
@@ -805,6 +845,8 @@ class VastAIProvider(HTTPAdapter):
                 # separate boot time): spend is counted from here (vkprovider/node/spend.py)
                 started_at=_epoch(item.get("start_date")),
                 message=self._scrub(message) if message else None,
+                interruptible=bid,
+                interrupted=outbid,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise self._malformed(what) from exc

@@ -24,6 +24,7 @@ from providers.mock.bodies import (
     FailBody,
     FaultBody,
     HealthBody,
+    InterruptionBody,
     InventoryBody,
     LoadBody,
     RegistryBody,
@@ -275,6 +276,15 @@ def create_app(*, state: MockCloudState) -> FastAPI:
         body = await _parse_body(request, HealthBody)
         return JSONResponse(state.set_health(instance_id, live=body.live, ready=body.ready))
 
+    @app.post("/admin/instances/{instance_id}/interruption", dependencies=admin_only)
+    async def admin_interruption(request: Request, instance_id: str) -> JSONResponse:
+        body = await _parse_body(request, InterruptionBody)
+        return JSONResponse(state.announce_interruption(instance_id, in_seconds=body.in_seconds))
+
+    @app.post("/admin/instances/{instance_id}/interrupt", dependencies=admin_only)
+    async def admin_interrupt(instance_id: str) -> JSONResponse:
+        return JSONResponse(state.interrupt(instance_id))
+
     @app.get("/admin/traffic", dependencies=admin_only)
     async def admin_traffic() -> JSONResponse:
         return JSONResponse(state.traffic())
@@ -291,6 +301,7 @@ def create_app(*, state: MockCloudState) -> FastAPI:
                     "region": o.region,
                     "count": o.count,
                     "price_per_gpu_hour": o.price_per_gpu_hour,
+                    "spot_price_per_gpu_hour": o.spot_price_per_gpu_hour,
                 }
                 for o in state.inventory()
             ]

@@ -18,6 +18,7 @@ __all__ = [
     "FailBody",
     "FaultBody",
     "HealthBody",
+    "InterruptionBody",
     "InventoryBody",
     "LoadBody",
     "OfferBody",
@@ -51,6 +52,7 @@ class CreateBody(BaseModel):
     regions: list[str] | None = None  # without ``region``: choose only among these
     tags: dict[str, str] = Field(default_factory=dict)
     registry_auth: RegistryAuthBody | None = None
+    interruptible: bool = False  # rent as spot (only offers with a spot price)
 
 
 class RegistryAuthBody(BaseModel):
@@ -90,6 +92,13 @@ class OfferBody(BaseModel):
     region: str = Field(min_length=1)
     count: int = Field(ge=0)
     price_per_gpu_hour: float = Field(ge=0)
+    spot_price_per_gpu_hour: float | None = Field(default=None, ge=0)  # also sold as spot
+
+
+class InterruptionBody(BaseModel):
+    """``POST /admin/instances/{id}/interruption``: reclaim it this many seconds from now."""
+
+    in_seconds: float = Field(ge=0, le=86400, allow_inf_nan=False)
 
 
 class InventoryBody(BaseModel):

@@ -17,6 +17,11 @@ Published ports: create sends the spec's ``ports``; the cloud answers, per decla
 port, a ``public_port`` on the instance's ``public_ip`` (198.18.0.0/15, never the pod's
 100.64.x.y ``ip``; the public port differs from the container port). Each becomes a
 :class:`~providers.base.PublishedPort` of kind ``"ip"`` without a scheme.
+
+Interruptible (spot) instances: ``capacity`` maps the cloud's ``interruptible`` offers; a spec
+with ``interruptible`` is created with ``interruptible: true``; an instance reports
+``interruptible``, ``interruption_at`` (a reclaim the cloud announced: the notice) and
+``interrupted`` (reclaimed, state ``failed``), all mapped as they are.
 """
 
 from __future__ import annotations
@@ -162,6 +167,8 @@ class MockProvider(HTTPAdapter):
             "max_price_per_hour": spec.max_price_per_hour,
             "tags": {**spec.tags, TAG_NODE: self.owner},
         }
+        if spec.interruptible:
+            body["interruptible"] = True  # rent as spot: only offers with a spot price
         if self.regions and spec.region is None:
             body["regions"] = list(self.regions)
         if spec.registry_auth is not None:
@@ -260,6 +267,7 @@ class MockProvider(HTTPAdapter):
                     region=str(item["region"]),
                     available=int(item["available"]),
                     price_per_gpu_hour=float(item["price_per_gpu_hour"]),
+                    interruptible=bool(item.get("interruptible", False)),
                 )
                 for item in data["offers"]
                 if not self.regions or str(item["region"]) in self.regions
@@ -344,6 +352,9 @@ class MockProvider(HTTPAdapter):
                 exit_code=exit_code,
                 message=_opt_str(data, "message"),
                 restart_count=int(data.get("restart_count") or 0),
+                interruptible=bool(data.get("interruptible", False)),
+                interruption_at=_opt_time(data, "interruption_at"),
+                interrupted=bool(data.get("interrupted", False)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise self._malformed(what) from exc

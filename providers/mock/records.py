@@ -86,6 +86,9 @@ class Record:
     load_seconds: float = 0.0  # the model server answers 503 for this long after each start
     live_ok: bool = True  # admin health knobs of the model server
     ready_ok: bool = True
+    interruptible: bool = False  # rented as spot: the cloud may reclaim it
+    interruption_at: float | None = None  # announced (admin) reclaim time, on the clock
+    interrupted: bool = False  # reclaimed: stopped by the cloud, not by its container
     #: Requests the container's listeners served, by container port: [traffic, probes].
     served: dict[int, list[int]] = field(default_factory=dict)
 
@@ -134,6 +137,12 @@ class Record:
                         self.phase = Phase.EXITED
                         self.finished = exit_at
                         self.exit_code = self.run_exit_code
+            if (self.interruption_at is not None and now >= self.interruption_at
+                    and self.phase in (Phase.PENDING, Phase.RUNNING)):
+                self.phase = Phase.FAILED  # the cloud took the machine back
+                self.interrupted = True
+                self.finished = self.interruption_at
+                self.message = INTERRUPTED_MESSAGE
         elif self.delete_done is not None and now >= self.delete_done:
             if self.delete_fails:  # the cloud dropped the delete: back to what it was
                 self.deleting = self.delete_done = None
@@ -157,6 +166,10 @@ class Record:
         end = self.released if self.released is not None else now
         return self.price_per_hour * max(0.0, end - self.started) / 3600.0
 
+
+
+#: What an instance the cloud reclaimed says (state ``failed``, ``interrupted`` true).
+INTERRUPTED_MESSAGE = "interrupted: the cloud reclaimed this spot instance"
 
 
 #: The first public port the mock hands out; an instance's ports count up from here.

@@ -68,12 +68,15 @@ class _Strict(BaseModel):
 
 
 class OfferSpec(_Strict):
-    """``count`` GPUs of ``gpu_type`` in ``region`` at ``price_per_gpu_hour`` dollars."""
+    """``count`` GPUs of ``gpu_type`` in ``region`` at ``price_per_gpu_hour`` dollars (and also
+    as interruptible spot instances at ``spot_price_per_gpu_hour``, when set)."""
 
     gpu_type: str = Field(min_length=1)
     region: str = Field(min_length=1)
     count: int = Field(ge=0)
     price_per_gpu_hour: float = Field(ge=0.0, allow_inf_nan=False)
+    #: Also sold as interruptible (spot) instances at this price; null: on demand only.
+    spot_price_per_gpu_hour: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
 
 
 class EndpointFaults(_Strict):

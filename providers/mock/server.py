@@ -40,13 +40,15 @@ nothing, a create can lose its answer after making the instance (the duplicate t
 ``GET /healthz``
     ``{"ok": true}``; no auth, not counted.
 ``GET /capacity``
-    ``{"offers": [{gpu_type, region, total, available, price_per_gpu_hour}]}``; ``available`` is
-    ``total`` minus the GPUs held by live instances (every instance not yet deleted holds its
-    GPUs, including exited and failed ones, until it is deleted).
+    ``{"offers": [{gpu_type, region, total, available, price_per_gpu_hour, interruptible}]}``;
+    ``available`` is ``total`` minus the GPUs held by live instances (every instance not yet
+    deleted holds its GPUs, including exited and failed ones, until it is deleted). An inventory
+    entry with a spot price appears twice: on demand and ``interruptible`` (the same GPUs).
 ``POST /instances``
     Body: ``name, image, gpu_count`` (required); ``gpu_type, region, regions, command, args,
     env, ports ([{container_port, protocol, name}]), cpu_millis, memory_bytes,
-    max_price_per_hour, tags``.
+    max_price_per_hour, tags, interruptible`` (rent as spot, only where a spot price is set;
+    the instance is priced at it).
     Idempotent by ``name``: if a live instance (any state, terminating included) has that name it
     is returned with 200; otherwise a new one is created and returned with 201. Without
     ``region`` the cheapest region with enough capacity is chosen, among ``regions`` if given
@@ -61,7 +63,8 @@ nothing, a create can lose its answer after making the instance (the duplicate t
     One instance. Instance JSON: ``id, name, state, tags, image, gpu_type, gpu_count, region,
     price_per_hour (whole instance), ip (100.64.x.y, the pod's address), endpoints,
     public_ip, ports, created_at, started_at, finished_at, exit_code, message,
-    restart_count``. ``public_ip`` (198.18.x.y, in the benchmarking range 198.18.0.0/15) and
+    restart_count, interruptible, interruption_at, interrupted``. ``public_ip`` (198.18.x.y,
+    in the benchmarking range 198.18.0.0/15) and
     ``ports`` (``[{container_port, protocol, public_port}]``, one per declared container port
     and protocol) say how the instance is reached from outside: ``public_ip:public_port``. Public
     ports count up from 30000 per instance, skipping the instance's own container ports, so a
@@ -116,8 +119,19 @@ Admin endpoints (for tests and for people trying policies):
     a connection closed without a request, is a probe; the rest is traffic.
 ``POST /admin/instances/{id}/load`` ``{gpu_utilization: 0..1 | null}``
     Pins the instance's GPU load (e.g. 0.02 to look idle); null restores the default.
-``GET|PUT /admin/inventory`` ``{"offers": [{gpu_type, region, count, price_per_gpu_hour}]}``
-    Reads or replaces the inventory. Running instances are kept even if they no longer fit.
+``GET|PUT /admin/inventory`` ``{"offers": [{gpu_type, region, count, price_per_gpu_hour,
+spot_price_per_gpu_hour?}]}``
+    Reads or replaces the inventory. Running instances are kept even if they no longer fit. An
+    offer with ``spot_price_per_gpu_hour`` also sells its GPUs as interruptible (spot)
+    instances at that price: ``GET /capacity`` lists it twice (``interruptible`` false and
+    true, one pool of GPUs), and a create with ``interruptible: true`` rents only such offers.
+``POST /admin/instances/{id}/interruption`` ``{in_seconds}``
+    Announces that an interruptible instance is reclaimed ``in_seconds`` from now: the instance
+    reports ``interruption_at`` until then; at that time it stops (state ``failed``,
+    ``interrupted`` true, message ``interrupted: ...``), billing ends when it is deleted. 409
+    ``invalid_state`` for an on-demand instance or one already stopped.
+``POST /admin/instances/{id}/interrupt``
+    Reclaims an interruptible instance now, without notice (same end state).
 ``GET|PATCH /admin/config`` ``{boot_delay, delete_delay, quota_gpus, max_gpus_per_instance,
 load_seconds}``
     ``load_seconds``: how long each container's model server answers 503 after it starts
@@ -214,6 +228,8 @@ def startup_line(*, url: str, state: MockCloudState) -> str:
     """The one line ``vkprovider mock-cloud`` prints once it listens: where, and what it sells."""
     offers = ", ".join(
         f"{o.count} {o.gpu_type} in {o.region} at ${o.price_per_gpu_hour:g}/GPU-h"
+        + (f" (spot ${o.spot_price_per_gpu_hour:g})" if o.spot_price_per_gpu_hour is not None
+           else "")
         for o in state.inventory()
     )
     key = "an API key is required" if state._api_key else "no API key needed"

@@ -80,18 +80,28 @@ class ManualClock:
 
 @dataclass(frozen=True, kw_only=True)
 class InventoryOffer:
-    """``count`` GPUs of one type in one region, sold at ``price_per_gpu_hour``."""
+    """``count`` GPUs of one type in one region, sold at ``price_per_gpu_hour``.
+
+    With ``spot_price_per_gpu_hour`` the same GPUs are also sold as interruptible (spot)
+    instances at that price: one pool, two ways to rent it (``capacity`` lists both).
+    """
 
     gpu_type: str
     region: str
     count: int
     price_per_gpu_hour: float
+    spot_price_per_gpu_hour: float | None = None
 
     def __post_init__(self) -> None:
         if not self.gpu_type or not self.region:
             raise ValueError("an offer needs a gpu_type and a region")
-        if self.count < 0 or self.price_per_gpu_hour < 0:
-            raise ValueError("an offer's count and price cannot be negative")
+        if self.count < 0 or self.price_per_gpu_hour < 0 or (
+                self.spot_price_per_gpu_hour is not None and self.spot_price_per_gpu_hour < 0):
+            raise ValueError("an offer's count and prices cannot be negative")
+
+    def price(self, *, interruptible: bool) -> float | None:
+        """Its price per GPU-hour for that kind of instance; None when not sold that way."""
+        return self.spot_price_per_gpu_hour if interruptible else self.price_per_gpu_hour
 
 
 DEFAULT_INVENTORY: tuple[InventoryOffer, ...] = (
@@ -348,6 +358,7 @@ class MockCloudState:
                     region=o.region,
                     count=o.count,
                     price_per_gpu_hour=o.price_per_gpu_hour,
+                    spot_price_per_gpu_hour=o.spot_price_per_gpu_hour,
                 )
                 for o in scenario.inventory
             )
@@ -484,16 +495,21 @@ class MockCloudState:
     def capacity(self) -> list[dict[str, Any]]:
         self._tick()
         used = self._used()
-        return [
-            {
-                "gpu_type": o.gpu_type,
-                "region": o.region,
-                "total": o.count,
-                "available": self._free(o, used),
-                "price_per_gpu_hour": o.price_per_gpu_hour,
-            }
-            for o in self._inventory.values()
-        ]
+        out = []
+        for o in self._inventory.values():
+            for interruptible in (False, True):
+                price = o.price(interruptible=interruptible)
+                if price is None:
+                    continue
+                out.append({
+                    "gpu_type": o.gpu_type,
+                    "region": o.region,
+                    "total": o.count,
+                    "available": self._free(o, used),
+                    "price_per_gpu_hour": price,
+                    "interruptible": interruptible,
+                })
+        return out
 
     # -- instances --------------------------------------------------------------------------
 
@@ -542,7 +558,8 @@ class MockCloudState:
             gpu_type=offer.gpu_type,
             gpu_count=body.gpu_count,
             region=offer.region,
-            price_per_gpu_hour=offer.price_per_gpu_hour,
+            price_per_gpu_hour=offer.price(interruptible=body.interruptible) or 0.0,
+            interruptible=body.interruptible,
             env_count=len(body.env),
             ports=tuple(p.container_port for p in body.ports),
             published=publish_ports(body.ports),
@@ -567,12 +584,13 @@ class MockCloudState:
         return self._instance_json(record), True
 
     def _choose_offer(self, body: CreateBody) -> InventoryOffer:
-        what = body.gpu_type or "GPU"
+        what = ("interruptible " if body.interruptible else "") + (body.gpu_type or "GPU")
         candidates = [
             o
             for o in self._inventory.values()
             if body.gpu_type in (None, o.gpu_type) and body.region in (None, o.region)
             and (body.region is not None or not body.regions or o.region in body.regions)
+            and o.price(interruptible=body.interruptible) is not None
         ]
         if not candidates:
             raise MockCloudError(
@@ -596,14 +614,17 @@ class MockCloudState:
             )
         if body.max_price_per_hour is not None:
             limit = body.max_price_per_hour
-            free = [o for o in free if o.price_per_gpu_hour * body.gpu_count <= limit + 1e-9]
+            free = [o for o in free
+                    if (o.price(interruptible=body.interruptible) or 0.0) * body.gpu_count
+                    <= limit + 1e-9]
             if not free:
                 raise MockCloudError(
                     status=409,
                     code="capacity_unavailable",
                     message=f"no {what} at or below {limit}/hour",
                 )
-        return min(free, key=lambda o: (o.price_per_gpu_hour, o.region, o.gpu_type))
+        return min(free, key=lambda o: (o.price(interruptible=body.interruptible) or 0.0,
+                                        o.region, o.gpu_type))
 
     def _instance_json(self, r: Record) -> dict[str, Any]:
         state = "terminating" if r.deleting is not None else r.phase.value
@@ -615,6 +636,7 @@ class MockCloudState:
                 message = "booting"
             elif r.phase is Phase.EXITED:
                 message = f"exited with code {r.exit_code}"
+        announced = r.interruption_at if not r.interrupted and r.deleting is None else None
         endpoints = [f"https://{r.id}.mock.invalid"] + [f"{r.ip}:{p}" for p in r.ports]
         return {
             "id": r.id,
@@ -639,6 +661,9 @@ class MockCloudState:
             "exit_code": r.exit_code,
             "message": message,
             "restart_count": r.restart_count,
+            "interruptible": r.interruptible,
+            "interruption_at": self._iso(announced),
+            "interrupted": r.interrupted,
         }
 
     def _live_record(self, instance_id: str) -> Record:
@@ -717,6 +742,30 @@ class MockCloudState:
         record.exit_code = exit_code
         record.message = message
         self.listeners.sync_one(record)
+
+    def announce_interruption(self, instance_id: str, *, in_seconds: float) -> dict[str, Any]:
+        """Announce that this interruptible instance is reclaimed ``in_seconds`` from now (its
+        ``interruption_at``); then it stops (state ``failed``, ``interrupted`` true), as a spot
+        reclaim does. 409 for an on-demand instance or one already stopped."""
+        record = self._interruptible(instance_id)
+        if not 0.0 <= in_seconds <= 86400.0:
+            raise MockCloudError(status=400, code="invalid_spec",
+                                 message="in_seconds must be in [0, 86400]")
+        record.interruption_at = self.clock() + in_seconds
+        record.advance(now=self.clock())
+        self.listeners.sync_one(record)
+        return self._instance_json(record)
+
+    def interrupt(self, instance_id: str) -> dict[str, Any]:
+        """Reclaim this interruptible instance now, without notice (an unplanned interruption)."""
+        return self.announce_interruption(instance_id, in_seconds=0.0)
+
+    def _interruptible(self, instance_id: str) -> Record:
+        record = self._stoppable(instance_id)
+        if not record.interruptible:
+            raise MockCloudError(status=409, code="invalid_state",
+                                 message=f"instance {instance_id} is not interruptible")
+        return record
 
     def exit(self, instance_id: str, *, exit_code: int) -> None:
         """Make the container exit now with ``exit_code``."""
@@ -822,6 +871,8 @@ class MockCloudState:
                     "gpu_count": r.gpu_count,
                     "region": r.region,
                     "price_per_hour": r.price_per_hour,
+                    "interruptible": r.interruptible,
+                    "interrupted": r.interrupted,
                     "state": state,
                     "exit_code": r.exit_code,
                     "created_at": self._iso(r.created),

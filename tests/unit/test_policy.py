@@ -255,6 +255,7 @@ def _at(body: dict[str, Any], path: str) -> Any:
 def test_the_model_defaults_are_the_crd_defaults() -> None:
     policy_defaults = _defaults(crd_schema("overflowpolicies.yaml")["properties"]["spec"])
     assert set(policy_defaults) == {"overflowAfter", "dryRun", "execProbes", "placement",
+                                    "interruptible",
                                     "moveBack.enabled", "moveBack.stableFor",
                                     "moveBack.maxConcurrent", "moveBack.cooldown",
                                     "moveBack.timeout", "moveBack.headroomGPUs",

@@ -262,6 +262,7 @@ async def test_an_entrypoint_override_is_refused_before_any_request(
         ({"image": ""}, "no image"),
         ({"shm_bytes": 8 * 2**30}, "cannot size /dev/shm"),
         ({"shm_bytes": 0}, "cannot size /dev/shm"),
+        ({"interruptible": True}, "no interruptible"),
     ],
 )
 async def test_specs_runpod_cannot_run_are_refused_before_any_request(
@@ -1064,3 +1065,14 @@ async def test_providers_without_credentials_to_clean_sweep_nothing() -> None:
         pass
 
     assert await sweep_registry_auth(Plain()) == 0
+
+
+async def test_runpod_offers_are_never_interruptible_and_pods_never_announce_one(
+    fake: FakeRunPod, provider: RunPodProvider
+) -> None:
+    # the v2 spec has no spot pods and no interruption notice (providers/runpod.py)
+    assert not any(o.interruptible for o in await provider.capacity())
+    created = await provider.create(spec())
+    [listed] = [i for i in await provider.list() if i.id == created.id]
+    assert (listed.interruptible, listed.interruption_at, listed.interrupted) == (
+        False, None, False)

@@ -836,3 +836,18 @@ async def test_the_password_is_never_shown_in_errors_reprs_or_logs(
                        listed.message)
     for record in caplog.records:
         assert PASSWORD not in record.getMessage() and PASSWORD not in str(record.args)
+
+
+async def test_salad_offers_stay_ordinary_and_an_interruptible_spec_runs_at_its_priority(
+    fake: FakeSalad, make_provider: MakeProvider
+) -> None:
+    # every Salad node is interruptible and Salad re-places replicas itself; its spec has no
+    # notice field (providers/salad.py): offers are ordinary, the spec is accepted as is
+    fake.availability[RTX4090]["batch"] = 3
+    provider = make_provider(options={"priority": "batch"})
+    assert not any(o.interruptible for o in await provider.capacity())
+    created = await provider.create(spec(interruptible=True))
+    [body] = [c.body for c in fake.calls("POST", "/containers")]
+    assert body["container"]["priority"] == "batch"
+    assert "interruptible" not in json.dumps(body)
+    assert (created.interruption_at, created.interrupted) == (None, False)

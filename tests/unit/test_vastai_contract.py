@@ -987,3 +987,55 @@ async def test_the_fake_flags_an_image_login_not_in_the_documented_form(
     assert fake.violations and "image_login" in fake.violations[0]
     assert "user:pass" not in fake.violations[0]
     fake.violations.clear()
+
+
+# -- interruptible (bid) instances (issue 15) ---------------------------------------------------
+
+
+async def test_an_interruptible_spec_is_searched_and_rented_as_a_bid(
+    fake: FakeVastAI, provider: VastAIProvider
+) -> None:
+    fake.add_offer(gpu_name="H100 SXM", dph_total=2.0, min_bid=0.6)
+    fake.add_offer(gpu_name="H100 SXM", dph_total=2.0, min_bid=0.6)
+    on_demand = await provider.create(spec(name="a"))
+    spot = await provider.create(spec(name="b", interruptible=True))
+    assert [s["type"] for s in searches(fake)] == ["ondemand", "bid"]
+    first, second = rents(fake)
+    assert "price" not in first and second["price"] == 0.6
+    assert (on_demand.interruptible, spot.interruptible) == (False, True)
+    assert spot.price_per_hour == 0.6
+    listed = {i.name: i for i in await provider.list()}
+    assert listed["b"].interruptible and not listed["a"].interruptible  # from is_bid
+    assert listed["b"].interruption_at is None  # Vast.ai announces nothing
+
+
+async def test_capacity_sells_bid_offers_beside_on_demand_only_when_asked(
+    fake: FakeVastAI, provider: VastAIProvider, make_provider: MakeProvider
+) -> None:
+    fake.add_offer(gpu_name="H100 SXM", num_gpus=2, dph_total=4.0, min_bid=1.0)
+    assert [o.interruptible for o in await provider.capacity()] == [False]
+    both = make_provider(options={"interruptible_offers": True})
+    offers = {o.interruptible: o for o in await both.capacity()}
+    assert offers[False].price_per_gpu_hour == 2.0
+    assert offers[True].price_per_gpu_hour == 0.5  # min_bid per GPU
+    assert offers[True].available == offers[False].available == 2
+    assert [s["type"] for s in searches(fake)][-2:] == ["ondemand", "bid"]
+    bids_only = make_provider(options={"offer_type": "bid"})
+    assert [o.interruptible for o in await bids_only.capacity()] == [True]
+    assert searches(fake)[-1]["type"] == "bid"
+
+
+async def test_an_outbid_instance_is_interrupted_and_a_stopped_on_demand_one_is_not(
+    fake: FakeVastAI, provider: VastAIProvider
+) -> None:
+    fake.add_offer(gpu_name="H100 SXM", dph_total=2.0, min_bid=0.6)
+    fake.add_offer(gpu_name="H100 SXM", dph_total=2.0, min_bid=0.6)
+    spot = await provider.create(spec(name="b", interruptible=True))
+    demand = await provider.create(spec(name="a"))
+    fake.set_status(int(spot.id), "stopped", intended_status="running")
+    fake.set_status(int(demand.id), "stopped", intended_status="running")
+    listed = {i.name: i for i in await provider.list()}
+    assert listed["b"].state is InstanceState.FAILED and listed["b"].interrupted
+    assert listed["a"].state is InstanceState.FAILED and not listed["a"].interrupted
+    fake.set_status(int(spot.id), "stopped", intended_status="stopped")
+    assert not {i.name: i for i in await provider.list()}["b"].interrupted  # stopped by us

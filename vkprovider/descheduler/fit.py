@@ -34,6 +34,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
+from vkprovider.placement.spot import CONDITION_PLANNED
 from vkprovider.semantics.gpus import GPU_RESOURCE, container_gpus
 from vkprovider.semantics.quantity import QuantityError, cpu_millis, memory_bytes, parse_quantity
 from vkprovider.semantics.selectors import node_selector_matches
@@ -88,7 +89,11 @@ def slim_pod(obj: Body) -> Body:
                    # the provider's GPU health verdict (node/gpuhealth.py), None when unset
                    "gpuHealthy": next((c.get("status") for c in (obj.get("status") or {}).get(
                        "conditions") or [] if c.get("type") == "vkprovider.io/GPUHealthy"),
-                       None)},
+                       None),
+                   # the cloud announced an interruption (node/interruption.py), None when unset
+                   "interruptionPlanned": next((c.get("status") for c in (obj.get(
+                       "status") or {}).get("conditions") or []
+                       if c.get("type") == CONDITION_PLANNED), None)},
     }
 
 

@@ -1,13 +1,17 @@
-"""Hot-swap: replace a cloud replica whose GPU runs hot, make-before-break.
+"""Hot-swap: replace a cloud replica whose GPU runs hot, or whose instance the cloud will
+reclaim, make-before-break.
 
 Why it exists: the provider marks a cloud pod ``vkprovider.io/GPUHealthy=False`` when its hottest
 GPU stays above its OverflowPolicy's ``gpuHealth.maxTemperatureCelsius`` for ``sustainedFor``
-(node/gpuhealth.py), and avoids that offer for a while. Deleting the pod would drop a serving
+(node/gpuhealth.py), and avoids that offer for a while; it marks a pod
+``vkprovider.io/InterruptionPlanned=True`` when the cloud announced it will reclaim its
+interruptible (spot) instance (node/interruption.py). Deleting the pod would drop a serving
 replica until its replacement boots; instead, as move-back does (moveback.py):
 
-1. a pod on a virtual node with that condition ``False``, owned by a Deployment, whose policy has
-   ``gpuHealth`` (and is not ``dryRun``); the Deployment is settled, no move-back, pre-warm or
-   other replacement of it is in flight, and it is out of its cooldown;
+1. a pod on a virtual node with either condition (a :class:`Trigger`), owned by a Deployment,
+   whose policy has ``gpuHealth`` (for a hot GPU; any policy for an announced interruption) and
+   is not ``dryRun``; the Deployment is settled, no move-back, pre-warm or other replacement of
+   it is in flight, and it is out of its cooldown;
 2. record intent on the Deployment (annotation ``vkprovider.io/hot-swap``) and mark the hot pod
    ``controller.kubernetes.io/pod-deletion-cost: "-2147483648"``;
 3. surge N -> N+1 through the scale subresource; the new pod overflows to the virtual node as
@@ -19,8 +23,10 @@ replica until its replacement boots; instead, as move-back does (moveback.py):
    stops its instance. On timeout the same scale-back removes the not-ready surge pod instead,
    the hot pod is unmarked and the Deployment backs off for ``moveBack.cooldown``.
 
-Events ``ReplacingHotReplica``, ``ReplacedHotReplica`` and ``HotReplicaNotReplaced`` on the
-Deployment; ``vkprovider_hot_replacements_total{result}``. Restart-safe like move-back: a
+Events ``ReplacingHotReplica``, ``ReplacedHotReplica`` and ``HotReplicaNotReplaced`` (hot GPU),
+``ReplacingInterruptedReplica``, ``ReplacedInterruptedReplica`` and
+``InterruptedReplicaNotReplaced`` (announced interruption) on the Deployment;
+``vkprovider_hot_replacements_total{result, trigger}``. Restart-safe like move-back: a
 recorded intent is finished by scaling back to the recorded N. Deployments an HPA scales are
 left alone (not yet supported: the HPA owns ``replicas``).
 
@@ -61,13 +67,44 @@ Body = dict[str, Any]
 INTENT = "vkprovider.io/hot-swap"  # move-back skips Deployments carrying it
 
 
+@dataclass(frozen=True, kw_only=True)
+class Trigger:
+    """Why a replica is replaced: its metric label, its words and its Events."""
+
+    name: str  # the metric's ``trigger`` label and the intent's ``trigger``
+    why: str  # "its GPU runs hot"
+    short: str  # "hot GPU"
+    replacing: str
+    replaced: str
+    not_replaced: str
+
+
+# Event reasons on the Deployment (docs/operations.md lists them)
+REASON_REPLACING_HOT = "ReplacingHotReplica"
+REASON_REPLACED_HOT = "ReplacedHotReplica"
+REASON_NOT_REPLACED_HOT = "HotReplicaNotReplaced"
+REASON_REPLACING_INTERRUPTED = "ReplacingInterruptedReplica"
+REASON_REPLACED_INTERRUPTED = "ReplacedInterruptedReplica"
+REASON_NOT_REPLACED_INTERRUPTED = "InterruptedReplicaNotReplaced"
+
+HOT_GPU = Trigger(name="hot-gpu", why="its GPU runs hot", short="hot GPU",
+                  replacing=REASON_REPLACING_HOT, replaced=REASON_REPLACED_HOT,
+                  not_replaced=REASON_NOT_REPLACED_HOT)
+INTERRUPTION = Trigger(name="interruption", why="its cloud will reclaim its instance",
+                       short="interruption announced", replacing=REASON_REPLACING_INTERRUPTED,
+                       replaced=REASON_REPLACED_INTERRUPTED,
+                       not_replaced=REASON_NOT_REPLACED_INTERRUPTED)
+TRIGGERS = {t.name: t for t in (HOT_GPU, INTERRUPTION)}
+
+
 @dataclass
 class SwapIntent:
-    pod: str  # name of the hot pod being replaced
+    pod: str  # name of the pod being replaced
     pod_uid: str
     replicas: int  # N before the surge
     started: float  # epoch seconds
     policy: str
+    trigger: str = HOT_GPU.name  # intents recorded before triggers existed were hot GPUs
 
 
 @dataclass
@@ -79,6 +116,7 @@ class SwapResult:
     min_ready: int
     desired: int
     reason: str
+    trigger: str = HOT_GPU.name
 
 
 def hot_pods(pods: Iterable[Mapping[str, Any]], *, virtual: Iterable[str]) -> list[Body]:
@@ -89,6 +127,23 @@ def hot_pods(pods: Iterable[Mapping[str, Any]], *, virtual: Iterable[str]) -> li
            and p["status"].get("gpuHealthy") == "False"]
     return sorted(out, key=lambda p: (str(p["metadata"].get("creationTimestamp") or ""),
                                       str(p["metadata"].get("name"))))
+
+
+def replaceable(pods: Iterable[Mapping[str, Any]], *, virtual: Iterable[str]
+                ) -> list[tuple[Body, Trigger]]:
+    """Pods on a virtual node to replace and why, oldest first (pure): an announced
+    interruption (``InterruptionPlanned=True``, it has a deadline) wins over a hot GPU."""
+    nodes = set(virtual)
+    out: list[tuple[Body, Trigger]] = []
+    for p in pods:
+        if p["spec"].get("nodeName") not in nodes or p["metadata"].get("deletionTimestamp"):
+            continue
+        if p["status"].get("interruptionPlanned") == "True":
+            out.append((dict(p), INTERRUPTION))
+        elif p["status"].get("gpuHealthy") == "False":
+            out.append((dict(p), HOT_GPU))
+    return sorted(out, key=lambda t: (str(t[0]["metadata"].get("creationTimestamp") or ""),
+                                      str(t[0]["metadata"].get("name"))))
 
 
 def settled(dep: Mapping[str, Any]) -> bool:
@@ -148,9 +203,10 @@ class HotSwap:
             del self.cooldown_until[key]
         policies = {p.name: p for p in self.mb.admission.parsed_policies()}
         now = self.clock()
-        for pod in hot_pods(self.mb.pods.store.values(), virtual=self.mb.virtual):
+        for pod, trigger in replaceable(self.mb.pods.store.values(), virtual=self.mb.virtual):
             policy = policies.get(pod_policy(pod) or "")
-            if policy is None or policy.spec.gpu_health is None or policy.spec.dry_run:
+            if policy is None or policy.spec.dry_run or (
+                    trigger is HOT_GPU and policy.spec.gpu_health is None):
                 continue
             dep = self.mb._deployment_of(pod)
             if dep is None:
@@ -165,27 +221,31 @@ class HotSwap:
             if self.mb._hpa_for(dep) is not None:
                 continue  # the HPA owns replicas (not supported yet)
             self.in_flight[key] = asyncio.get_running_loop().create_task(
-                self._replace(dep=dep, pod=pod, policy=policy), name=f"hot-swap {key}")
+                self._replace(dep=dep, pod=pod, policy=policy, trigger=trigger),
+                name=f"hot-swap {key}")
 
-    async def _replace(self, *, dep: Body, pod: Body, policy: pol.OverflowPolicy) -> SwapResult:
+    async def _replace(self, *, dep: Body, pod: Body, policy: pol.OverflowPolicy,
+                       trigger: Trigger = HOT_GPU) -> SwapResult:
         mb = self.mb
         ns = dep["metadata"]["namespace"]
         n = int(dep["spec"].get("replicas") or 0)
         intent = SwapIntent(pod=pod["metadata"]["name"], pod_uid=pod["metadata"]["uid"],
-                            replicas=n, started=self.clock(), policy=policy.name)
+                            replicas=n, started=self.clock(), policy=policy.name,
+                            trigger=trigger.name)
         try:
             await mb.client.patch(_dep_path(dep), {"metadata": {
                 "resourceVersion": dep["metadata"]["resourceVersion"],
                 "annotations": {INTENT: json.dumps(asdict(intent))}}})
         except ConflictError:
             return SwapResult(deployment=_key(dep), pod=intent.pod, result="skipped", seconds=0,
-                              min_ready=n, desired=n, reason="the Deployment changed")
+                              min_ready=n, desired=n, reason="the Deployment changed",
+                              trigger=trigger.name)
         rs_uid = pod["metadata"]["ownerReferences"][0]["uid"]
         before = {p["metadata"]["uid"] for p in mb.pods.store.values()
                   if p["metadata"]["ownerReferences"]
                   and p["metadata"]["ownerReferences"][0].get("uid") == rs_uid}
-        await mb.events.emit(obj=_dep_ref(dep), reason="ReplacingHotReplica",
-                             message=f"Replacing {intent.pod}: its GPU runs hot; surge "
+        await mb.events.emit(obj=_dep_ref(dep), reason=trigger.replacing,
+                             message=f"Replacing {intent.pod}: {trigger.why}; surge "
                                      f"{n} -> {n + 1}, then {intent.pod} is removed")
         with contextlib.suppress(NotFoundError):
             await mb.client.patch(f"/api/v1/namespaces/{ns}/pods/{intent.pod}",
@@ -214,6 +274,7 @@ class HotSwap:
         surge pod), then clean up; the same action finishes a swap recorded before a restart."""
         mb = self.mb
         key, ns, n = _key(dep), dep["metadata"]["namespace"], intent.replicas
+        trigger = TRIGGERS.get(intent.trigger, HOT_GPU)
         await mb.client.patch(f"{_dep_path(dep)}/scale", {"spec": {"replicas": n}})
         deadline = self.clock() + 120
         hot_gone = False
@@ -239,22 +300,23 @@ class HotSwap:
         result = SwapResult(deployment=key, pod=intent.pod,
                             result="replaced" if replaced else "rolled-back",
                             seconds=round(seconds, 2), min_ready=min_ready, desired=n,
-                            reason=reason)
+                            reason=reason, trigger=trigger.name)
         self.results.append(result)
         del self.results[:-256]
-        mb.metrics.hot_replacements.labels(result.result).inc()
+        mb.metrics.hot_replacements.labels(result.result, trigger.name).inc()
         if replaced:
-            await mb.events.emit(obj=_dep_ref(dep), reason="ReplacedHotReplica",
-                                 message=f"{intent.pod} (hot GPU) replaced in {seconds:.0f}s; "
+            await mb.events.emit(obj=_dep_ref(dep), reason=trigger.replaced,
+                                 message=f"{intent.pod} ({trigger.short}) replaced in "
+                                         f"{seconds:.0f}s; "
                                          f"ready replicas never below {min_ready} (desired {n})")
         else:
             policy = {p.name: p for p in mb.admission.parsed_policies()}.get(intent.policy)
             self.cooldown_until[key] = self.clock() + (
                 policy.spec.move_back.cooldown_seconds if policy else 300.0)
-            await mb.events.emit(obj=_dep_ref(dep), reason="HotReplicaNotReplaced",
+            await mb.events.emit(obj=_dep_ref(dep), reason=trigger.not_replaced,
                                  type_="Warning",
-                                 message=f"{intent.pod} (hot GPU) kept: {reason}; tried again "
-                                         "after the policy's moveBack.cooldown")
+                                 message=f"{intent.pod} ({trigger.short}) kept: {reason}; tried "
+                                         "again after the policy's moveBack.cooldown")
         log.info("hot-swap finished", extra=kv(**asdict(result)))
         return result
 

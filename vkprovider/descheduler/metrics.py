@@ -41,11 +41,13 @@ class CompanionMetrics:
             "vkprovider_preemption_fast_path_admissions",
             "Replacements of replicas the scheduler preempted, admitted to overflow without "
             "waiting overflowAfter.", registry=r)
-        # hot-swap: cloud replicas whose GPU ran hot, replaced (descheduler/hotswap.py)
+        # hot-swap: cloud replicas whose GPU ran hot, or whose interruptible instance the cloud
+        # will reclaim, replaced (descheduler/hotswap.py)
         self.hot_replacements = Counter(
             "vkprovider_hot_replacements",
-            "Replacements of cloud replicas whose GPU ran hot, by result: replaced, rolled-back.",
-            ["result"], registry=r)
+            "Make-before-break replacements of cloud replicas, by result (replaced, rolled-back) "
+            "and trigger (hot-gpu, interruption).",
+            ["result", "trigger"], registry=r)
         # pre-warm, the Kueue admission check (descheduler/prewarm.py)
         self.prewarm_checks = Counter(
             "vkprovider_prewarm_checks",

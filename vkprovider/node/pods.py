@@ -72,7 +72,7 @@ from vkprovider.kube.events import EventRecorder
 from vkprovider.kube.watching import Informer, object_key
 from vkprovider.logs import kv
 from vkprovider.metrics import Metrics
-from vkprovider.node import podstatus
+from vkprovider.node import interruption, podstatus
 from vkprovider.node.placements import InstanceKey, Placed, Placements
 from vkprovider.node.policygate import PolicyGate
 from vkprovider.node.providercaps import (
@@ -88,9 +88,9 @@ from vkprovider.node.translate import RefSource, translate
 from vkprovider.node.virtualnode import NodeCapacity
 from vkprovider.node.workqueue import ShutDown, WorkQueue
 from vkprovider.placement import policy as pol
+from vkprovider.placement import spot
 from vkprovider.placement.blocks import ANY_TYPE, Blocks
 from vkprovider.placement.budget import Usage, pod_policy
-from vkprovider.placement.cheapest import cheapest_first
 from vkprovider.semantics.timefmt import TimeFormatError, parse_time
 
 POLICIES_PATH = "/apis/vkprovider.io/v1alpha1/overflowpolicies"
@@ -241,7 +241,7 @@ class PodController:
         caps = self.caps.get(name)
         want = Held(gpus=spec.gpu_count, price_per_hour=expected_price(
             self.offers, provider=name, gpu_type=spec.gpu_type, region=spec.region,
-            gpus=spec.gpu_count))
+            gpus=spec.gpu_count, interruptible=spec.interruptible))
         if caps is None or caps.unlimited:
             return None, want
         held = self.held_by_provider().get(name, Held())
@@ -787,11 +787,13 @@ class PodController:
                             "runs pods without a GPU (set a GPU limit of at least 1)")
                 return
             allowed = able
-        if policy is not None and policy.spec.placement == "Cheapest":
-            allowed = cheapest_first(
-                allowed, offers=self.offers, gpu_type=spec.gpu_type, gpus=spec.gpu_count,
-                blocked=lambda o: self.blocks.blocked(provider=o.provider, region=o.region,
-                                                      gpu_type=o.gpu_type) is not None)
+        # (provider, interruptible) candidates: placement mode and spec.interruptible (spot.py)
+        plan = [(c.provider, c.interruptible) for c in spot.plan(
+            allowed, offers=self.offers, gpu_type=spec.gpu_type, gpus=spec.gpu_count,
+            blocked=lambda o: self.blocks.blocked(provider=o.provider, region=o.region,
+                                                  gpu_type=o.gpu_type) is not None,
+            mode=policy.spec.interruptible if policy is not None else "Never",
+            cheapest=policy is not None and policy.spec.placement == "Cheapest")]
         # Pinned to one provider: a create there may have happened (unsure), or the pod ran there
         # and its instance is missing from the list (lagging, or gone). Only a create on that same
         # provider is safe: idempotent by name, it returns the instance if it exists after all.
@@ -799,13 +801,15 @@ class PodController:
         ran_on = (meta.get("annotations") or {}).get(f"{podstatus.ANNOTATION_PREFIX}provider")
         pinned = unsure[0] if unsure else (ran_on if ran_on in self.providers else None)
         sticky = pinned is not None
-        order = [pinned] if pinned is not None else allowed
+        order = plan if pinned is None else [
+            (pinned, next((k for n, k in plan if n == pinned), False))]
         reasons: list[str] = []
         refused: list[str] = []
         pull_denied: list[ImagePullError] = []
         unlisted: list[str] = []
         cooling: list[float] = []  # seconds until a rate-limited provider may be asked again
-        for name in order:
+        for name, interruptible in order:
+            spec = dataclasses.replace(spec, interruptible=interruptible)  # the candidate's kind
             if not sticky and not self.listed.get(name, False):
                 unlisted.append(name)  # never place new work where we cannot see it
                 continue
@@ -819,10 +823,10 @@ class PodController:
             if block is not None and not sticky:
                 reasons.append(f"{name}: blocked ({block.reason})")
                 continue
-            if not sticky and spec.gpu_type and self.offers_read and not any(
-                o.provider == name and o.gpu_type == spec.gpu_type for o in self.offers
-            ):
-                reasons.append(f"{name}: does not sell {spec.gpu_type}")
+            unsold = spot.not_sold(self.offers, provider=name, gpu_type=spec.gpu_type,
+                                   interruptible=interruptible) if spec.gpu_type else None
+            if not sticky and self.offers_read and unsold is not None:
+                reasons.append(unsold)
                 continue
             provider = self.providers.get(name)
             if provider is None:
@@ -908,8 +912,8 @@ class PodController:
         if unlisted and not reasons and not self._past_create_deadline(meta):
             # only unknown providers were left: a failed list is usually one sweep's blip
             raise Retry(f"{', '.join(unlisted)} cannot be listed now", after=2.0)
-        await self._no_provider(pod, meta, spec,
-                                reasons + [f"{n}: cannot be listed now" for n in unlisted])
+        await self._no_provider(pod, meta, spec, list(dict.fromkeys(  # a provider's 2 kinds
+            reasons + [f"{n}: cannot be listed now" for n in unlisted])))
 
     async def _image_pull_backoff(self, pod: Body, spec: InstanceSpec,
                                   denied: list[ImagePullError]) -> None:
@@ -996,6 +1000,9 @@ class PodController:
         stale = {k: v for k, v in annotations.items() if current.get(k) != v}
         if await self._past_active_deadline(pod, uid, placed):
             return
+        if inst.interrupted and inst.state == InstanceState.FAILED:  # the cloud reclaimed it
+            await interruption.reclaimed(self, pod, placed=placed)
+            return
         if inst.state in _DONE_STATES and self._restarts_on_exit(pod, inst, placed.provider):
             await self._restart_exited(pod, uid, placed)
             return
@@ -1024,6 +1031,7 @@ class PodController:
                 await self._readiness_told(pod, uid, old, status, probe.message)
             if inst.state == InstanceState.PENDING:
                 self._tell_created(pod, uid, placed)  # a boot users may wait minutes for
+            await interruption.tell_planned(self, pod, old=old, new=status, placed=placed)
             if status.get("phase") == "Running" and old.get("phase") != "Running":
                 seen = self.running_seen.get(uid)
                 if seen is not None:
@@ -1154,7 +1162,8 @@ class PodController:
         if annotations:
             body["metadata"] = {"annotations": annotations}
         try:
-            await self.client.patch(f"{_pod_path(pod)}/status", body, patch_type="strategic")
+            await self.client.patch(f"{_pod_path(pod)}/status", body, patch_type="strategic",
+                                    want_body=False)
             self.metrics.kube_writes.labels("pod_status").inc()
         except NotFoundError:
             return

@@ -33,6 +33,7 @@ from decimal import Decimal
 from typing import Any
 
 from providers.base import Instance, InstanceState
+from vkprovider.node.interruption import CONDITION_PLANNED, planned_condition
 from vkprovider.semantics.timefmt import format_time  # re-exported: virtualnode imports it here
 
 __all__ = [
@@ -278,6 +279,10 @@ def compute_status(
     status["conditions"] = _conditions(
         pod=pod, phase=phase, ready=ready, container_name=_container(pod).get("name", ""), now=now
     )
+    if instance is not None and instance.interruption_at is not None:  # a cloud's notice
+        _set_condition(status["conditions"], planned_condition(
+            instance, previous=next((c for c in status["conditions"]
+                                     if c.get("type") == CONDITION_PLANNED), None), now=now))
     container_status = _container_status(pod=pod, instance=instance, state=state, ready=ready)
     if "running" in state and probe_started is False:
         container_status["started"] = False
@@ -291,6 +296,13 @@ def compute_status(
         status["podIP"] = pod_ip
         status["podIPs"] = [{"ip": pod_ip}]
     return status
+
+
+def _set_condition(conditions: list[dict[str, Any]], condition: dict[str, Any] | None) -> None:
+    if condition is None:
+        return
+    conditions[:] = [c for c in conditions if c.get("type") != condition["type"]]
+    conditions.append(condition)
 
 
 def reachable_pod_ip(pod: Mapping[str, Any], instance: Instance) -> str | None:

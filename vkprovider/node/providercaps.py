@@ -81,10 +81,11 @@ def capped_free(*, caps: ProviderCaps, free: int, held: Held, cheapest_per_gpu: 
 
 
 def expected_price(offers: Iterable[Offer], *, provider: str, gpu_type: str | None,
-                   region: str | None, gpus: int) -> float:
-    """The cheapest price the account quotes for ``gpus`` of this type (0.0 when unknown)."""
+                   region: str | None, gpus: int, interruptible: bool = False) -> float:
+    """The cheapest price the account quotes for ``gpus`` of this type (0.0 when unknown), of
+    the kind asked for (on demand unless ``interruptible``)."""
     prices = [o.price_per_gpu_hour for o in offers
-              if o.provider == provider
+              if o.provider == provider and o.interruptible == interruptible
               and (gpu_type is None or o.gpu_type == gpu_type)
               and (region is None or o.region == region)]
     return min(prices) * gpus if prices else 0.0
@@ -96,13 +97,20 @@ def fold_capacity(offers: Iterable[Offer], *, caps: dict[str, ProviderCaps],
     """Sellable GPUs over all accounts, each account cut to what its caps allow.
 
     ``exclude`` names accounts that create nothing (being drained): their offers do not count.
+    A GPU a cloud sells both on demand and as interruptible counts once (the larger of the two
+    offers of one type and region).
     """
     free: dict[str, int] = {}
     cheapest: dict[str, float] = {}
+    seen: dict[tuple[str, str, str], int] = {}
     for offer in offers:
         if offer.provider in exclude:
             continue
-        free[offer.provider] = free.get(offer.provider, 0) + max(0, offer.available)
+        key = (offer.provider, offer.gpu_type, offer.region)
+        count = max(0, offer.available)
+        extra = max(0, count - seen.get(key, 0))
+        seen[key] = max(seen.get(key, 0), count)
+        free[offer.provider] = free.get(offer.provider, 0) + extra
         if offer.available > 0:
             price = cheapest.get(offer.provider)
             if price is None or offer.price_per_gpu_hour < price:

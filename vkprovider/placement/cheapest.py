@@ -18,11 +18,18 @@ __all__ = ["cheapest_first", "offer_price"]
 
 
 def offer_price(*, provider: str, offers: Iterable[Offer], gpu_type: str | None, gpus: int,
-                blocked: Callable[[Offer], bool]) -> float | None:
-    """The lowest price per GPU-hour among ``provider``'s offers that can run the pod now."""
+                blocked: Callable[[Offer], bool], interruptible: bool | None = False
+                ) -> float | None:
+    """The lowest price per GPU-hour among ``provider``'s offers that can run the pod now.
+
+    ``interruptible``: only on-demand offers (False, the default), only interruptible ones
+    (True), or either (None).
+    """
     best: float | None = None
     for o in offers:
         if o.provider != provider or o.available < max(1, gpus) or blocked(o):
+            continue
+        if interruptible is not None and o.interruptible != interruptible:
             continue
         if gpu_type is not None and o.gpu_type != gpu_type:
             continue

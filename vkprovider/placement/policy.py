@@ -371,6 +371,9 @@ class OverflowPolicySpec(_Frozen):
     prewarm: Prewarm = Field(default_factory=Prewarm)
     exec_probes: Literal["Refuse", "Ignore"] = "Refuse"
     placement: Literal["Ordered", "Cheapest"] = "Ordered"
+    # Spot/bid offers: Never (not used, never asked for), Allow (they compete on price),
+    # Prefer (tried first). See vkprovider/placement/spot.py.
+    interruptible: Literal["Never", "Allow", "Prefer"] = "Never"
     gpu_health: GPUHealth | None = Field(
         default=None, validation_alias="gpuHealth", serialization_alias="gpuHealth")
     dry_run: StrictBool = False
