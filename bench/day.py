@@ -7,7 +7,8 @@ load) behind a Service under ``--rate`` requests/s from the load generator the w
 mock clouds selling H100s at different prices (cloud-a dear, cloud-b cheap) under an
 OverflowPolicy with ``placement: Cheapest``, ``gpuHealth`` (82 °C for 2 s) and the pre-warm, the
 provider (GPU figures read every second) and the companion as processes, and Kueue with a
-ClusterQueue whose quota is the internal GPUs and which carries the pre-warm AdmissionCheck.
+ClusterQueue whose quota is the internal GPUs, ``StrictFIFO`` (gangs admitted in the order they
+were queued), and which carries the pre-warm AdmissionCheck.
 
 The script (:func:`timeline`, seconds from the moment the load starts; each step opens a chapter
 of the load generator's report):
@@ -72,6 +73,10 @@ CHEAP = "cloud-b"
 QUEUE_GANGS, HOT_GPU, CLOUD_OUT, TAINT, UNTAINT = ("queue-gangs", "hot-cloud-gpu", "cloud-out",
                                                    "taint", "untaint")
 MORNING, EVENING = "morning", "evening"
+#: The ClusterQueue's queueing strategy: gangs are admitted in the order they were queued.
+QUEUEING = "StrictFIFO"
+#: Seconds between two gangs' creation (timestamps have 1 s resolution: one gang per second).
+GANG_SPACING = 1.05
 HEADER = ["chapter", "from (s)", "requests", "failed", "longest no-endpoint (s)"]
 
 
@@ -288,7 +293,8 @@ def describe(info: dict[str, Any], args: argparse.Namespace) -> str:
             f"settings: 2 internal nodes x {args.gpus_per_node} GPUs, {args.replicas} inference "
             f"replicas x 1 GPU at {args.rate:g} req/s (weight load {args.load_seconds:g} s), "
             f"gangs {' '.join(map(str, args.gangs))} x 1 GPU for {args.run_seconds:g} s each "
-            f"through Kueue with the pre-warm check; placement Cheapest over {clouds}; "
+            f"through Kueue ({QUEUEING}) with the pre-warm check; placement Cheapest over "
+            f"{clouds}; "
             f"script (s): " + ", ".join(f"{s.at:g} {s.chapter}" for s in timeline(args))
             + "\n")
 
@@ -434,6 +440,10 @@ async def run_day(args: argparse.Namespace) -> DayResult:
                         "metadata": {"name": name}, "value": value})
             await kube.create("/apis/vkprovider.io/v1alpha1/overflowpolicies", _policy(args))
             for path, body in kueue_objects(gpus=2 * args.gpus_per_node, with_check=True):
+                if body["kind"] == "ClusterQueue":
+                    # gangs in the order they were queued: BestEffortFIFO lets a small gang
+                    # jump a big one that waits for quota, reordering the day
+                    body["spec"]["queueingStrategy"] = QUEUEING
                 await kube.create(path, body)
             await kube.create(f"/apis/apps/v1/namespaces/{NS}/deployments",
                               inference_deployment(replicas=args.replicas,
@@ -504,6 +514,10 @@ async def run_day(args: argparse.Namespace) -> DayResult:
             async def step(s: Step) -> None:
                 if s.action == QUEUE_GANGS:
                     for i, pods in enumerate(args.gangs):
+                        if i:
+                            # Kueue orders by creation time, to the second: Workloads of the
+                            # same second tie and Kueue may take them in any order
+                            await asyncio.sleep(GANG_SPACING)
                         await kube.create(f"/apis/batch/v1/namespaces/{NS}/jobs",
                                           _gang(i, pods, args.run_seconds))
                     say(f"gangs queued: {s.target}")

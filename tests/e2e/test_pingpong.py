@@ -12,6 +12,11 @@ long as the test makes it.
   names B), B runs, and once B ends inference comes home. The scheduler preempted inference
   twice (A's victims) and never again. With ``holdWhileQueued: false`` the same story ping-pongs:
   inference comes home during B's wait and B preempts it again.
+* A gang queued behind another gang's quota (4-GPU node, quota 4): gang A (2 GPUs) runs,
+  gang B (4 GPUs) waits for A's quota. A non-Kueue job that held the node's other 2 GPUs ends:
+  they are free while A runs, but B takes them when A releases its 2, so inference stays on
+  the cloud (``MoveBackHeld``: "queued behind A") until B has run; the scheduler preempts it
+  once.
 * A node with a health taint (``AggregatedNodeHealth``, ``PreferNoSchedule`` so the scheduler
   would place a surge pod there) does not count as free: inference stays on the cloud with a
   ``MoveBackHeld`` saying why; untainted, it comes home.
@@ -59,9 +64,10 @@ async def kueue_objects(kueue: KueueManager, kube: KubeClient) -> AsyncIterator[
 
 async def inference_home_then_out(*, kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory,
                                   system: System, companion_kubeconfig: Path, objects: Cluster,
-                                  move_back: dict[str, Any]) -> tuple[str, str, str]:
+                                  move_back: dict[str, Any], node_gpus: int = GPUS
+                                  ) -> tuple[str, str, str]:
     """The inside node, inference Running on it, the companion; returns (node, tag, high)."""
-    [internal] = await gpu_nodes.create(count=1, gpus=GPUS)
+    [internal] = await gpu_nodes.create(count=1, gpus=node_gpus)
     await system.start(clouds=1, node_labels={"vkprovider.io/pool": namespace})
     system.companion = CompanionProcess(work_dir=system.work_dir,
                                         kubeconfig=companion_kubeconfig,
@@ -90,8 +96,8 @@ async def inference_home_then_out(*, kube: KubeClient, namespace: str, gpu_nodes
     return internal, tag, high
 
 
-def gang_job(name: str, *, high: str, run_seconds: float, queue: str | None = None
-             ) -> dict[str, Any]:
+def gang_job(name: str, *, high: str, run_seconds: float, queue: str | None = None,
+             gpus: int = GPUS) -> dict[str, Any]:
     labels = {QUEUE_LABEL: queue} if queue else {}
     return {"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": name, "labels": labels},
@@ -104,7 +110,7 @@ def gang_job(name: str, *, high: str, run_seconds: float, queue: str | None = No
                                            "terminationGracePeriodSeconds": 0,
                                            "containers": [{"name": "t", "image": "trainer:1",
                                                            "resources": {"limits": {
-                                                               "nvidia.com/gpu": str(GPUS)}}}]}}}}
+                                                               "nvidia.com/gpu": str(gpus)}}}]}}}}
 
 
 async def on_cloud(kube: KubeClient, namespace: str, system: System) -> list[dict[str, Any]]:
@@ -180,7 +186,8 @@ def cond(wl: dict[str, Any] | None, kind: str) -> str | None:
     return None
 
 
-async def kueue_setup(kube: KubeClient, namespace: str, tag: str, paths: list[str]) -> ManualCheck:
+async def kueue_setup(kube: KubeClient, namespace: str, tag: str, paths: list[str], *,
+                      quota: int = GPUS) -> ManualCheck:
     name = f"pp-{tag}"
     await kube.create(f"{API}/resourceflavors", {
         "apiVersion": f"{GROUP}/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": name},
@@ -197,7 +204,7 @@ async def kueue_setup(kube: KubeClient, namespace: str, tag: str, paths: list[st
         "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
                  "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
                      {"name": name, "resources": [{"name": "nvidia.com/gpu",
-                                                   "nominalQuota": str(GPUS)}]}]}],
+                                                   "nominalQuota": str(quota)}]}]}],
                  "admissionChecksStrategy": {"admissionChecks": [{"name": check.name}]}}})
     paths.append(f"{API}/clusterqueues/{name}")
     await kube.create(f"{API}/namespaces/{namespace}/localqueues", {
@@ -320,3 +327,68 @@ async def test_an_unhealthy_node_does_not_count_as_free_until_untainted(
                          p["spec"].get("nodeName") == internal
                          and p["status"].get("phase") == "Running" for p in ps),
                      what="inference home once the node is healthy again")
+
+
+async def test_a_gang_queued_behind_another_gangs_quota_keeps_inference_out_while_it_runs(
+    kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory, system: System,
+    companion_kubeconfig: Path, cluster_objects: Cluster, kueue_objects: list[str],
+) -> None:
+    node_gpus = 2 * GPUS
+    internal, tag, high = await inference_home_then_out(
+        kube=kube, namespace=namespace, gpu_nodes=gpu_nodes, system=system,
+        companion_kubeconfig=companion_kubeconfig, objects=cluster_objects, move_back={},
+        node_gpus=node_gpus)
+    check = await kueue_setup(kube, namespace, tag, kueue_objects, quota=node_gpus)
+    jobs = f"/apis/batch/v1/namespaces/{namespace}/jobs"
+    # a job outside Kueue holds the node's other GPUs for now
+    filler = gang_job("filler", high=high, run_seconds=600)
+    filler["spec"]["template"]["spec"]["nodeSelector"] = {"vkprovider.io/pool": namespace}
+    await kube.create(jobs, filler)
+    await eventually(lambda: gang_pod(kube, namespace, "filler"), timeout=60, interval=0.3,
+                     until=lambda ps: bool(ps) and all(p["status"].get("phase") == "Running"
+                                                       for p in ps), what="the filler running")
+    await kube.create(jobs, gang_job("gang-a", high=high, run_seconds=25, queue="gpus"))
+    wl_a = await approve_when_reserved(kube, namespace, check, "gang-a")
+    await on_cloud(kube, namespace, system)
+    assert await preempted(kube, namespace) == GPUS, "gang A displaced both replicas"
+    await kube.create(jobs, gang_job("gang-b", high=high, run_seconds=3, queue="gpus",
+                                     gpus=node_gpus))
+    wl_b = await eventually(lambda: workload_of(kube, namespace, "gang-b"), timeout=30,
+                            interval=0.3, until=lambda w: w is not None and cond(
+                                w, "QuotaReserved") != "True",
+                            what="gang B queued behind A's quota")
+    assert wl_b is not None
+    # the filler goes: 2 GPUs free while A runs
+    await kube.delete(f"{jobs}/filler", propagation="Background")
+    for p in await gang_pod(kube, namespace, "filler"):
+        with contextlib.suppress(APIError):
+            await kube.delete(f"/api/v1/namespaces/{namespace}/pods/{p['metadata']['name']}",
+                              grace_period_seconds=0)
+    a_name = f"{namespace}/{wl_a['metadata']['name']}"
+    b_name = f"{namespace}/{wl_b['metadata']['name']}"
+    held = await eventually(
+        lambda: events(kube, namespace, reason="MoveBackHeld"), timeout=30, interval=0.3,
+        until=lambda es: any(b_name in e["message"] for e in es),
+        what="a MoveBackHeld event naming gang B")
+    print("\nMoveBackHeld:", *sorted({e["message"] for e in held}), sep="\n  ")
+    assert any(f"Kueue will place {GPUS} GPU(s) of workload {b_name} (queued behind {a_name} "
+               f"in ClusterQueue pp-{tag})" in e["message"] for e in held)
+    await asyncio.sleep(4)  # 8 move-back passes with 2 GPUs free and A running
+    assert [p["status"].get("phase") for p in await gang_pod(kube, namespace, "gang-a")] == [
+        "Running"], "the window is while gang A runs"
+    assert not [p for p in await pods(kube, namespace, "inference")
+                if p["spec"].get("nodeName") == internal], "inference came home onto B's GPUs"
+    assert not await events(kube, namespace, reason="MoveBackStarted")
+    # A ends, B takes the whole node, ends; the queue is empty: inference comes home
+    await approve_when_reserved(kube, namespace, check, "gang-b")
+    await eventually(lambda: gang_pod(kube, namespace, "gang-b"), timeout=60, interval=0.3,
+                     until=lambda ps: bool(ps) and all(p["spec"].get("nodeName") == internal
+                                                       for p in ps), what="gang B placed inside")
+    await eventually(lambda: pods(kube, namespace, "inference"), timeout=120, interval=0.5,
+                     until=lambda ps: len(ps) == GPUS and all(
+                         p["spec"].get("nodeName") == internal
+                         and p["status"].get("phase") == "Running" for p in ps),
+                     what="inference home after the queue emptied")
+    victims = await preempted(kube, namespace)
+    print(f"\nqueued behind: the scheduler preempted {victims} inference replicas")
+    assert victims == GPUS, "no ping-pong: gang B preempted no inference replica"

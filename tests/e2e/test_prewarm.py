@@ -7,7 +7,8 @@ Kueue batch Job gang (2 pods x 2 GPUs, high priority: it displaces every replica
 ClusterQueue covering those GPUs. With the check, the companion surges inference onto the cloud
 before Kueue admits the gang; without it, the scheduler preempts first and the replacements boot
 afterwards (the dip, measured and printed). A watcher samples the Deployment every 200 ms (ready
-replicas, spec.replicas).
+replicas, spec.replicas). With a second node whose GPUs are free, the first plan is too small
+(the surge's own replicas land on those GPUs): it is planned again and grows before Ready.
 """
 
 from __future__ import annotations
@@ -339,6 +340,53 @@ async def test_the_way_out_with_prewarm_fails_no_request_and_never_dips(
     assert {"PrewarmStarted", "Prewarmed", "PrewarmFinished"} <= reasons, reasons
     reasons = {e["reason"] for e in await story.events("Deployment")}
     assert {"PrewarmStarted", "Prewarmed", "PrewarmRestored"} <= reasons, reasons
+
+
+async def test_the_plan_grows_when_surge_replicas_take_the_free_gpus_and_never_dips(
+    kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory, system: System,
+    companion_kubeconfig: Path, cluster_objects: Cluster, kueue_objects: list[str],
+    local_cluster: Any,
+) -> None:
+    """A second node with GANG_GPUS free: the first plan counts one gang pod there and surges
+    only 2, the scheduler puts those 2 surge replicas on the free GPUs, so the gang now displaces
+    all 4: the plan grows to 4 before the check turns Ready (planned once, the gang would
+    preempt 4 with 2 pre-warmed and the site would drop to 2 ready replicas)."""
+    story = await start_story(kube=kube, namespace=namespace, gpu_nodes=gpu_nodes, system=system,
+                              companion_kubeconfig=companion_kubeconfig, objects=cluster_objects,
+                              kueue_paths=kueue_objects, local_cluster=local_cluster,
+                              with_check=True)
+    assert story.check is not None
+    [spare] = await gpu_nodes.create(count=1, gpus=GANG_GPUS)
+    try:
+        await story.gang()
+        wl = await eventually(story.workload, timeout=120, interval=0.3,
+                              until=lambda w: condition(w, "Admitted").get("status") == "True",
+                              what="Kueue admitting the gang once the check is Ready")
+        entry = check_state(wl, story.check)
+        assert entry["state"] == "Ready" and "pre-warmed" in entry["message"], entry
+        await story.gang_running()
+        dep = await story.settled()
+        report = await finish_load(story)
+    finally:
+        await story.watch.stop()
+        if story.lg is not None:
+            await story.lg.stop()  # idempotent
+    print_report("the way out, plan grown", report, story.watch)
+    grown = [e for e in await story.events("Workload") if e["reason"] == "PrewarmGrown"]
+    print("  PrewarmGrown:", *sorted({e["message"] for e in grown}), sep="\n    ")
+    assert grown, "the plan grew and said so"
+    assert any(e["reason"] == "PrewarmGrown" and f"-> {REPLICAS + DISPLACED}" in e["message"]
+               for e in await story.events("Deployment"))
+    assert story.watch.max_replicas == REPLICAS + DISPLACED, "grown to what the gang displaces"
+    assert story.watch.min_ready is not None and story.watch.min_ready >= REPLICAS, \
+        "the gang preempted nothing that was not pre-warmed"
+    assert report.failed == 0, [c.as_dict() for c in report.chapters]
+    assert dep["spec"]["replicas"] == REPLICAS and plan_label_gone(dep)
+    inside = [p for p in await pods(kube, namespace, "inference")
+              if p["spec"].get("nodeName") not in (story.system.node_name, None)]
+    print(f"  after: {len(inside)} inside ({spare} had {GANG_GPUS} free), "
+          f"{len(await story.on_virtual_node())} on the cloud")
+    assert await story.live_instances() == len(await story.on_virtual_node()), "no leak"
 
 
 def plan_label_gone(dep: dict[str, Any]) -> bool:

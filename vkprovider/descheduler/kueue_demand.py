@@ -18,8 +18,19 @@ pure, from the watch caches:
   nodes of the first flavor with room. Remaining quota is the nominal quota minus what the
   queue's Workloads hold, where a Workload whose pods have all finished holds nothing any more
   (Kueue is about to release it: that is exactly the moment the next gang is admitted).
-  ``StrictFIFO`` queues stop at the first Workload that does not fit; ``BestEffortFIFO`` ones (the
-  default) look further. Borrowing from a cohort is not counted.
+* **queued behind the holders**: a pending Workload that does not fit the remaining quota but
+  fits the nominal quota is admitted as soon as the Workloads ahead of it (the holders, and the
+  heads admitted before it) release theirs. Their release covers part of its demand (their GPUs
+  free up for it); the rest lands on GPUs that are free *now*, and that part is a claim
+  (``why``: "queued behind ns/a in ClusterQueue q"). Without it, move-back sees those GPUs free
+  while the first gang runs, brings inference home, and the queued gang preempts it again.
+  Whole pods are claimed, smallest ones left to the release first, so the claim may round up.
+
+``StrictFIFO`` queues stop at the first Workload that does not fit the remaining quota (it is the
+one queued behind the holders; nothing behind it is admitted before it); ``BestEffortFIFO`` ones
+(the default) let every Workload that fits now go first, as Kueue does, then count those queued
+behind, in order, each one's release covering the next. A Workload that does not fit the nominal
+quota at all is never admitted and claims nothing. Borrowing from a cohort is not counted.
 
 A flavor maps to the internal nodes whose labels match its ``spec.nodeLabels`` (every internal
 node when it has none); a Workload whose flavors map to no internal node is not a claim. Without
@@ -136,6 +147,7 @@ def upcoming_claims(
             live[uid] = live.get(uid, 0) + 1
     reserved: list[Claim] = []
     held: dict[str, dict[str, int]] = {}  # ClusterQueue -> flavor -> GPUs held
+    holders: dict[str, dict[str, list[str]]] = {}  # ClusterQueue -> flavor -> who holds them
     pending: dict[str, list[Mapping[str, Any]]] = {}  # ClusterQueue -> Workloads waiting
     for wl in workloads:
         conds = _conditions(wl)
@@ -159,6 +171,7 @@ def upcoming_claims(
             for flavor_name, gpus in _usage(wl).items():
                 mine = held.setdefault(holder, {})
                 mine[flavor_name] = mine.get(flavor_name, 0) + gpus
+                holders.setdefault(holder, {}).setdefault(flavor_name, []).append(_key(wl))
             if not any(todo):
                 continue
             names = {f for a in admission.get("podSetAssignments") or []
@@ -177,30 +190,83 @@ def upcoming_claims(
             pending.setdefault(cq_name, []).append(wl)
     heads: list[Claim] = []
     for cq_name, waiting in sorted(pending.items()):
-        queue_obj = cluster_queues[cq_name]
-        strict = (queue_obj.get("spec") or {}).get("queueingStrategy") == "StrictFIFO"
-        room = {f: q - held.get(cq_name, {}).get(f, 0) for f, q in _gpu_quota(queue_obj)}
-        order = sorted(waiting, key=lambda w: (-_priority(w),
-                                               w["metadata"].get("creationTimestamp") or "",
-                                               _key(w)))
-        for wl in order:
-            todo = [g for g in _pods_of(wl) if g]
-            need = sum(todo)
-            if not need:
-                continue
-            flavor = next((f for f, left in room.items() if left >= need), None)
-            if flavor is None:
-                if strict:
-                    break
-                continue
-            room[flavor] -= need
-            on = _flavor_nodes(flavors.get(flavor), internal)
-            if on:
-                owners = frozenset(str(o.get("uid")) for o in
-                                   wl["metadata"].get("ownerReferences") or [] if o.get("uid"))
-                heads.append(Claim(workload=_key(wl), pods=tuple(todo), nodes=on, owners=owners,
-                                   why=f"next in ClusterQueue {cq_name}"))
+        heads.extend(_queue_claims(
+            cq_name=cq_name, queue=cluster_queues[cq_name], waiting=waiting,
+            held=held.get(cq_name, {}), holders=holders.get(cq_name, {}), flavors=flavors,
+            internal=internal))
     return [*reserved, *heads]
+
+
+def _queue_claims(*, cq_name: str, queue: Mapping[str, Any], waiting: list[Mapping[str, Any]],
+                  held: Mapping[str, int], holders: Mapping[str, list[str]],
+                  flavors: Mapping[str, Mapping[str, Any]], internal: list[Body]) -> list[Claim]:
+    """The claims of one ClusterQueue's pending Workloads: the ones that fit the remaining quota
+    now, then the ones queued behind the holders (see the module docstring)."""
+    strict = (queue.get("spec") or {}).get("queueingStrategy") == "StrictFIFO"
+    quota = dict(_gpu_quota(queue))
+    room = {f: q - held.get(f, 0) for f, q in quota.items()}
+    # What frees up, per flavor, before a Workload queued behind gets its quota: the holders'
+    # GPUs, then those of every Workload admitted ahead of it (each releases when it ends).
+    release = {f: held.get(f, 0) for f in quota}
+    ahead = {f: list(holders.get(f, [])) for f in quota}
+    order = sorted(waiting, key=lambda w: (-_priority(w),
+                                           w["metadata"].get("creationTimestamp") or "",
+                                           _key(w)))
+    out: list[Claim] = []
+    blocked: list[tuple[Mapping[str, Any], list[int]]] = []
+    for wl in order:
+        todo = [g for g in _pods_of(wl) if g]
+        need = sum(todo)
+        if not need:
+            continue
+        flavor = next((f for f, left in room.items() if left >= need), None)
+        if flavor is None:
+            blocked.append((wl, todo))
+            if strict:
+                break  # it heads the queue: nothing behind it is admitted before it
+            continue
+        room[flavor] -= need
+        release[flavor] += need
+        ahead[flavor].append(_key(wl))
+        on = _flavor_nodes(flavors.get(flavor), internal)
+        if on:
+            out.append(Claim(workload=_key(wl), pods=tuple(todo), nodes=on, owners=_owners(wl),
+                             why=f"next in ClusterQueue {cq_name}"))
+    for wl, todo in blocked:
+        need = sum(todo)
+        flavor = next((f for f in quota if quota[f] >= need
+                       and max(0, room[f]) + release[f] >= need), None)
+        if flavor is None:
+            continue  # it does not fit the nominal quota: Kueue never admits it
+        covered = min(release[flavor], need)
+        short = need - covered
+        names = ahead[flavor]
+        room[flavor] -= short
+        release[flavor] += short  # (it releases all it takes: the covered part and the rest)
+        ahead[flavor] = [*names, _key(wl)]
+        on = _flavor_nodes(flavors.get(flavor), internal)
+        if short <= 0 or not on:
+            continue
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        out.append(Claim(workload=_key(wl), pods=claimed_pods(todo, covered=covered), nodes=on,
+                         owners=_owners(wl),
+                         why=f"queued behind {shown or 'the holders'} in ClusterQueue {cq_name}"))
+    return out
+
+
+def claimed_pods(pods: list[int], *, covered: int) -> tuple[int, ...]:
+    """The whole pods of a gang that GPUs released by others do not cover: the smallest pods go
+    onto the ``covered`` GPUs first, the rest (biggest first) are the claim. Whole pods, so the
+    claim may exceed the shortfall (a 4-GPU pod is never half on released GPUs)."""
+    left = sorted(pods, reverse=True)
+    while left and left[-1] <= covered:
+        covered -= left.pop()
+    return tuple(left)
+
+
+def _owners(workload: Mapping[str, Any]) -> frozenset[str]:
+    return frozenset(str(o.get("uid")) for o in workload["metadata"].get("ownerReferences") or []
+                     if o.get("uid"))
 
 
 def _priority(workload: Mapping[str, Any]) -> int:

@@ -24,7 +24,8 @@ surge first and remove the cloud replica only once an internal one serves:
    pod, and back the workload off (the cooldown doubles each time it fails).
 
 No ping-pong: the fit subtracts what Kueue will place on those nodes next (Workloads with quota
-reserved whose pods are not running, heads of ClusterQueues that fit their quota;
+reserved whose pods are not running, heads of ClusterQueues that fit their quota, and the part of
+a gang queued behind another gang's quota that the holders' release does not cover;
 :mod:`vkprovider.descheduler.kueue_demand`, under the policy's ``moveBack.holdWhileQueued``) and
 the policy's ``moveBack.headroomGPUs``; GPUs of unhealthy nodes (a health taint, a withdrawn GPU)
 never count. A move held back only by one of these is a ``MoveBackHeld`` event on the Deployment

@@ -16,8 +16,15 @@ gang, quota reserved, until the replicas it will displace already serve from the
    HPA's ``minReplicas`` when one targets it);
 3. overflow admission sees the label and admits the surge pods to the virtual node at once (no
    ``overflowAfter``: inside they cannot fit, that is the point);
-4. once each Deployment has ``N + surge`` Ready replicas (readiness probes, on the cloud), mark
-   the intents ``Ready`` and set the check ``Ready``; Kueue admits the gang;
+4. until then, plan the displacement again on every pass: what the first plan counted as free
+   GPUs fills up (the scheduler puts surge replicas there while there is room), and a gang that
+   displaces more than was surged would preempt replicas nobody pre-warmed. Where it grew, the
+   intent is rewritten with the bigger surge, then the Deployment scaled to it, and a
+   ``PrewarmGrown`` Event says so (:func:`~vkprovider.descheduler.prewarm_plan.grow`; never
+   smaller while pending);
+   once each Deployment has ``N + surge`` Ready replicas (readiness probes, on the cloud) and the
+   plan did not grow, mark the intents ``Ready`` and set the check ``Ready``; Kueue admits the
+   gang;
 5. when the gang's pods are bound (or every expected victim is gone), scale each Deployment back
    to the recorded N: the ReplicaSet removes the Pending replacements of the preempted replicas
    first (admission holds them meanwhile, so no instance starts for nothing), and the cloud
@@ -309,6 +316,10 @@ class Prewarm:
             return False
         if action.kind == "plan" and wl is not None:
             return await self._plan(wl, check, check_obj, policies, timeout, on_timeout)
+        if (action.kind in ("surge", "ready") and wl is not None
+                and plan.replanning(view, surged)
+                and await self._replan(wl, check, check_obj, policies, recorded)):
+            return True  # grown: wait for the bigger surge before marking anything Ready
         if action.kind == "surge":
             for intent, dep in recorded:
                 await self._scale(self._fresh(dep), intent, intent.target)
@@ -346,14 +357,18 @@ class Prewarm:
                 return policy
         return None
 
-    async def _plan(self, wl: Body, check: str, check_obj: Body | None,
-                    policies: Mapping[str, pol.OverflowPolicy | pol.PolicyError],
-                    timeout: float, on_timeout: str) -> bool:
+    def _displacement(self, wl: Body, check_obj: Body | None,
+                      policies: Mapping[str, pol.OverflowPolicy | pol.PolicyError]
+                      ) -> tuple[plan.Displacement, dict[str, pol.OverflowPolicy]]:
+        """What the gang displaces now, from the caches, and the policy that pre-warms each
+        victim (by pod uid). Victims other Workloads' pre-warms counted are not counted again
+        (their GPUs go to those gangs); this Workload's own are."""
         names = self._check_policies(check_obj, policies)
         flavors = {name: dict((f.get("spec") or {}).get("nodeLabels") or {})
                    for name, f in self.flavors.store.items()}
+        uid = str(wl["metadata"].get("uid"))
         claimed = {f"{d['metadata']['namespace']}/{v}" for i, d in self._intents()
-                   for v in i.victims}
+                   if i.workload_uid != uid for v in i.victims}
         chosen: dict[str, pol.OverflowPolicy] = {}
 
         def prewarmable(pod: Body) -> bool:
@@ -369,6 +384,24 @@ class Prewarm:
                                   pods=self.moveback.pods.store.values(),
                                   exclude_nodes=self.virtual, prewarmable=prewarmable,
                                   claimed=claimed)
+        return found, chosen
+
+    def _blocked(self, key: str) -> tuple[Body | None, str]:
+        """The cached Deployment, and why it cannot be surged now ("" when it can)."""
+        dep = self.moveback.deployments.store.get(key)
+        if dep is None:
+            return None, f"{key} is not in the cache yet"
+        annotations = dep["metadata"].get("annotations") or {}
+        if MOVE_BACK_INTENT in annotations:
+            return dep, f"{key} is mid move-back"
+        if plan.INTENT in annotations:
+            return dep, f"{key} is pre-warmed for another Workload"
+        return dep, ""
+
+    async def _plan(self, wl: Body, check: str, check_obj: Body | None,
+                    policies: Mapping[str, pol.OverflowPolicy | pol.PolicyError],
+                    timeout: float, on_timeout: str) -> bool:
+        found, chosen = self._displacement(wl, check_obj, policies)
         groups = plan.group_by_deployment(found.victims)
         if not groups:
             message = f"nothing to pre-warm: {found.summary()}"
@@ -379,16 +412,11 @@ class Prewarm:
         blocked = []
         deps: list[tuple[Body, list[Body]]] = []
         for key, victims in sorted(groups.items()):
-            dep = self.moveback.deployments.store.get(key)
-            if dep is None:
-                blocked.append(f"{key} is not in the cache yet")
-                continue
-            annotations = dep["metadata"].get("annotations") or {}
-            if MOVE_BACK_INTENT in annotations:
-                blocked.append(f"{key} is mid move-back")
-            elif plan.INTENT in annotations:
-                blocked.append(f"{key} is pre-warmed for another Workload")
-            deps.append((dep, victims))
+            dep, why = self._blocked(key)
+            if why:
+                blocked.append(why)
+            if dep is not None:
+                deps.append((dep, victims))
         if blocked:
             return await self._wait_or_give_up(wl, check, "; ".join(blocked), timeout,
                                                on_timeout)
@@ -406,31 +434,85 @@ class Prewarm:
         now = self.clock()
         started: list[str] = []
         for dep, victims in deps:
-            policy = chosen[victims[0]["metadata"]["uid"]]
-            n = int((dep.get("spec") or {}).get("replicas") or 0)
-            hpa = self._hpa_for(dep)
-            intent = plan.Intent(
-                workload=_key(wl), workload_uid=str(wl["metadata"]["uid"]), check=check,
-                replicas=n, surge=len(victims), phase=plan.SURGING, started=now,
-                policy=policy.name, victims=tuple(v["metadata"]["name"] for v in victims),
-                hpa=hpa["metadata"]["name"] if hpa else None,
-                hpa_min=int(hpa["spec"].get("minReplicas") or 1) if hpa else None)
-            try:
-                await self.client.patch(_dep_path(dep), {"metadata": {
-                    "resourceVersion": dep["metadata"]["resourceVersion"],
-                    "labels": {plan.LABEL: "true"},
-                    "annotations": {plan.INTENT: intent.dumps()}}})
-            except (ConflictError, NotFoundError):
-                continue  # changed since we looked: the next pass decides again
-            await self._scale(dep, intent, intent.target)
-            text = (f"Pre-warming for Workload {_key(wl)}: surge {n} -> {intent.target} on the "
-                    f"virtual node (replaces {', '.join(intent.victims)})")
-            await self.events.emit(obj=_dep_ref(dep), reason="PrewarmStarted", message=text)
-            started.append(f"{_key(dep)} {n} -> {intent.target}")
+            line = await self._start(wl, check, dep, victims,
+                                     chosen[victims[0]["metadata"]["uid"]], now)
+            if line:
+                started.append(line)
         if started:
             message = f"surging {', '.join(started)} on the virtual node; {found.summary()}"
             await self._event(wl, reason="PrewarmStarted", message=message)
             await self._set_check(wl, check, "Pending", message)
+        return True
+
+    async def _start(self, wl: Body, check: str, dep: Body, victims: Sequence[Body],
+                     policy: pol.OverflowPolicy, now: float) -> str | None:
+        """Record the intent on one Deployment, then surge it; ``"ns/name N -> N+s"``, or None
+        when it changed since it was read (the next pass decides again)."""
+        n = int((dep.get("spec") or {}).get("replicas") or 0)
+        hpa = self._hpa_for(dep)
+        intent = plan.Intent(
+            workload=_key(wl), workload_uid=str(wl["metadata"]["uid"]), check=check,
+            replicas=n, surge=len(victims), phase=plan.SURGING, started=now,
+            policy=policy.name, victims=tuple(v["metadata"]["name"] for v in victims),
+            hpa=hpa["metadata"]["name"] if hpa else None,
+            hpa_min=int(hpa["spec"].get("minReplicas") or 1) if hpa else None)
+        try:
+            await self.client.patch(_dep_path(dep), {"metadata": {
+                "resourceVersion": dep["metadata"]["resourceVersion"],
+                "labels": {plan.LABEL: "true"},
+                "annotations": {plan.INTENT: intent.dumps()}}})
+        except (ConflictError, NotFoundError):
+            return None
+        await self._scale(dep, intent, intent.target)
+        text = (f"Pre-warming for Workload {_key(wl)}: surge {n} -> {intent.target} on the "
+                f"virtual node (replaces {', '.join(intent.victims)})")
+        await self.events.emit(obj=_dep_ref(dep), reason="PrewarmStarted", message=text)
+        return f"{_key(dep)} {n} -> {intent.target}"
+
+    async def _replan(self, wl: Body, check: str, check_obj: Body | None,
+                      policies: Mapping[str, pol.OverflowPolicy | pol.PolicyError],
+                      recorded: Sequence[tuple[plan.Intent, Body]]) -> bool:
+        """Plan the displacement again while the check is Pending; grow the surge where the
+        gang now displaces more than was surged (recorded first, then scaled: a restart reads
+        the bigger target). True when something grew or started (wait before Ready)."""
+        found, chosen = self._displacement(wl, check_obj, policies)
+        mine = {_key(dep): intent for intent, dep in recorded}
+        growth = plan.grow(intents=mine, victims=plan.group_by_deployment(found.victims))
+        if not growth:
+            return False
+        changed: list[str] = []
+        for key, (was, now) in growth.grown.items():
+            dep = self._fresh(next(d for i, d in recorded if _key(d) == key))
+            try:
+                await self.client.patch(_dep_path(dep), {"metadata": {
+                    "resourceVersion": dep["metadata"]["resourceVersion"],
+                    "annotations": {plan.INTENT: now.dumps()}}})
+            except (ConflictError, NotFoundError):
+                continue  # changed since we looked: the next pass plans again
+            await self._scale(dep, now, now.target)
+            text = (f"Pre-warm for Workload {_key(wl)} grew: surge {now.replicas} -> "
+                    f"{now.target} (was -> {was.target}); the gang now displaces "
+                    f"{', '.join(now.victims)}")
+            await self.events.emit(obj=_dep_ref(dep), reason="PrewarmGrown", message=text)
+            log.info("pre-warm grew", extra=kv(workload=_key(wl), deployment=key,
+                                               surge=now.surge, was=was.surge))
+            changed.append(f"{key} {now.replicas} -> {now.target} (was -> {was.target})")
+        at = self.clock()
+        for key, victims in growth.new.items():
+            other, why = self._blocked(key)
+            if other is None or why:
+                log.info("pre-warm cannot grow onto a Deployment yet",
+                         extra=kv(workload=_key(wl), deployment=key, why=why))
+                continue
+            line = await self._start(wl, check, other, victims,
+                                     chosen[victims[0]["metadata"]["uid"]], at)
+            if line:
+                changed.append(line)
+        if not changed:
+            return False
+        message = f"the gang now displaces more: surging {', '.join(changed)}; {found.summary()}"
+        await self._event(wl, reason="PrewarmGrown", message=message)
+        await self._set_check(wl, check, "Pending", message)
         return True
 
     async def _wait_or_give_up(self, wl: Body, check: str, why: str, timeout: float,

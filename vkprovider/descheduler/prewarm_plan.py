@@ -15,9 +15,19 @@ annotation on each surged Deployment), nothing only in memory.
   :mod:`vkprovider.descheduler.fit` (taints, cordons, readiness, nodeSelector, required
   affinity). A gang pod that fits in free GPUs displaces nothing; otherwise, as the scheduler's
   preemption does, the node needing the least (lowest highest-victim priority, then fewest
-  victims) gives up its lowest-priority pods below the gang's priority until the pod fits.
+  victims) gives up its lowest-priority pods below the gang's priority until the pod fits. An
+  unhealthy node (a health taint, a withdrawn GPU) has no free GPUs here, but when its taints
+  let the gang's pods in (``PreferNoSchedule``, a toleration) its pods are victims like any
+  other: the scheduler does not know about health and preempts there too.
 * :class:`Intent` and :func:`next_action`: the intent recorded on each surged Deployment
   (annotation ``vkprovider.io/prewarm``, JSON) and the transition function.
+* :func:`replanning` and :func:`grow`: the displacement is not planned once. Between the plan
+  and the check turning Ready, replicas can land on the GPUs that were free when it was planned
+  (the surge's own pods first: the scheduler puts them inside while there is room), and the gang
+  then preempts more than was surged. While every intent is Surging and the check is Pending,
+  the plan is made again each pass and the surge grows to match; it never shrinks while pending
+  (a surge replica already serving is kept: the whole surge is undone at the scale-back anyway,
+  and a plan that shrank and grew back would churn cloud instances for nothing).
 """
 
 from __future__ import annotations
@@ -234,11 +244,17 @@ def displacement(*, gang: Sequence[GangPod], priority: int, nodes: Iterable[Body
         if _key(pod) in claimed or pod["metadata"].get("deletionTimestamp"):
             continue  # going anyway: not a victim of this gang
         on_node[node].append(pod)
+    for name, obj in nodes_by_name.items():
+        if obj["status"].get("unhealthy"):
+            # Its free GPUs never count as free (the gang is not assumed to fit there), but the
+            # scheduler still places gang pods there when the taint allows (PreferNoSchedule, a
+            # toleration) and preempts what runs there: its pods stay candidate victims.
+            used[name][GPU] = obj["status"]["allocatable"].get(GPU, 0)
     out = Displacement()
     for member in gang:
         eligible = [name for name in sorted(nodes_by_name)
                     if node_problem(pod_spec=member.spec, node=nodes_by_name[name], used={},
-                                    need={}) is None]
+                                    need={}, ignore_health=True) is None]
         if not eligible:
             out.unplaced.append(f"{member.podset}: no internal node matches its "
                                 f"selectors, taints or affinity")
@@ -426,3 +442,42 @@ def next_action(view: WorkloadView, surged: Sequence[Surged], *, now: float, tim
         return Action("restore", reason=f"the gang did not displace the replicas within "
                                         f"{timeout:.0f}s of Ready")
     return Action("idle")
+
+
+# ---- re-planning while the check is Pending ----------------------------------------------------
+
+
+def replanning(view: WorkloadView, surged: Sequence[Surged]) -> bool:
+    """Whether the displacement is planned again before the next step: a surge is recorded,
+    every intent is still ``Surging`` (nothing marked Ready, nothing being undone) and the check
+    is ``Pending`` on a Workload holding quota that Kueue has not admitted."""
+    return (bool(surged) and all(s.intent.phase == SURGING for s in surged)
+            and view.exists and view.quota_reserved and not view.admitted
+            and not view.finished and view.check_state == "Pending")
+
+
+@dataclass(frozen=True)
+class Growth:
+    """What a new plan adds to the recorded surge."""
+
+    grown: dict[str, tuple[Intent, Intent]] = field(default_factory=dict)  # key -> (was, now)
+    new: dict[str, list[Body]] = field(default_factory=dict)  # Deployments not surged yet
+
+    def __bool__(self) -> bool:
+        return bool(self.grown or self.new)
+
+
+def grow(*, intents: Mapping[str, Intent], victims: Mapping[str, Sequence[Body]]) -> Growth:
+    """Compare a new plan (victims by ``namespace/deployment``) with the recorded intents (by
+    the same key): a Deployment that now loses more replicas than it surged gets the bigger
+    surge (and the new plan's victims); one that loses replicas and was not surged is new. A
+    smaller count changes nothing (never shrink while pending)."""
+    out = Growth()
+    for key, pods in sorted(victims.items()):
+        intent = intents.get(key)
+        if intent is None:
+            out.new[key] = list(pods)
+        elif len(pods) > intent.surge:
+            out.grown[key] = (intent, intent.moved(
+                surge=len(pods), victims=tuple(p["metadata"]["name"] for p in pods)))
+    return out
