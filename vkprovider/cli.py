@@ -290,6 +290,12 @@ def _dev_curl(args: argparse.Namespace) -> int:
     return asyncio.run(curl())
 
 
+def gc_tune() -> None:
+    from vkprovider.kube.gcpause import tune
+
+    tune()
+
+
 def _run(args: argparse.Namespace) -> int:
     from vkprovider.api.tls import self_signed_files, server_context
     from vkprovider.config import Settings, load_model
@@ -320,6 +326,7 @@ def _run(args: argparse.Namespace) -> int:
         client = _kube_client(kubeconfig=settings.kubeconfig, source=source,
                               user_agent=f"vkprovider/{__version__}")
         named = _credentials_name(kubeconfig=settings.kubeconfig, source=source)
+        gc_tune()
         return asyncio.run(_checked_start(
             client=client, timeout=settings.api_server_timeout_seconds, named=named,
             start=lambda: run_virtual_kubelet(settings=settings)))
@@ -423,6 +430,7 @@ def _descheduler(args: argparse.Namespace) -> int:
     client = _kube_client(kubeconfig=settings.kubeconfig, source=source,
                           user_agent=f"vkprovider-companion/{__version__}")
     named = _credentials_name(kubeconfig=settings.kubeconfig, source=source)
+    gc_tune()
     return asyncio.run(_checked_start(
         client=client, timeout=settings.api_server_timeout_seconds, named=named,
         start=lambda: run_companion(
