@@ -49,6 +49,7 @@ from providers.base import (
     QuotaError,
 )
 from providers.http import MAX_SERVER_MESSAGE, HTTPAdapter, RetryPolicy, parse_retry_after
+from providers.listcache import ListingCache
 
 __all__ = ["MockProvider"]
 
@@ -130,6 +131,7 @@ class MockProvider(HTTPAdapter):
         if isinstance(regions, str) or not all(isinstance(r, str) and r for r in regions):
             raise ValueError("regions must be a list of region names")
         self.regions = tuple(regions)  # a GPUProvider's spec.regions: sell and create only there
+        self._listed = ListingCache()  # instances listed unchanged are not parsed again
         super().__init__(
             name=name,
             base_url=base_url,
@@ -187,7 +189,9 @@ class MockProvider(HTTPAdapter):
         )
         data = self._json(response, what=what)
         try:
-            instances = [self._instance(item, what=what) for item in data["instances"]]
+            instances = self._listed.parse_all(
+                data["instances"], key=lambda item: str(item["id"]),
+                parse=lambda item: self._instance(item, what=what))
         except (KeyError, TypeError) as exc:
             raise self._malformed(what) from exc
         # The cloud filters by tag already; checking again keeps a lax cloud from handing us

@@ -104,10 +104,17 @@ async def test_a_pass_marks_the_pod_blocks_the_offer_and_unmarks_when_cool() -> 
 
     await watch.pass_once()  # the watch has not shown the write yet: not written twice
     assert len(client.patches) == 1
+    observed = []
+    real_observe = watch.tracker.observe
+    watch.tracker.observe = lambda uid, **kw: observed.append(uid) or real_observe(  # type: ignore[method-assign]
+        uid, **kw)
+    await watch.pass_once()  # same reading, pod and policy: the pod is not looked at again
+    assert observed == []
     pod["status"]["conditions"] = [cond]
     pod["metadata"]["resourceVersion"] = "2"
     samples["u1"] = _sample(70.0, 1003.0)
     await watch.pass_once()
+    assert observed == ["u1"]
     assert condition_status({"status": client.patches[-1][1]["status"]}) == "True"
     assert len(events.emitted) == 1
 

@@ -140,6 +140,9 @@ class GPUHealthWatch:
         self.wall = wall
         self.tracker = HeatTracker()
         self._wrote: dict[str, tuple[bool, str]] = {}  # uid -> (hot, pod resourceVersion)
+        # uid -> (sample time, pod resourceVersion, policy) last acted on: a pass skips pods
+        # none of which changed (most of them, at every tick of a steady node)
+        self._acted: dict[str, tuple[float, str, object]] = {}
 
     async def run(self) -> None:
         while True:
@@ -155,6 +158,8 @@ class GPUHealthWatch:
         self.tracker.keep_only(samples)
         for uid in [u for u in self._wrote if u not in samples]:
             del self._wrote[uid]
+        for uid in [u for u in self._acted if u not in samples]:
+            del self._acted[uid]
         policies = c.parsed_policies()
         for uid, sample in samples.items():
             key = c.pod_keys.get(uid)
@@ -163,6 +168,10 @@ class GPUHealthWatch:
                 continue
             name = pod_policy(pod)
             policy = policies.get(name) if name else None
+            state = (sample.at, str(pod["metadata"].get("resourceVersion")), policy)
+            if self._acted.get(uid) == state:
+                continue  # the same reading, pod and policy as last pass: nothing to do
+            self._acted[uid] = state
             health = policy.spec.gpu_health if policy is not None else None
             celsius = hottest(sample)
             if health is None:  # off (or the policy went): a pod marked before is unmarked

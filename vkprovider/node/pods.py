@@ -563,7 +563,7 @@ class PodController:
         inst = placed.instance
         return (
             before is None
-            or before.instance != inst
+            or (before.instance is not inst and before.instance != inst)
             or inst.state != InstanceState.RUNNING
             or self.placed.deleting_since(placed.key) is not None
             or uid in self.unsure
