@@ -557,7 +557,8 @@ def phase_timeouts(sizes: list[int], given: list[float] | None) -> dict[int, flo
 
 async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float],
                name: str = "burst", profile: Path | None = None,
-               workers: int = WORKERS) -> int:
+               workers: int = WORKERS,
+               go_modes: tuple[str, ...] = ("default", "lifted")) -> int:
     work = Path(tempfile.mkdtemp(prefix="vkp-bench-"))
     binary = govk_binary() if compare_go else None
     load = os.getloadavg()
@@ -574,7 +575,8 @@ async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float]
                 if binary is not None:
                     systems += [GoVK(binary=binary, work=work, kubeconfig=cluster.kubeconfig,
                                      lift_limits=lift, workers=workers)
-                                for lift in (False, True)]
+                                for lift in (False, True) if (lift and "lifted" in go_modes)
+                                or (not lift and "default" in go_modes)]
                 for system in systems:
                     sys.stderr.write(f"burst of {n} pods on {system.label} ...\n")
                     results.append(await run_system(kube=kube, system=system, n=n,
@@ -612,7 +614,11 @@ if __name__ == "__main__":
                              "collapsed stacks per run")
     parser.add_argument("--workers", type=int, default=WORKERS,
                         help=f"concurrent pod workers in every system (default {WORKERS})")
+    parser.add_argument("--go-modes", nargs="+", choices=["default", "lifted"],
+                        default=["default", "lifted"],
+                        help="which Go virtual-kubelet configurations --compare-go runs")
     args = parser.parse_args()
     sys.exit(asyncio.run(main(sizes=args.pods, compare_go=args.compare_go, workers=args.workers,
+                              go_modes=tuple(args.go_modes),
                               timeouts=phase_timeouts(args.pods, args.phase_timeout),
                               name=args.name, profile=args.profile)))

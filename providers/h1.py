@@ -12,8 +12,10 @@ until close), and the awaiting task wakes once, when it is whole.
 What it does and does not do:
 
 * a pool per origin (scheme, host, port) with at most ``max_connections`` connections, reused
-  last-in first-out, dropped after ``keepalive_expiry`` idle seconds, or when the server closed
-  them (the event loop tells the protocol at once), or answered ``Connection: close``;
+  last-in first-out, at most ``max_idle`` of them kept idle (a TLS connection holds ~128 KiB of
+  buffers; client-go keeps 25 per host too), dropped after ``keepalive_expiry`` idle seconds,
+  or when the server closed them (the event loop tells the protocol at once), or answered
+  ``Connection: close``;
 * TLS through the event loop with the caller's :class:`ssl.SSLContext` (client certificates
   included), the handshake bounded by the connect timeout;
 * one deadline per request (connect, write and read together); a request cancelled or timed out
@@ -299,8 +301,8 @@ class H1Pool:
     """Keep-alive connections to one origin (see the module docstring)."""
 
     def __init__(self, url: str, *, ssl_context: ssl.SSLContext | None = None,
-                 max_connections: int = 100, connect_timeout: float = 10.0,
-                 keepalive_expiry: float = 60.0) -> None:
+                 max_connections: int = 100, max_idle: int = 25,
+                 connect_timeout: float = 10.0, keepalive_expiry: float = 60.0) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) URL: {url!r}")
@@ -315,6 +317,7 @@ class H1Pool:
             if parts.scheme == "https" else None
         self._connect_timeout = connect_timeout
         self._keepalive_expiry = keepalive_expiry
+        self._max_idle = max_idle
         self._idle: list[_Connection] = []
         self._slots = asyncio.Semaphore(max_connections)
         self._closed = False
@@ -373,7 +376,7 @@ class H1Pool:
         return None
 
     def _give_back(self, conn: _Connection) -> None:
-        if self._closed or not conn.usable():
+        if self._closed or not conn.usable() or len(self._idle) >= self._max_idle:
             conn.close()
             return
         conn.idle_since = time.monotonic()
