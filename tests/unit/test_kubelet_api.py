@@ -432,6 +432,30 @@ async def test_collector_reads_a_bulk_provider_in_one_call_per_interval(
     assert set(collector.samples) == {"uid-a", "uid-b", "uid-c", "uid-d"}, "stale kept a while"
 
 
+async def test_a_new_pod_waits_for_the_first_read_gap_of_a_bulk_provider(
+    view: FakeView, metrics: Metrics
+) -> None:
+    clock = Clock()
+    cloud = BulkCloud(name="mock")
+    cloud.ids = ["i-uid-a"]
+    view.add(make_pod("a"), cloud)
+    collector = GPUCollector(view=view, metrics=metrics, interval=15.0, first_read_gap=5.0,
+                             clock=clock)
+    await collector.refresh()
+    assert cloud.bulk_calls == 1
+    for step in range(1, 5):  # pods start one a second, as in a burst
+        clock.now += 1
+        view.add(make_pod(f"n{step}"), cloud)
+        cloud.ids.append(f"i-uid-n{step}")
+        await collector.refresh()
+    assert cloud.bulk_calls == 1, "no call per new pod within the gap"
+    clock.now += 1
+    await collector.refresh()
+    assert cloud.bulk_calls == 2
+    assert {f"uid-n{i}" for i in range(1, 5)} <= set(collector.samples)
+    assert collector._attempted["uid-a"] < clock.now, "a (read 5 s ago) not read again"
+
+
 def test_parse_readings_skips_malformed_entries() -> None:
     readings = parse_readings({"gpus": [
         {"index": 0, "gpu_utilization": 150, "tensor_active": -1},

@@ -144,6 +144,7 @@ class GPUCollector:
         metrics: Metrics,
         interval: float = 15.0,
         tick: float = 1.0,
+        first_read_gap: float = 5.0,
         call_timeout: float = 10.0,
         concurrency: int = 8,
         clock: Callable[[], float] = time.monotonic,
@@ -153,16 +154,20 @@ class GPUCollector:
         self.metrics = metrics
         self.interval = interval
         self.tick = min(tick, interval)
+        self.first_read_gap = min(first_read_gap, interval)
+        self._bulk_at: dict[int, float] = {}  # id(provider) -> clock() of its last bulk call
         self.call_timeout = call_timeout
         self.clock = clock
         self.wall = wall
         self.samples: dict[str, PodGPUs] = {}
         self._attempted: dict[str, float] = {}  # uid -> clock() of the last call (ok or not)
         self._labels: dict[str, set[tuple[str, str, str, str]]] = {}  # uid -> gauge label sets
+        self._children: dict[tuple[str, str, str, str], tuple[Any, ...]] = {}  # their gauges
         self._limit = asyncio.Semaphore(concurrency)
 
     async def run(self) -> None:
-        """Refresh until cancelled; a new running pod is read within ``tick`` seconds."""
+        """Refresh until cancelled; a new running pod is read within ``tick`` seconds (within
+        ``first_read_gap`` when its provider reads in bulk and was read just before)."""
         while True:
             try:
                 await self.refresh()
@@ -184,7 +189,12 @@ class GPUCollector:
         # least half an interval ago, not all of them: pods that start one by one (a burst)
         # would otherwise have every pod stored again at each tick, while folding the nearly
         # due in keeps the calls per provider near one per interval.
-        bulk_due = {id(p.provider) for p in due if _kind(p.provider)[1]}
+        # A pod never read makes its bulk provider due only FIRST_READ_GAP after that
+        # provider's last call: a burst starting pods every second then costs one call (and
+        # one pass over the answer) every few seconds, not one per second.
+        bulk_due = {id(p.provider) for p in due if _kind(p.provider)[1] and (
+            p.uid in self._attempted
+            or now - self._bulk_at.get(id(p.provider), float("-inf")) >= self.first_read_gap)}
         bulk: dict[int, list[Placement]] = {}
         if bulk_due:
             half = self.interval / 2
@@ -193,7 +203,7 @@ class GPUCollector:
                         now - self._attempted.get(uid, float("-inf")) >= half:
                     bulk.setdefault(id(q.provider), []).append(q)
         calls = [self._read_all(group) for group in bulk.values()]
-        calls += [self._read(p) for p in due if id(p.provider) not in bulk]
+        calls += [self._read(p) for p in due if not _kind(p.provider)[1]]
         if calls:
             await asyncio.gather(*calls)
 
@@ -202,6 +212,7 @@ class GPUCollector:
         assert isinstance(source, BulkGPUMetricsSource)
         for p in placements:
             self._attempted[p.uid] = self.clock()
+        self._bulk_at[id(source)] = self.clock()
         name = placements[0].provider_name
         try:
             async with self._limit, asyncio.timeout(self.call_timeout):
@@ -256,14 +267,18 @@ class GPUCollector:
         for gpu in sample.gpus:
             labels = (sample.namespace, sample.pod, sample.provider, str(gpu.index))
             fresh.add(labels)
-            for gauge, value in ((m.pod_gpu_utilization, gpu.utilization),
-                                 (m.pod_gpu_tensor_active, gpu.tensor_active),
-                                 (m.pod_gpu_memory_used, gpu.memory_used_bytes),
-                                 (m.pod_gpu_memory_total, gpu.memory_total_bytes),
-                                 (m.pod_gpu_temperature, gpu.temperature_celsius),
-                                 (m.pod_gpu_power, gpu.power_watts)):
+            children = self._children.get(labels)
+            if children is None:  # labels() looks the child up by its label values: once
+                children = self._children[labels] = tuple(
+                    g.labels(*labels) for g in (m.pod_gpu_utilization, m.pod_gpu_tensor_active,
+                                                m.pod_gpu_memory_used, m.pod_gpu_memory_total,
+                                                m.pod_gpu_temperature, m.pod_gpu_power))
+            for child, value in zip(children, (
+                    gpu.utilization, gpu.tensor_active, gpu.memory_used_bytes,
+                    gpu.memory_total_bytes, gpu.temperature_celsius, gpu.power_watts),
+                    strict=True):
                 if value is not None:
-                    gauge.labels(*labels).set(value)
+                    child.set(value)
         for labels in self._labels.get(sample.uid, set()) - fresh:
             self._remove(labels)
         self._labels[sample.uid] = fresh
@@ -274,6 +289,7 @@ class GPUCollector:
             self._remove(labels)
 
     def _remove(self, labels: tuple[str, str, str, str]) -> None:
+        self._children.pop(labels, None)
         m = self.metrics
         for gauge in (m.pod_gpu_utilization, m.pod_gpu_tensor_active, m.pod_gpu_memory_used,
                       m.pod_gpu_memory_total, m.pod_gpu_temperature, m.pod_gpu_power):
