@@ -262,27 +262,14 @@ class MockCloudState:
         return None if at is None else self.wall(at).isoformat()
 
     def _tick(self) -> float:
+        """Apply every live instance's transitions due by now (see :meth:`_advance`)."""
         now = self.clock()
-        if not self.listeners.active:
-            for record in list(self._live.values()):
-                record.advance(now=now)
-                if record.released is not None:
-                    self._remove(record)
-            return now
-        changed = []  # whose listeners may have to open or close
-        for record in list(self._live.values()):
-            phase, deleting = record.phase, record.deleting
-            record.advance(now=now)
-            if record.released is not None:
-                self._remove(record)
-                changed.append(record)
-            elif record.phase is not phase or record.deleting is not deleting:
-                changed.append(record)
-        self.listeners.sync_changed(changed)
+        self._advance(list(self._live.values()), now)
         return now
 
     def _advance(self, records: list[Record], now: float) -> None:
-        """:meth:`_tick` for these records only."""
+        """Apply these records' transitions due by ``now``; the released leave the live set,
+        and the listeners of those whose state changed open or close."""
         changed = []
         for record in records:
             phase, deleting = record.phase, record.deleting

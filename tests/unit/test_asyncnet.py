@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +14,6 @@ from typing import Any
 import httpcore
 import httpx
 import pytest
-import pytest_asyncio
 
 from providers.asyncnet import AsyncioBackend, FastTransport, fast_transport
 from providers.base import TransientError
@@ -77,20 +76,6 @@ class Server:
 
 def json_ok(_: int) -> tuple[int, dict[str, str], bytes]:
     return 200, {"Content-Type": "application/json"}, b'{"ok": true}'
-
-
-@pytest_asyncio.fixture
-async def serve() -> AsyncIterator[Callable[..., Any]]:
-    servers: list[asyncio.Server] = []
-
-    async def start(server: Server, *, tls: ssl.SSLContext | None = None) -> int:
-        running = await asyncio.start_server(server.serve, host="127.0.0.1", port=0, ssl=tls)
-        servers.append(running)
-        return int(running.sockets[0].getsockname()[1])
-
-    yield start
-    for running in servers:
-        running.close()
 
 
 def test_transport_runs_its_pool_on_the_asyncio_backend() -> None:

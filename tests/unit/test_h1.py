@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from providers.h1 import (
     H1ConnectError,
@@ -76,20 +75,6 @@ class Scripted:
 def ok(body: bytes = b'{"ok":true}', *extra: str) -> list[bytes]:
     head = "\r\n".join(["HTTP/1.1 200 OK", f"Content-Length: {len(body)}", *extra])
     return [(head + "\r\n\r\n").encode() + body]
-
-
-@pytest_asyncio.fixture
-async def serve() -> AsyncIterator[Callable[..., Any]]:
-    servers: list[asyncio.Server] = []
-
-    async def start(server: Scripted, *, tls: ssl.SSLContext | None = None) -> int:
-        running = await asyncio.start_server(server.serve, host="127.0.0.1", port=0, ssl=tls)
-        servers.append(running)
-        return int(running.sockets[0].getsockname()[1])
-
-    yield start
-    for running in servers:
-        running.close()
 
 
 async def test_keep_alive_reuses_one_connection_and_sends_one_request_each(
