@@ -19,6 +19,7 @@ import json
 import logging
 import random
 import sys
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -36,10 +37,11 @@ from vkprovider.logs import kv
 log = logging.getLogger(__name__)
 
 Handler = Callable[[str, Body], None]
-_SLICE = 200  # objects handled between two yields to the event loop during a relist
-#: Objects per list page. Decoding one page holds the event loop: 500 pods took 20-25 ms,
-#: 200 take under 10 (bench/relist.py); more pages cost a round trip each, a millisecond here.
-PAGE = 200
+#: Work between two yields to the event loop while a relist is taken in.
+_SLICE_SECONDS = 0.002
+#: Objects per list page. Decoding one page holds the event loop: 500 pods took 20-25 ms, 100
+#: take ~5 (bench/relist.py); more pages cost a round trip each, a millisecond here.
+PAGE = 100
 
 
 def object_key(obj: Body) -> str:
@@ -121,28 +123,34 @@ class Informer:
     async def _replace(self, items: list[Body]) -> None:
         """Make the store the list's view, telling the handler what changed.
 
-        A relist of thousands of objects is processed in slices of ``_SLICE``, yielding to the
-        event loop between them, so reconciles, Lease renewals and the kubelet API keep being
-        served while a 5,000-pod list is taken in (bench: event-loop lag during a relist).
+        A relist of thousands of objects yields to the event loop every :data:`_SLICE_SECONDS`
+        of work, so reconciles, Lease renewals and the kubelet API keep being served while a
+        5,000-pod list is taken in (bench/relist.py: event-loop lag during a relist). A time
+        budget, not a count: an object's cost varies with its size and the handler.
         """
+        clock = time.perf_counter
+        due = clock() + _SLICE_SECONDS
         fresh: dict[str, Body] = {}
-        for i, obj in enumerate(items):
+        for obj in items:
             fresh[object_key(obj)] = self._transform(obj)
-            if i % _SLICE == _SLICE - 1:
+            if clock() >= due:
                 await asyncio.sleep(0)
-        for i, (key, old) in enumerate(list(self.store.items())):
+                due = clock() + _SLICE_SECONDS
+        for key, old in list(self.store.items()):
             new = fresh.get(key)
             if new is None or _uid(new) != _uid(old):
                 del self.store[key]
                 self._emit("DELETED", old)
-            if i % _SLICE == _SLICE - 1:
+            if clock() >= due:
                 await asyncio.sleep(0)
-        for i, (key, obj) in enumerate(fresh.items()):
+                due = clock() + _SLICE_SECONDS
+        for key, obj in fresh.items():
             existed = key in self.store
             self.store[key] = obj
             self._emit("MODIFIED" if existed else "ADDED", obj)
-            if i % _SLICE == _SLICE - 1:
+            if clock() >= due:
                 await asyncio.sleep(0)
+                due = clock() + _SLICE_SECONDS
 
     async def run(self) -> None:
         """Run until cancelled."""
