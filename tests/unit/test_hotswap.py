@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from vkprovider.descheduler.fit import slim_pod
-from vkprovider.descheduler.hotswap import hot_pods, settled
+from vkprovider.descheduler.hotswap import HOT_GPU, replaceable, settled
 
 
 def _pod(name: str, *, node: str = "vk", healthy: str | None = "False", created: str = "1",
@@ -31,8 +31,9 @@ def test_only_marked_live_pods_on_a_virtual_node_oldest_first() -> None:
     pods = [_pod("late", created="3"), _pod("early", created="1"),
             _pod("cool", healthy="True"), _pod("unmarked", healthy=None),
             _pod("inside", node="gpu-1"), _pod("going", deleting=True)]
-    assert [p["metadata"]["name"] for p in hot_pods(pods, virtual=["vk"])] == ["early", "late"]
-    assert hot_pods(pods, virtual=["other"]) == []
+    found = replaceable(pods, virtual=["vk"])
+    assert [(p["metadata"]["name"], t) for p, t in found] == [("early", HOT_GPU), ("late", HOT_GPU)]
+    assert replaceable(pods, virtual=["other"]) == []
 
 
 def test_settled_means_observed_and_at_the_wanted_count() -> None:

@@ -119,16 +119,6 @@ class SwapResult:
     trigger: str = HOT_GPU.name
 
 
-def hot_pods(pods: Iterable[Mapping[str, Any]], *, virtual: Iterable[str]) -> list[Body]:
-    """Pods on a virtual node the provider marked ``GPUHealthy=False``, oldest first (pure)."""
-    nodes = set(virtual)
-    out = [dict(p) for p in pods
-           if p["spec"].get("nodeName") in nodes and not p["metadata"].get("deletionTimestamp")
-           and p["status"].get("gpuHealthy") == "False"]
-    return sorted(out, key=lambda p: (str(p["metadata"].get("creationTimestamp") or ""),
-                                      str(p["metadata"].get("name"))))
-
-
 def replaceable(pods: Iterable[Mapping[str, Any]], *, virtual: Iterable[str]
                 ) -> list[tuple[Body, Trigger]]:
     """Pods on a virtual node to replace and why, oldest first (pure): an announced
