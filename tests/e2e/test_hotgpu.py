@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -34,18 +35,26 @@ async def objects(cluster_objects: Cluster) -> Cluster:
     return cluster_objects
 
 
-async def start(system: System, namespace: str, companion_kubeconfig: Path) -> MockCloudProcess:
-    """One mock cloud, a provider reading GPU figures every second, and the companion."""
+async def start(system: System, namespace: str, companion_kubeconfig: Path, *,
+                inventory: str = "H100:us-east:64:2.49,H100:eu-west:64:2.19",
+                offers: list[dict[str, Any]] | None = None,
+                pods: dict[str, Any] | None = None,
+                kubelet_api: dict[str, Any] | None = None) -> MockCloudProcess:
+    """One mock cloud (``offers``, when given, replace its inventory before the provider reads
+    it), the provider (by default reading GPU figures every second) and the companion."""
     cloud = MockCloudProcess(work_dir=system.work_dir, name="cloud0", boot_delay=0.3,
-                             inventory="H100:us-east:64:2.49,H100:eu-west:64:2.19",
-                             address_map_dir=system.network, public_block=0)
+                             inventory=inventory, address_map_dir=system.network, public_block=0)
     await cloud.start()
     system.clouds.append(cloud)
+    if offers is not None:
+        await cloud.admin("PUT", "/admin/inventory", json={"offers": offers})
     lab = {"probe_address_map": str(system.network)} if system.network else {}
     system.provider = ProviderProcess(
         work_dir=system.work_dir, kubeconfig=system.kubeconfig, node_name=system.node_name,
-        clouds=system.clouds, pods=lab, node={"labels": {"vkprovider.io/pool": namespace}},
-        client_ca_file=system.client_ca, kubelet_api={"gpu_metrics_interval_seconds": 1})
+        clouds=system.clouds, pods={**lab, **(pods or {})},
+        node={"labels": {"vkprovider.io/pool": namespace}}, client_ca_file=system.client_ca,
+        kubelet_api=kubelet_api if kubelet_api is not None else {
+            "gpu_metrics_interval_seconds": 1})
     system.provider.start()
     system.companion = CompanionProcess(work_dir=system.work_dir, kubeconfig=companion_kubeconfig,
                                         node_name=system.node_name, interval=0.5,
@@ -54,10 +63,10 @@ async def start(system: System, namespace: str, companion_kubeconfig: Path) -> M
     return cloud
 
 
-def condition(pod: dict[str, object], kind: str) -> dict[str, object]:
-    status = pod.get("status")
-    conditions = status.get("conditions") if isinstance(status, dict) else None
-    return next((c for c in conditions or [] if c.get("type") == kind), {})
+def condition(pod: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The pod's condition of that type ({} when it has none)."""
+    status = pod.get("status") or {}
+    return next((c for c in status.get("conditions") or [] if c.get("type") == kind), {})
 
 
 async def test_a_hot_cloud_gpu_is_replaced_before_it_is_removed(

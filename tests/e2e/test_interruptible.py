@@ -20,10 +20,12 @@ import pytest_asyncio
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import InvalidError
 from vkprovider.placement.policy import PolicyError, parse_overflow_policy
-from vkprovider.testing.harness import CompanionProcess, MockCloudProcess, ProviderProcess
+from vkprovider.testing.harness import MockCloudProcess
 from vkprovider.testing.waiting import eventually
 
 from .conftest import Cluster, System
+from .test_hotgpu import condition
+from .test_hotgpu import start as start_stack
 from .test_moveback import ReadyWatcher, live_instances
 from .test_overflow import POLICIES, gpu_deployment, pods, policy
 
@@ -39,32 +41,13 @@ async def objects(cluster_objects: Cluster) -> Cluster:
 
 
 async def start(system: System, namespace: str, companion_kubeconfig: Path) -> MockCloudProcess:
-    """One mock cloud selling H100 on demand and as spot, the provider and the companion."""
-    cloud = MockCloudProcess(work_dir=system.work_dir, name="cloud0", boot_delay=0.3,
-                             inventory="H100:us-east:16:2.49",
-                             address_map_dir=system.network, public_block=0)
-    await cloud.start()
-    system.clouds.append(cloud)
-    # before the provider reads offers: the same 16 GPUs also sold as spot
-    await cloud.admin("PUT", "/admin/inventory", json={"offers": [
-        {"gpu_type": "H100", "region": "us-east", "count": 16, "price_per_gpu_hour": 2.49,
-         "spot_price_per_gpu_hour": SPOT}]})
-    lab = {"probe_address_map": str(system.network)} if system.network else {}
-    system.provider = ProviderProcess(
-        work_dir=system.work_dir, kubeconfig=system.kubeconfig, node_name=system.node_name,
-        clouds=system.clouds, pods={**lab, "status_interval_seconds": 1.0},
-        node={"labels": {"vkprovider.io/pool": namespace}}, client_ca_file=system.client_ca)
-    system.provider.start()
-    system.companion = CompanionProcess(work_dir=system.work_dir, kubeconfig=companion_kubeconfig,
-                                        node_name=system.node_name, interval=0.5,
-                                        move_back_interval=1.0)
-    system.companion.start()
-    return cloud
-
-
-def condition(pod: dict[str, Any], kind: str) -> dict[str, Any]:
-    status = pod.get("status") or {}
-    return next((c for c in status.get("conditions") or [] if c.get("type") == kind), {})
+    """One mock cloud selling the same 16 H100 on demand and as spot, the provider (a sweep a
+    second) and the companion."""
+    return await start_stack(system, namespace, companion_kubeconfig,
+                             inventory="H100:us-east:16:2.49", offers=[
+                                 {"gpu_type": "H100", "region": "us-east", "count": 16,
+                                  "price_per_gpu_hour": 2.49, "spot_price_per_gpu_hour": SPOT}],
+                             pods={"status_interval_seconds": 1.0}, kubelet_api={})
 
 
 class InstanceWatcher:
