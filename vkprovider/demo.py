@@ -511,6 +511,9 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
             companion.start()
 
             async def node_ready() -> tuple[bool, str]:
+                assert provider is not None
+                if not provider.alive():  # say why now, not after the wait's timeout
+                    raise RuntimeError(f"the provider exited:\n{provider.component.tail()}")
                 try:
                     node = await kube.get(f"/api/v1/nodes/{NODE}")
                 except Exception:

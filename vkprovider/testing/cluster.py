@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -68,10 +69,39 @@ def find_binaries() -> Path:
     return folder
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_start() -> int:
+    """Where the kernel starts picking source ports for outbound connections."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback TCP port free now, for a process started later to listen on.
+
+    Picked below the kernel's ephemeral range: a port the kernel hands out itself (``bind(0)``)
+    can be taken as the source port of any outbound connection before the process binds it, and
+    the processes under test open many (a demo run lost its provider to "Address already in
+    use" that way). Ports are not handed out twice by one process.
+    """
+    high = min(_ephemeral_start(), 65536)
+    low = max(1024, high - 12000)
+    for _ in range(200):
+        port = random.randrange(low, high)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise ControlPlaneError(f"no free loopback port in {low}-{high - 1}")
 
 
 @dataclass
