@@ -7,8 +7,10 @@ by 32 concurrent clients with ``spec.nodeName`` set, deleted by 32 concurrent cl
 * wall time from the first create until the bench's watch saw every pod Running, and per pod the
   time from its create call returning (it is created bound) to the watch seeing it Running,
   p50/p99;
-* for vkprovider (mock cloud, no boot delay): bind -> cloud create call and cloud running -> pod
-  Running, p50/p99 (bench's watch timestamps against the mock cloud's ledger, same clock);
+* for vkprovider (mock cloud, no boot delay): bind -> cloud create call, watch -> cloud create
+  call (from the bench's own watch first showing the pod, so the API server's watch delivery
+  under load is left out) and cloud running -> pod Running, p50/p99 (bench's timestamps against
+  the mock cloud's ledger, same clock);
 * the system's own CPU seconds (``/proc``, the process alone) from the first create until all
   are Running, and until the end of the deletion phase; its peak RSS (VmHWM);
 * API server writes (``apiserver_request_total``, write verbs) per pod, to Running and for the
@@ -108,7 +110,7 @@ class System(Protocol):
 
     async def drained(self) -> bool: ...
 
-    async def extra(self, *, bound: dict[str, float],
+    async def extra(self, *, bound: dict[str, float], seen: dict[str, float],
                     running: dict[str, float]) -> dict[str, Any]: ...
 
     def stop(self) -> None: ...
@@ -117,15 +119,19 @@ class System(Protocol):
 class Ours:
     """vkprovider with a mock cloud that boots instantly."""
 
-    def __init__(self, *, work: Path, kubeconfig: Path, n: int, workers: int = WORKERS) -> None:
-        self.label = "vkprovider"
+    def __init__(self, *, work: Path, kubeconfig: Path, n: int, workers: int = WORKERS,
+                 event_loop: str | None = None) -> None:
+        # the event loop (provider and mock cloud alike) is named when the bench chose one
+        self.label = f"vkprovider ({event_loop})" if event_loop else "vkprovider"
         self.node = f"vk-bench-{uuid.uuid4().hex[:6]}"
         self.cloud = MockCloudProcess(work_dir=work, name=f"bench{n}", boot_delay=0.0,
-                                      inventory=f"H100:us-east:{n * 2}:2.49")
+                                      inventory=f"H100:us-east:{n * 2}:2.49",
+                                      event_loop=event_loop)
         self.provider = ProviderProcess(work_dir=work, kubeconfig=kubeconfig, node_name=self.node,
                                         clouds=[self.cloud],
                                         pods={"status_interval_seconds": 5, "workers": workers,
-                                              "orphan_grace_seconds": 30})
+                                              "orphan_grace_seconds": 30},
+                                        extra={"event_loop": event_loop} if event_loop else None)
 
     async def start(self) -> None:
         await self.cloud.start()
@@ -150,15 +156,21 @@ class Ours:
     async def drained(self) -> bool:
         return int((await self.cloud.stats())["live_instances"]) == 0
 
-    async def extra(self, *, bound: dict[str, float],
+    async def extra(self, *, bound: dict[str, float], seen: dict[str, float],
                     running: dict[str, float]) -> dict[str, Any]:
         ledger = {e["uid"]: e for e in await self.cloud.ledger()}
         to_create = [created - bound[u] for u in bound if u in ledger
                      if (created := ts(ledger[u]["created_at"])) is not None]
         to_running = [running[u] - started for u in running if u in ledger
                       if (started := ts(ledger[u]["started_at"])) is not None]
+        # from the bench's own watch first showing the pod: what the API server's watch
+        # delivery adds under load is left out, the provider's queue and create path remain
+        seen_to_create = [created - seen[u] for u in seen if u in ledger
+                          if (created := ts(ledger[u]["created_at"])) is not None]
         return {"bind_to_create_p50_ms": ms(pct(to_create, 50)),
                 "bind_to_create_p99_ms": ms(pct(to_create, 99)),
+                "seen_to_create_p50_ms": ms(pct(seen_to_create, 50)),
+                "seen_to_create_p99_ms": ms(pct(seen_to_create, 99)),
                 "running_to_pod_running_p50_ms": ms(pct(to_running, 50)),
                 "running_to_pod_running_p99_ms": ms(pct(to_running, 99)),
                 "instances_created": len(ledger)}
@@ -197,7 +209,7 @@ class GoVK:
     async def drained(self) -> bool:
         return True
 
-    async def extra(self, *, bound: dict[str, float],
+    async def extra(self, *, bound: dict[str, float], seen: dict[str, float],
                     running: dict[str, float]) -> dict[str, Any]:
         return {}
 
@@ -215,6 +227,7 @@ class PodWatch:
     clients, so a Running sighting can lag; every system gets the same lag."""
 
     created: dict[str, float] = field(default_factory=dict)
+    seen: dict[str, float] = field(default_factory=dict)  # the watch's first sighting
     running: dict[str, float] = field(default_factory=dict)
     gone: set[str] = field(default_factory=set)
 
@@ -224,6 +237,7 @@ class PodWatch:
         if event == "DELETED":
             self.gone.add(uid)
             return
+        self.seen.setdefault(uid, now)
         if pod.get("status", {}).get("phase") == "Running":
             self.running.setdefault(uid, now)
 
@@ -446,7 +460,8 @@ async def measure(*, kube: KubeClient, system: System, ns: str, n: int,
         row = result_row(system=system, n=n, watch=watch, start=start, at_running=at_running,
                          end=end, created=created, timings=timings)
         row["peak_rss_mib"] = round(rss, 1)
-        row.update(await system.extra(bound=watch.created, running=watch.running))
+        row.update(await system.extra(bound=watch.created, seen=watch.seen,
+                                      running=watch.running))
         return row
     finally:
         task.cancel()
@@ -504,12 +519,14 @@ def render(*, info: dict[str, Any], results: list[dict[str, Any]], load: tuple[f
            workers: int = WORKERS,
            timeout_note: str) -> str:
     header = ["system", "pods", "wall to all Running (s)", "create->Running p50/p99 (ms)",
-              "bind->cloud create p50/p99 (ms)", "cloud running->pod Running p50/p99 (ms)",
+              "bind->cloud create p50/p99 (ms)", "watch->cloud create p50/p99 (ms)",
+              "cloud running->pod Running p50/p99 (ms)",
               "CPU to Running (s)", "CPU lifecycle (s)", "mock cloud CPU lifecycle (s)",
               "API writes/pod to Running",
               "API writes/pod lifecycle", "delete->quiet (s)", "peak RSS (MiB)"]
     rows = [[r["system"], str(r["pods"]), wall_cell(r), pair(r, "create_to_running"),
-             pair(r, "bind_to_create"), pair(r, "running_to_pod_running"),
+             pair(r, "bind_to_create"), pair(r, "seen_to_create"),
+             pair(r, "running_to_pod_running"),
              str(r["cpu_seconds_to_running"]), str(r["cpu_seconds_lifecycle"]),
              str(r.get("cloud_cpu_seconds_lifecycle") or ""),
              str(r["apiserver_writes_per_pod_to_running"]),
@@ -557,7 +574,7 @@ def phase_timeouts(sizes: list[int], given: list[float] | None) -> dict[int, flo
 
 async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float],
                name: str = "burst", profile: Path | None = None,
-               workers: int = WORKERS,
+               workers: int = WORKERS, event_loops: tuple[str, ...] = (),
                go_modes: tuple[str, ...] = ("default", "lifted")) -> int:
     work = Path(tempfile.mkdtemp(prefix="vkp-bench-"))
     binary = govk_binary() if compare_go else None
@@ -571,7 +588,8 @@ async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float]
                                                      path=work / "provider.kubeconfig")
             for n in sizes:
                 systems: list[System] = [Ours(work=work, kubeconfig=kubeconfig, n=n,
-                                              workers=workers)]
+                                              workers=workers, event_loop=loop)
+                                         for loop in event_loops or (None,)]
                 if binary is not None:
                     systems += [GoVK(binary=binary, work=work, kubeconfig=cluster.kubeconfig,
                                      lift_limits=lift, workers=workers)
@@ -590,7 +608,8 @@ async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float]
     settings = {"create_concurrency": CREATE_CONCURRENCY, "workers": workers,
                 "quiet_seconds": QUIET_SECONDS,
                 "phase_timeout_seconds": {str(n): t for n, t in timeouts.items()},
-                "compare_go": compare_go, "load_average_at_start": list(load)}
+                "compare_go": compare_go, "load_average_at_start": list(load),
+                "event_loops": list(event_loops) or ["auto"]}
     path = write(name, {"machine": info, "settings": settings, "results": results})
     (RESULTS / f"{name}.txt").write_text(text)
     sys.stdout.write(f"wrote {path} and {RESULTS / (name + '.txt')}\n")
@@ -617,8 +636,12 @@ if __name__ == "__main__":
     parser.add_argument("--go-modes", nargs="+", choices=["default", "lifted"],
                         default=["default", "lifted"],
                         help="which Go virtual-kubelet configurations --compare-go runs")
+    parser.add_argument("--event-loops", nargs="+", choices=["auto", "uvloop", "asyncio"],
+                        default=[], help="run vkprovider (and its mock cloud) once per event "
+                        "loop given, side by side (default: once, on the default: auto)")
     args = parser.parse_args()
     sys.exit(asyncio.run(main(sizes=args.pods, compare_go=args.compare_go, workers=args.workers,
+                              event_loops=tuple(args.event_loops),
                               go_modes=tuple(args.go_modes),
                               timeouts=phase_timeouts(args.pods, args.phase_timeout),
                               name=args.name, profile=args.profile)))

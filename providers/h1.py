@@ -37,7 +37,7 @@ import json
 import ssl
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 __all__ = ["H1ConnectError", "H1ConnectionLost", "H1Error", "H1Pool", "H1ProtocolError",
@@ -132,8 +132,8 @@ class _Connection(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # a stream transport; uvloop's TLS transport is not an asyncio.Transport subclass
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         if self._waiter is None:  # bytes on an idle connection: nothing good; drop it

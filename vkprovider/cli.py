@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from vkprovider import __version__, logs
+from vkprovider import __version__, eventloop, logs
 from vkprovider.errors import ConfigError, VKError
 
 if TYPE_CHECKING:
@@ -302,7 +302,8 @@ def _run(args: argparse.Namespace) -> int:
     from vkprovider.service import run_virtual_kubelet
 
     overrides: dict[str, Any] = {"kubeconfig": args.kubeconfig,
-                                 "api_server_timeout_seconds": args.api_server_timeout}
+                                 "api_server_timeout_seconds": args.api_server_timeout,
+                                 "event_loop": args.event_loop}
     settings = load_model(Settings, args.config, overrides=overrides)
     ip = os.environ.get("VKP_NODE_INTERNAL_IP")
     if ip:
@@ -327,9 +328,9 @@ def _run(args: argparse.Namespace) -> int:
                               user_agent=f"vkprovider/{__version__}")
         named = _credentials_name(kubeconfig=settings.kubeconfig, source=source)
         gc_tune()
-        return asyncio.run(_checked_start(
+        return eventloop.run(_checked_start(
             client=client, timeout=settings.api_server_timeout_seconds, named=named,
-            start=lambda: run_virtual_kubelet(settings=settings)))
+            start=lambda: run_virtual_kubelet(settings=settings)), choice=settings.event_loop)
     finally:
         if generated is not None:
             generated.remove()
@@ -381,8 +382,9 @@ def _mock_cloud(args: argparse.Namespace) -> int:
         delete_delay=0.0 if args.delete_delay is None else args.delete_delay,
         seed=0 if args.seed is None else args.seed, name=args.name,
         public_block=args.public_block)
-    asyncio.run(serve(host=args.host, port=args.port, state=state, log_level="warning",
-                      announce=_announce, address_map_dir=args.address_map_dir))
+    eventloop.run(serve(host=args.host, port=args.port, state=state, log_level="warning",
+                        announce=_announce, address_map_dir=args.address_map_dir),
+                  choice=args.event_loop, named="--event-loop")
     return 0
 
 
@@ -420,6 +422,7 @@ def _descheduler(args: argparse.Namespace) -> int:
         "api_server_timeout_seconds": args.api_server_timeout, "leader_election": leader,
         "preemption_fast_path": args.preemption_fast_path,
         "gpu_health_taints": tuple(args.gpu_health_taint) if args.gpu_health_taint else None,
+        "event_loop": args.event_loop,
     }
     settings = load_companion_settings(args.config, overrides=overrides)
     if settings.metrics_port:
@@ -431,7 +434,7 @@ def _descheduler(args: argparse.Namespace) -> int:
                           user_agent=f"vkprovider-companion/{__version__}")
     named = _credentials_name(kubeconfig=settings.kubeconfig, source=source)
     gc_tune()
-    return asyncio.run(_checked_start(
+    return eventloop.run(_checked_start(
         client=client, timeout=settings.api_server_timeout_seconds, named=named,
         start=lambda: run_companion(
             kubeconfig=settings.kubeconfig, node_name=_one_or_many(settings.node_names()),
@@ -441,7 +444,7 @@ def _descheduler(args: argparse.Namespace) -> int:
             leader_elect=settings.leader_election.enabled,
             leader_namespace=settings.leader_election.namespace,
             preemption_fast_path=settings.preemption_fast_path,
-            gpu_health_taints=settings.gpu_health_taints)))
+            gpu_health_taints=settings.gpu_health_taints)), choice=settings.event_loop)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -479,6 +482,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--api-server-timeout", type=_positive_seconds,
                      help="seconds to wait for the API server at start, then exit 1 "
                           "(default: the file's api_server_timeout_seconds, else 60)")
+    run.add_argument("--event-loop", choices=eventloop.CHOICES,
+                     help="auto: uvloop when installed; uvloop; asyncio "
+                          "(default: the file's event_loop, else auto)")
     run.set_defaults(func=_run, takes_kubeconfig=True)
 
     mock = sub.add_parser("mock-cloud", help="run the mock GPU cloud (tests, demos, your CI)",
@@ -505,6 +511,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "network its own (default: 0)")
     mock.add_argument("--name", default="mock",
                       help="this cloud's name in the address map (default: mock)")
+    mock.add_argument("--event-loop", choices=eventloop.CHOICES, default="auto",
+                      help="auto: uvloop when installed (default); uvloop; asyncio")
     mock.set_defaults(func=_mock_cloud)
 
     comp = sub.add_parser("descheduler", help="run the companion: overflow admission by policy",
@@ -535,6 +543,8 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--api-server-timeout", type=_positive_seconds,
                       help="seconds to wait for the API server at start, then exit 1 "
                            "(default: 60)")
+    comp.add_argument("--event-loop", choices=eventloop.CHOICES,
+                      help="auto: uvloop when installed (default); uvloop; asyncio")
     comp.set_defaults(func=_descheduler, takes_kubeconfig=True)
 
     demo = sub.add_parser("demo", help="play the burst story on a local cluster, narrated",

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from vkprovider.descheduler.fit import DEFAULT_HEALTH_TAINTS, parse_health_taint
 from vkprovider.errors import ConfigError
+from vkprovider.eventloop import EventLoopChoice
 
 
 class _Frozen(BaseModel):
@@ -208,6 +209,9 @@ class Settings(_Frozen):
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
     # how long start-up waits for the API server to answer before giving up (exit 1)
     api_server_timeout_seconds: float = Field(default=60.0, gt=0)
+    # auto: uvloop when installed, else the standard loop; uvloop: refuse to start without it;
+    # asyncio: the standard loop (vkprovider/eventloop.py)
+    event_loop: EventLoopChoice = "auto"
 
     @field_validator("providers")
     @classmethod
@@ -272,6 +276,7 @@ class CompanionSettings(_Frozen):
     preemption_fast_path: bool = True
     metrics_port: int = Field(default=0, ge=0, le=65535)  # Prometheus; 0: off
     api_server_timeout_seconds: float = Field(default=60.0, gt=0)  # start-up wait, then exit 1
+    event_loop: EventLoopChoice = "auto"  # as the provider's event_loop
     leader_election: CompanionLeaderElectionSettings = Field(
         default_factory=CompanionLeaderElectionSettings)
 

@@ -29,6 +29,7 @@ from vkprovider import __version__
 from vkprovider.api import APIServers, listen_address
 from vkprovider.api.server import bind, serve
 from vkprovider.config import Settings
+from vkprovider.eventloop import loop_name
 from vkprovider.kube import KubeClient
 from vkprovider.kube.events import EventRecorder
 from vkprovider.kube.leader import LeaderElector
@@ -181,7 +182,8 @@ async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str,
         await controller.aclose()
         raise
     log.info("starting", extra=kv(node=settings.node.name, providers=",".join(providers),
-                                  gpu_providers=source is not None, version=__version__))
+                                  gpu_providers=source is not None, version=__version__,
+                                  event_loop=loop_name(asyncio.get_running_loop())))
     never = asyncio.Event()
     try:
         async with asyncio.TaskGroup() as tg:

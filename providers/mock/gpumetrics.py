@@ -8,7 +8,7 @@ pinned temperature (``set_temperature``, a hot GPU) is reported as is while the 
 
 from __future__ import annotations
 
-import random
+import zlib
 from typing import Any
 
 from providers.mock.records import Phase, Record
@@ -42,13 +42,20 @@ _DEFAULT_WATTS = 300.0
 _METRICS_BUCKET_SECONDS = 10.0
 
 
+def _unit(text: str) -> float:
+    """A number in [0, 1) fixed by ``text``: the same on every run and machine. (Seeding a
+    ``random.Random`` with a string hashes it with SHA-512: the mock's largest cost when the
+    provider reads every instance's figures at once.)"""
+    return zlib.crc32(text.encode()) / 2**32
+
+
 def metrics_json(record: Record, *, now: float, seed: int, at: str | None) -> dict[str, Any]:
     """``{instance_id, state, at, gpus: [...]}`` of ``record`` at ``now`` (``at`` as ISO text);
     GPUs are idle unless the container is running."""
     running = record.phase is Phase.RUNNING and record.deleting is None
     base = record.load
     if base is None:
-        base = random.Random(f"{seed}:{record.id}").uniform(0.55, 0.95)
+        base = 0.55 + 0.4 * _unit(f"{seed}:{record.id}")
     bucket = 0
     if record.started is not None:
         bucket = int((now - record.started) // _METRICS_BUCKET_SECONDS)
@@ -56,8 +63,8 @@ def metrics_json(record: Record, *, now: float, seed: int, at: str | None) -> di
     watts = _GPU_WATTS.get(record.gpu_type, _DEFAULT_WATTS)
     gpus = []
     for index in range(record.gpu_count):
-        rng = random.Random(f"{seed}:{record.id}:{index}:{bucket}")
-        util = min(1.0, max(0.0, base + rng.uniform(-0.03, 0.03))) if running else 0.0
+        noise = 0.06 * _unit(f"{seed}:{record.id}:{index}:{bucket}") - 0.03
+        util = min(1.0, max(0.0, base + noise)) if running else 0.0
         gpus.append(
             {
                 "index": index,

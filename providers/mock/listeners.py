@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import h11
 
@@ -163,10 +163,10 @@ class _Connection(asyncio.Protocol):
         self._aborted = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # a stream transport; uvloop's TLS transport is not an asyncio.Transport subclass
+        self._transport = cast(asyncio.Transport, transport)
         if self._listener.closed:
-            transport.abort()
+            self._transport.abort()
             return
         self._listener.connections.add(self)
 

@@ -856,7 +856,8 @@ class MockCloudState:
         """GPU figures of every live instance carrying ``tags``, in one answer."""
         now = self._tick()
         wanted = dict(tags or {})
-        return [self._metrics_json(r, now=now) for r in self._live.values()
+        at = self._iso(now)  # one instant for the whole answer
+        return [metrics_json(r, now=now, seed=self.seed, at=at) for r in self._live.values()
                 if all(r.tags.get(k) == v for k, v in wanted.items())]
 
     def _metrics_json(self, record: Record, *, now: float) -> dict[str, Any]:

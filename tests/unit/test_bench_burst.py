@@ -97,16 +97,18 @@ def test_a_timed_out_system_shows_how_far_it_got() -> None:
 def test_the_table_leaves_the_cloud_columns_blank_for_go() -> None:
     info = {"cpu": "x", "cores": 2, "memory_gib": 1.0, "python": "3"}
     ours = row(system="vkprovider", bind_to_create_p50_ms=5.0, bind_to_create_p99_ms=9.0,
+               seen_to_create_p50_ms=3.0, seen_to_create_p99_ms=7.0,
                running_to_pod_running_p50_ms=1.0, running_to_pod_running_p99_ms=2.0,
                cloud_cpu_seconds_lifecycle=1.25)
     text = render(info=info, results=[ours, row(quiet_in_time=False)], load=(1.0, 1.0, 1.0),
                   timeout_note="limits")
     lines = {line.split("|")[1].strip(): line for line in text.splitlines()
              if line.startswith("| ") and "system" not in line}
-    assert "5.0 / 9.0" in lines["vkprovider"]
+    ours_cells = [c.strip() for c in lines["vkprovider"].split("|")]
+    assert ours_cells[5:8] == ["5.0 / 9.0", "3.0 / 7.0", "1.0 / 2.0"]
     cells = [c.strip() for c in lines["go-vk default"].split("|")]
-    assert cells[5] == "" and cells[6] == "" and cells[9] == ""
-    assert [c.strip() for c in lines["vkprovider"].split("|")][9] == "1.25"
+    assert cells[5] == "" and cells[6] == "" and cells[7] == "" and cells[10] == ""
+    assert ours_cells[10] == "1.25"
     assert "3.0*" in lines["go-vk default"]
     assert "lower bound" in text
 

@@ -36,6 +36,7 @@ from vkprovider.descheduler.metrics import CompanionMetrics
 from vkprovider.descheduler.moveback import MoveBack
 from vkprovider.descheduler.preemption import PreemptionTracker
 from vkprovider.descheduler.prewarm import Prewarm
+from vkprovider.eventloop import loop_name
 from vkprovider.kube import KubeClient
 from vkprovider.kube.events import EventRecorder
 from vkprovider.kube.leader import LeaderElector
@@ -157,7 +158,8 @@ async def run_companion(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    log.info("companion starting", extra=kv(nodes=",".join(nodes), version=__version__))
+    log.info("companion starting", extra=kv(nodes=",".join(nodes), version=__version__,
+                                            event_loop=loop_name(loop)))
     elector = LeaderElector(client=client, namespace=leader_namespace,
                             name=companion_lease_name(nodes),
                             identity=f"{socket.gethostname()}-{os.getpid()}")

@@ -105,7 +105,8 @@ class MockCloudProcess(_Process):
     def __init__(self, *, work_dir: Path, name: str = "mock", boot_delay: float = 0.5,
                  delete_delay: float = 0.0, inventory: str | None = None,
                  scenario: str | Path | None = None,
-                 address_map_dir: Path | None = None, public_block: int = 0) -> None:
+                 address_map_dir: Path | None = None, public_block: int = 0,
+                 event_loop: str | None = None) -> None:
         self.name = name
         self.address_map_dir = address_map_dir  # routes to its listeners: mock-<name>.json
         self.port = free_port()
@@ -118,7 +119,8 @@ class MockCloudProcess(_Process):
                   *(["--scenario", str(scenario)] if scenario else []),
                   *(["--address-map-dir", str(address_map_dir), "--name", name]
                     if address_map_dir is not None else []),
-                  "--public-block", str(public_block)],
+                  "--public-block", str(public_block),
+                  *(["--event-loop", event_loop] if event_loop else [])],
             log_path=work_dir / f"mock-cloud-{name}.log",
         )
 
