@@ -7,10 +7,64 @@ Names follow Prometheus conventions with the ``vkprovider_`` prefix; see docs/op
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+#: (metric name, GPU reading attribute, help) of the per-pod GPU families
+POD_GPU_FAMILIES: tuple[tuple[str, str, str], ...] = (
+    ("vkprovider_pod_gpu_utilization_ratio", "utilization",
+     "GPU busy fraction (0-1) of a pod's instance, per GPU, as the cloud reports it."),
+    ("vkprovider_pod_gpu_tensor_active_ratio", "tensor_active",
+     "Fraction of cycles the tensor cores were active (0-1), per GPU."),
+    ("vkprovider_pod_gpu_memory_used_bytes", "memory_used_bytes", "GPU memory in use, per GPU."),
+    ("vkprovider_pod_gpu_memory_total_bytes", "memory_total_bytes", "GPU memory size, per GPU."),
+    ("vkprovider_pod_gpu_temperature_celsius", "temperature_celsius", "GPU temperature, per GPU."),
+    ("vkprovider_pod_gpu_power_watts", "power_watts", "GPU power draw, per GPU."),
+)
+POD_GPU_LABELS = ("namespace", "pod", "provider", "gpu")
+
+
+def pod_gpu_families() -> dict[str, GaugeMetricFamily]:
+    """Reading attribute -> an empty family of :data:`POD_GPU_FAMILIES`."""
+    return {attr: GaugeMetricFamily(name, doc, labels=list(POD_GPU_LABELS))
+            for name, attr, doc in POD_GPU_FAMILIES}
+
+
+def add_pod_gpus(families: dict[str, GaugeMetricFamily], *, namespace: str, pod: str,
+                 provider: str, gpus: Iterable[Any], at: float | None = None) -> None:
+    """One pod's GPU readings (api/gpu.py ``GPUReading``) into ``families``, stamped ``at``
+    when given; figures a cloud did not report (None) are left out."""
+    for gpu in gpus:
+        labels = [namespace, pod, provider, str(gpu.index)]
+        for attr, family in families.items():
+            value = getattr(gpu, attr)
+            if value is not None:
+                family.add_metric(labels, float(value), timestamp=at)
+
+
+class PodGPUFamilies(Collector):
+    """``vkprovider_pod_gpu_*``, built when scraped from the GPU collector's latest readings
+    (``source``: its ``PodGPUs`` samples). A Gauge child per pod, GPU and figure was six objects
+    (each with its own lock) to create, set and remove per GPU: 9 MiB and a share of every burst's
+    CPU at 5,000 pods (bench/steady.py), for values only a scrape reads."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], Iterable[Any]] = tuple
+
+    def collect(self) -> Iterator[Metric]:
+        families = pod_gpu_families()
+        for sample in self.source():
+            add_pod_gpus(families, namespace=sample.namespace, pod=sample.pod,
+                         provider=sample.provider, gpus=sample.gpus)
+        yield from families.values()
 
 
 class Metrics:
@@ -79,22 +133,9 @@ class Metrics:
                                      "Pods failed before any cloud call, by reason.", ["reason"],
                                      registry=r)
         # Kubelet API (issue 4): per-pod GPU figures read from the clouds, and API use.
-        gpu = ["namespace", "pod", "provider", "gpu"]
-        self.pod_gpu_utilization = Gauge(
-            "vkprovider_pod_gpu_utilization_ratio",
-            "GPU busy fraction (0-1) of a pod's instance, per GPU, as the cloud reports it.",
-            gpu, registry=r)
-        self.pod_gpu_tensor_active = Gauge(
-            "vkprovider_pod_gpu_tensor_active_ratio",
-            "Fraction of cycles the tensor cores were active (0-1), per GPU.", gpu, registry=r)
-        self.pod_gpu_memory_used = Gauge("vkprovider_pod_gpu_memory_used_bytes",
-                                         "GPU memory in use, per GPU.", gpu, registry=r)
-        self.pod_gpu_memory_total = Gauge("vkprovider_pod_gpu_memory_total_bytes",
-                                          "GPU memory size, per GPU.", gpu, registry=r)
-        self.pod_gpu_temperature = Gauge("vkprovider_pod_gpu_temperature_celsius",
-                                         "GPU temperature, per GPU.", gpu, registry=r)
-        self.pod_gpu_power = Gauge("vkprovider_pod_gpu_power_watts",
-                                   "GPU power draw, per GPU.", gpu, registry=r)
+        # Per-pod GPU figures: built at scrape time from the GPU collector's latest readings.
+        self.pod_gpus = PodGPUFamilies()
+        r.register(self.pod_gpus)
         self.kubelet_api_requests = Counter(
             "vkprovider_kubelet_api_requests_total",
             "Requests to the kubelet API by endpoint and HTTP status code.",

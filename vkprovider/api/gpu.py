@@ -19,7 +19,6 @@ per provider per interval is nothing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -161,8 +160,7 @@ class GPUCollector:
         self.wall = wall
         self.samples: dict[str, PodGPUs] = {}
         self._attempted: dict[str, float] = {}  # uid -> clock() of the last call (ok or not)
-        self._labels: dict[str, set[tuple[str, str, str, str]]] = {}  # uid -> gauge label sets
-        self._children: dict[tuple[str, str, str, str], tuple[Any, ...]] = {}  # their gauges
+        metrics.pod_gpus.source = self.samples.values  # vkprovider_pod_gpu_*, when scraped
         self._limit = asyncio.Semaphore(concurrency)
 
     async def run(self) -> None:
@@ -259,39 +257,6 @@ class GPUCollector:
                          gpus=parse_readings(body,
                                              default_model=placement.instance.gpu_type or ""))
         self.samples[placement.uid] = sample
-        self._export(sample)
-
-    def _export(self, sample: PodGPUs) -> None:
-        m = self.metrics
-        fresh: set[tuple[str, str, str, str]] = set()
-        for gpu in sample.gpus:
-            labels = (sample.namespace, sample.pod, sample.provider, str(gpu.index))
-            fresh.add(labels)
-            children = self._children.get(labels)
-            if children is None:  # labels() looks the child up by its label values: once
-                children = self._children[labels] = tuple(
-                    g.labels(*labels) for g in (m.pod_gpu_utilization, m.pod_gpu_tensor_active,
-                                                m.pod_gpu_memory_used, m.pod_gpu_memory_total,
-                                                m.pod_gpu_temperature, m.pod_gpu_power))
-            for child, value in zip(children, (
-                    gpu.utilization, gpu.tensor_active, gpu.memory_used_bytes,
-                    gpu.memory_total_bytes, gpu.temperature_celsius, gpu.power_watts),
-                    strict=True):
-                if value is not None:
-                    child.set(value)
-        for labels in self._labels.get(sample.uid, set()) - fresh:
-            self._remove(labels)
-        self._labels[sample.uid] = fresh
 
     def _forget(self, uid: str) -> None:
         self.samples.pop(uid, None)
-        for labels in self._labels.pop(uid, set()):
-            self._remove(labels)
-
-    def _remove(self, labels: tuple[str, str, str, str]) -> None:
-        self._children.pop(labels, None)
-        m = self.metrics
-        for gauge in (m.pod_gpu_utilization, m.pod_gpu_tensor_active, m.pod_gpu_memory_used,
-                      m.pod_gpu_memory_total, m.pod_gpu_temperature, m.pod_gpu_power):
-            with contextlib.suppress(KeyError):
-                gauge.remove(*labels)

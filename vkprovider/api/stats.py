@@ -29,6 +29,7 @@ from prometheus_client.registry import Collector
 
 from vkprovider.api.gpu import GPUReading, PodGPUs
 from vkprovider.api.view import NodeView
+from vkprovider.metrics import add_pod_gpus, pod_gpu_families
 from vkprovider.semantics.timefmt import format_time
 
 Body = dict[str, Any]
@@ -116,18 +117,6 @@ def summary(*, view: NodeView, samples: Mapping[str, PodGPUs], node_start: float
             "pods": pods}
 
 
-_GPU_FAMILIES: tuple[tuple[str, str, str], ...] = (
-    ("vkprovider_pod_gpu_utilization_ratio", "utilization",
-     "GPU busy fraction (0-1) of a pod's instance, per GPU, as the cloud reports it."),
-    ("vkprovider_pod_gpu_tensor_active_ratio", "tensor_active",
-     "Fraction of cycles the tensor cores were active (0-1), per GPU."),
-    ("vkprovider_pod_gpu_memory_used_bytes", "memory_used_bytes", "GPU memory in use, per GPU."),
-    ("vkprovider_pod_gpu_memory_total_bytes", "memory_total_bytes", "GPU memory size, per GPU."),
-    ("vkprovider_pod_gpu_temperature_celsius", "temperature_celsius", "GPU temperature, per GPU."),
-    ("vkprovider_pod_gpu_power_watts", "power_watts", "GPU power draw, per GPU."),
-)
-
-
 class _ResourceCollector(Collector):
     def __init__(self, *, view: NodeView, samples: Mapping[str, PodGPUs], now: float) -> None:
         self.view = view
@@ -138,9 +127,7 @@ class _ResourceCollector(Collector):
         starts = GaugeMetricFamily("container_start_time_seconds",
                                    "[STABLE] Start time of the container since unix epoch in "
                                    "seconds", labels=["container", "namespace", "pod"])
-        gpu_families = {attr: GaugeMetricFamily(name, doc,
-                                                labels=["namespace", "pod", "provider", "gpu"])
-                        for name, attr, doc in _GPU_FAMILIES}
+        gpu_families = pod_gpu_families()
         for pod in live_pods(self.view):
             meta = pod["metadata"]
             uid = str(meta.get("uid", ""))
@@ -151,14 +138,9 @@ class _ResourceCollector(Collector):
                 starts.add_metric([str(containers[0].get("name")), ns, name],
                                   placement.instance.started_at.timestamp(), timestamp=self.now)
             sample = self.samples.get(uid)
-            if sample is None:
-                continue
-            for gpu in sample.gpus:
-                labels = [ns, name, sample.provider, str(gpu.index)]
-                for attr, family in gpu_families.items():
-                    value = getattr(gpu, attr)
-                    if value is not None:
-                        family.add_metric(labels, float(value), timestamp=sample.at)
+            if sample is not None:
+                add_pod_gpus(gpu_families, namespace=ns, pod=name, provider=sample.provider,
+                             gpus=sample.gpus, at=sample.at)
         yield starts
         yield from gpu_families.values()
         error = GaugeMetricFamily("resource_scrape_error",
