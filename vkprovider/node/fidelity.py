@@ -640,19 +640,23 @@ def _segments(pattern: str) -> tuple[tuple[tuple[str, ...], tuple[str, ...]], ..
     return tuple(out)
 
 
+#: dict first: an exact type check, before Mapping's slower ABC check (pods are plain dicts)
+_MAPS = (dict, Mapping)
+
+
 def _index(items: list[tuple[str, Any]], bracket: str) -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = []
     for where, value in items:
         if bracket == "*":
             if isinstance(value, list):
                 out.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
-            elif isinstance(value, Mapping):
+            elif isinstance(value, _MAPS):
                 out.extend((f"{where}[{k}]", v) for k, v in value.items())
         elif bracket.isdigit():
             i = int(bracket)
             if isinstance(value, list) and i < len(value):
                 out.append((f"{where}[{i}]", value[i]))
-        elif isinstance(value, Mapping) and bracket in value:
+        elif isinstance(value, _MAPS) and bracket in value:
             out.append((f"{where}[{bracket}]", value[bracket]))
     return [(w, v) for w, v in out if v is not None]
 
@@ -663,7 +667,7 @@ def values_at(obj: Any, *, pattern: str) -> list[tuple[str, Any]]:
     for names, brackets in _segments(pattern):
         step: list[tuple[str, Any]] = []
         for where, current in found:
-            if not isinstance(current, Mapping):
+            if not isinstance(current, _MAPS):
                 continue
             for name in names:
                 value = current.get(name)
@@ -809,14 +813,27 @@ def _honoured_here(rule: Rule, pod: Mapping[str, Any]) -> bool:
     return rule.honoured_if is not None and rule.honoured_if(pod)
 
 
+@functools.cache
+def _warned_entries(ordered: tuple[CloudType, ...]) -> tuple[tuple[Entry, bool], ...]:
+    """The entries WARNED on at least one of ``ordered``, each with whether a rule of it may be
+    honoured after all in some pods (``honoured_if``): only those need a look at the pod before
+    their path is. Every pod a node translates asks this for the same few cloud sets."""
+    out = []
+    for entry in ENTRIES:
+        rules = [entry.rules[c] for c in ordered if entry.rules[c].decision is Decision.WARNED]
+        if rules:
+            out.append((entry, any(r.honoured_if is not None for r in rules)))
+    return tuple(out)
+
+
 def dropped_fields(pod: Mapping[str, Any], *,
                    clouds: Collection[CloudType] = CLOUD_TYPES) -> tuple[Dropped, ...]:
     """Every WARNED field the pod sets (to a value worth a warning) on any of ``clouds``."""
-    ordered = [c for c in CLOUD_TYPES if c in clouds]
+    ordered = tuple(c for c in CLOUD_TYPES if c in clouds)
     out: list[Dropped] = []
-    for entry in ENTRIES:
+    for entry, conditional in _warned_entries(ordered):
         warned = [c for c in ordered if entry.rules[c].decision is Decision.WARNED
-                  and not _honoured_here(entry.rules[c], pod)]
+                  and not (conditional and _honoured_here(entry.rules[c], pod))]
         if not warned:
             continue
         found = [f for f, v in values_at(pod, pattern=entry.path) if entry.warns(field=f, value=v)]
