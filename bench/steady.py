@@ -1,7 +1,7 @@
 """Steady-state benchmark: N pods Running on the virtual node, nothing changing, measured.
 
 One control plane, one mock cloud (no boot delay) and one provider with production settings
-(status sweep every 5 s, 20 workers, GPU figures read every 15 s, in one call per provider
+(status sweep every 5 s, 64 workers, GPU figures read every 15 s, in one call per provider
 since the mock offers ``gpu_metrics_all``; capacity refresh every 30 s). For each size N: bind
 N pods to the virtual node (32 concurrent creates), wait until
 all are Running (only the time is reported), let it settle 10 s and until no pod or event write
@@ -72,7 +72,7 @@ SWEEP_HISTOGRAM = "vkprovider_sweep_duration_seconds"
 SETTLE_SECONDS = 10.0
 CREATE_CONCURRENCY = 32
 SETTINGS: dict[str, Any] = {
-    "pods": {"status_interval_seconds": 5, "workers": 20, "orphan_grace_seconds": 30},
+    "pods": {"status_interval_seconds": 5, "workers": 64, "orphan_grace_seconds": 30},
     "node": {"capacity_refresh_seconds": 30},
 }
 
@@ -427,7 +427,7 @@ def render(*, info: dict[str, Any], results: list[dict[str, Any]], window: float
             for r in results]
     lines = [f"machine: {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB, "
              f"Python {info['python']}",
-             f"settings: mock cloud boot delay 0, 20 workers, status sweep 5 s, GPU figures every "
+             f"settings: mock cloud boot delay 0, 64 workers, status sweep 5 s, GPU figures every "
              f"{gpu_interval:g} s, capacity refresh 30 s; settle {SETTLE_SECONDS:g} s, window "
              f"{window:g} s; sweep p50/p99 interpolated within histogram buckets",
              table(header, rows)]

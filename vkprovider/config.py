@@ -55,9 +55,10 @@ class PodSettings(_Frozen):
     """How pods are driven to their cloud instances."""
 
     # Each worker holds one pod's reconcile, most of it waiting on a cloud call (0.2-2 s on a
-    # real cloud), so they are cheap coroutines: 32 keep a 1,000-pod burst moving on slow clouds
-    # (bench/burst.py); each cloud's 429/Retry-After still holds back that provider.
-    workers: int = Field(default=32, ge=1, le=500)
+    # real cloud), so they are cheap coroutines. 64: at 32 a 3,000-pod burst queued in the
+    # provider itself (watch -> cloud create p99 2.3 s; 0.65 s at 64, bench/burst.py); each
+    # cloud's 429/Retry-After still holds back that provider.
+    workers: int = Field(default=64, ge=1, le=500)
     status_interval_seconds: float = Field(default=5.0, gt=0)  # one list per provider per tick
     resync_seconds: float = Field(default=60.0, gt=0)  # every pod reconciled at least this often
     orphan_grace_seconds: float = Field(default=30.0, ge=0)  # between the two sightings
