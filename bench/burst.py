@@ -2,7 +2,9 @@
 
 For each size N and each system, on one LocalCluster and with the same pods (same spec, created
 by 32 concurrent clients with ``spec.nodeName`` set, deleted by 32 concurrent clients with grace
-0 once all are Running), it measures:
+0 once all are Running), it measures what follows. Before anything is measured, 1,000 pods bound
+to a node nobody serves are created and deleted, so the first system does not pay for a cold API
+server.
 
 * wall time from the first create until the bench's watch saw every pod Running, and per pod the
   time from its create call returning (it is created bound) to the watch seeing it Running,
@@ -59,6 +61,7 @@ TOLERATION = {"key": "virtual-kubelet.io/provider", "operator": "Equal", "value"
 WRITE_VERBS = {"POST", "PUT", "PATCH", "DELETE", "APPLY"}
 CREATE_CONCURRENCY = 32
 WORKERS = 10
+WARM_UP_PODS = 1000  # created and deleted before anything is measured (warm_up)
 QUIET_SECONDS = 3.0
 HEARTBEAT_RESOURCES = {"leases", "nodes"}
 Writes = dict[tuple[str, str, str], float]
@@ -442,6 +445,20 @@ async def cleanup(*, kube: KubeClient, ns: str, node: str, timeout: float = 120.
         await asyncio.sleep(0.5)
 
 
+async def warm_up(*, kube: KubeClient, n: int) -> None:
+    """Create ``n`` pods bound to a node nobody serves and delete them, once per run: the first
+    system measured would otherwise also pay for a cold API server and etcd (caches, Go heaps,
+    connections), measured as 0.3-0.5 s of p50 latency more than the same system run second."""
+    ns = f"warm-up-{uuid.uuid4().hex[:4]}"
+    await kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                             "metadata": {"name": ns}})
+    try:
+        await create_pods(kube=kube, ns=ns, node="bench-warm-up", n=n, watch=PodWatch())
+        await delete_pods(kube=kube, ns=ns, n=n)
+    finally:
+        await cleanup(kube=kube, ns=ns, node="bench-warm-up")
+
+
 async def measure(*, kube: KubeClient, system: System, ns: str, n: int,
                   timeout: float) -> dict[str, Any]:
     watch = PodWatch()
@@ -536,7 +553,8 @@ def render(*, info: dict[str, Any], results: list[dict[str, Any]], load: tuple[f
         f"machine: {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB, "
         f"Python {info['python']}; load average at start {load[0]:.2f} {load[1]:.2f} "
         f"{load[2]:.2f} (the machine is shared: other work ran beside the bench)",
-        f"settings: one LocalCluster; each system alone on its own node, run once per size "
+        f"settings: one LocalCluster, warmed up by {WARM_UP_PODS} pods created and deleted "
+        "first; each system alone on its own node, run once per size "
         f"(numbers are noisy); pods created by {CREATE_CONCURRENCY} concurrent clients with "
         f"spec.nodeName set, deleted with grace 0 by as many once all are Running; {workers} "
         "workers in every system; vkprovider: mock cloud boot delay 0, status sweep 5 s; go-vk: "
@@ -586,6 +604,8 @@ async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float]
         async with cluster.client() as kube:
             kubeconfig = await install_provider_rbac(kube=kube, cluster=cluster,
                                                      path=work / "provider.kubeconfig")
+            sys.stderr.write(f"warm-up: {WARM_UP_PODS} pods created and deleted ...\n")
+            await warm_up(kube=kube, n=WARM_UP_PODS)
             for n in sizes:
                 systems: list[System] = [Ours(work=work, kubeconfig=kubeconfig, n=n,
                                               workers=workers, event_loop=loop)
