@@ -347,6 +347,20 @@ def test_a_pod_that_sets_warned_fields_gets_a_warning_for_each() -> None:
     assert "TCP connect" in by_field["spec.containers[0].livenessProbe"]
 
 
+@pytest.mark.parametrize("pod", [warned_pod(), make_pod(), {"spec": {"containers": []}},
+                                 {"spec": {"containers": "not a list", "securityContext": 7}}],
+                         ids=["warned", "plain", "no-containers", "wrong-types"])
+def test_direct_lookups_find_what_matching_finds(pod: dict[str, Any]) -> None:
+    # dropped_fields looks paths of plain names and indexes up directly (the fast path); for
+    # every such entry that must be exactly what the general matcher finds
+    steps = {e.path: plain for e, _, plain in fidelity._warned_entries(CLOUD_TYPES)
+             if plain is not None}
+    assert len(steps) > 30  # most entries take the fast path
+    for path, plain in steps.items():
+        value = fidelity._plain_value(pod, plain)
+        assert fidelity.values_at(pod, pattern=path) == ([] if value is None else [(path, value)])
+
+
 def test_every_warned_entry_warns_for_some_value() -> None:
     pod = warned_pod()
     silent = [e.path for e in ENTRIES if Decision.WARNED in e.decisions

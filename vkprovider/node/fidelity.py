@@ -814,16 +814,43 @@ def _honoured_here(rule: Rule, pod: Mapping[str, Any]) -> bool:
 
 
 @functools.cache
-def _warned_entries(ordered: tuple[CloudType, ...]) -> tuple[tuple[Entry, bool], ...]:
+def _warned_entries(
+        ordered: tuple[CloudType, ...]) -> tuple[tuple[Entry, bool, tuple[str, ...] | None], ...]:
     """The entries WARNED on at least one of ``ordered``, each with whether a rule of it may be
-    honoured after all in some pods (``honoured_if``): only those need a look at the pod before
-    their path is. Every pod a node translates asks this for the same few cloud sets."""
+    honoured after all in some pods (``honoured_if``: only those need a look at the pod before
+    their path is) and, for a path of plain names and indexes (``spec.securityContext.fsGroup``,
+    ``spec.containers[0].workingDir``: most of them), its steps: looked up directly, not
+    matched. Every pod a node translates asks this
+    for the same few cloud sets."""
     out = []
     for entry in ENTRIES:
         rules = [entry.rules[c] for c in ordered if entry.rules[c].decision is Decision.WARNED]
         if rules:
-            out.append((entry, any(r.honoured_if is not None for r in rules)))
+            segments = _segments(entry.path)
+            plain = (tuple(step for names, brackets in segments
+                           for step in (names[0], *(f"[{b}]" for b in brackets)))
+                     if all(len(names) == 1 and all(b.isdigit() for b in brackets)
+                            for names, brackets in segments)
+                     else None)
+            out.append((entry, any(r.honoured_if is not None for r in rules), plain))
     return tuple(out)
+
+
+def _plain_value(pod: Mapping[str, Any], steps: tuple[str, ...]) -> Any:
+    """The value at a path of names and list indexes (``"[0]"``), None when unset (as
+    :func:`values_at` leaves out)."""
+    current: Any = pod
+    for step in steps:
+        if step[0] == "[":
+            i = int(step[1:-1])
+            current = current[i] if isinstance(current, list) and i < len(current) else None
+        elif isinstance(current, _MAPS):
+            current = current.get(step)
+        else:
+            return None
+        if current is None:
+            return None
+    return current
 
 
 def dropped_fields(pod: Mapping[str, Any], *,
@@ -831,12 +858,19 @@ def dropped_fields(pod: Mapping[str, Any], *,
     """Every WARNED field the pod sets (to a value worth a warning) on any of ``clouds``."""
     ordered = tuple(c for c in CLOUD_TYPES if c in clouds)
     out: list[Dropped] = []
-    for entry, conditional in _warned_entries(ordered):
+    for entry, conditional, plain in _warned_entries(ordered):
+        if plain is not None:
+            value = _plain_value(pod, plain)
+            if value is None:  # unset: nothing to warn about, whatever the clouds
+                continue
+            values = [(entry.path, value)]
+        else:
+            values = values_at(pod, pattern=entry.path)
         warned = [c for c in ordered if entry.rules[c].decision is Decision.WARNED
                   and not (conditional and _honoured_here(entry.rules[c], pod))]
         if not warned:
             continue
-        found = [f for f, v in values_at(pod, pattern=entry.path) if entry.warns(field=f, value=v)]
+        found = [f for f, v in values if entry.warns(field=f, value=v)]
         if found:
             message = _warning(entry, warned, ordered)
             out.extend(Dropped(field=f, message=message) for f in found)
