@@ -261,6 +261,36 @@ async def test_max_connections_bounds_requests_in_flight(serve: Callable[..., An
         running.close()
 
 
+async def test_a_burst_keeps_its_connections_and_a_quiet_pool_shrinks_back() -> None:
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while await reader.read(65536):
+                await asyncio.sleep(0.02)
+                writer.write(ok()[0])
+                await writer.drain()
+
+    running = await asyncio.start_server(slow, host="127.0.0.1", port=0)
+    port = running.sockets[0].getsockname()[1]
+    pool = H1Pool(f"http://127.0.0.1:{port}", max_connections=30, keepalive_expiry=60.0)
+    try:
+        async with asyncio.timeout(GUARD):
+            await asyncio.gather(*(pool.request("GET", "/") for _ in range(30)))
+            assert len(pool._idle) == 30, "every connection of the burst kept (max_idle unset)"
+            opened = [c.transport for c in pool._idle]
+            await asyncio.gather(*(pool.request("GET", "/") for _ in range(30)))
+            assert {id(c.transport) for c in pool._idle} == {id(t) for t in opened}, \
+                "no connection opened again"
+            for conn in pool._idle[:-1]:  # all but the newest idle for over a minute
+                conn.idle_since -= 61.0
+            newest = pool._idle[-1].transport
+            await pool.request("GET", "/")  # reuses the newest; the old ones go
+        assert len(pool._idle) == 1 and pool._idle[0].transport is newest
+        assert sum(1 for t in opened if t is not None and t.is_closing()) == 29
+    finally:
+        await pool.aclose()
+        running.close()
+
+
 async def test_tls_verified_and_refused(serve: Callable[..., Any], tmp_path: Path) -> None:
     cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
     cert_pem, key_pem = self_signed_certificate(common_name="127.0.0.1", hosts=("127.0.0.1",))
