@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -234,61 +234,61 @@ async def test_refused_connect_and_bad_url() -> None:
         await H1Pool(f"http://127.0.0.1:{port}").request("GET", "/")
 
 
-async def test_max_connections_bounds_requests_in_flight(serve: Callable[..., Any]) -> None:
-    in_flight = 0
-    most = 0
+@dataclass
+class SlowServer:
+    """Answers each request 200 after 20 ms, counting the requests it holds at once."""
 
-    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal in_flight, most
+    in_flight: int = 0
+    most: int = 0
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError):
             while await reader.read(65536):
-                in_flight += 1
-                most = max(most, in_flight)
+                self.in_flight += 1
+                self.most = max(self.most, self.in_flight)
                 await asyncio.sleep(0.02)
-                in_flight -= 1
+                self.in_flight -= 1
                 writer.write(ok()[0])
                 await writer.drain()
 
-    running = await asyncio.start_server(slow, host="127.0.0.1", port=0)
-    port = running.sockets[0].getsockname()[1]
-    pool = H1Pool(f"http://127.0.0.1:{port}", max_connections=3, max_idle=2)
-    try:
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[str]:
+        server = await asyncio.start_server(self.serve, host="127.0.0.1", port=0)
+        try:
+            yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        finally:
+            server.close()
+
+
+async def test_max_connections_bounds_requests_in_flight() -> None:
+    slow = SlowServer()
+    async with slow.running() as url:
+        pool = H1Pool(url, max_connections=3, max_idle=2)
         async with asyncio.timeout(GUARD):
             answers = await asyncio.gather(*(pool.request("GET", "/") for _ in range(12)))
         assert all(a.status_code == 200 for a in answers)
-        assert most == 3 and len(pool._idle) == 2, "at most max_idle kept"
-    finally:
-        running.close()
+        assert slow.most == 3 and len(pool._idle) == 2, "at most max_idle kept"
 
 
 async def test_a_burst_keeps_its_connections_and_a_quiet_pool_shrinks_back() -> None:
-    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(ConnectionError):
-            while await reader.read(65536):
-                await asyncio.sleep(0.02)
-                writer.write(ok()[0])
-                await writer.drain()
-
-    running = await asyncio.start_server(slow, host="127.0.0.1", port=0)
-    port = running.sockets[0].getsockname()[1]
-    pool = H1Pool(f"http://127.0.0.1:{port}", max_connections=30, keepalive_expiry=60.0)
-    try:
-        async with asyncio.timeout(GUARD):
-            await asyncio.gather(*(pool.request("GET", "/") for _ in range(30)))
-            assert len(pool._idle) == 30, "every connection of the burst kept (max_idle unset)"
-            opened = [c.transport for c in pool._idle]
-            await asyncio.gather(*(pool.request("GET", "/") for _ in range(30)))
-            assert {id(c.transport) for c in pool._idle} == {id(t) for t in opened}, \
-                "no connection opened again"
-            for conn in pool._idle[:-1]:  # all but the newest idle for over a minute
-                conn.idle_since -= 61.0
-            newest = pool._idle[-1].transport
-            await pool.request("GET", "/")  # reuses the newest; the old ones go
-        assert len(pool._idle) == 1 and pool._idle[0].transport is newest
-        assert sum(1 for t in opened if t is not None and t.is_closing()) == 29
-    finally:
-        await pool.aclose()
-        running.close()
+    async with SlowServer().running() as url:
+        pool = H1Pool(url, max_connections=30, keepalive_expiry=60.0)
+        try:
+            async with asyncio.timeout(GUARD):
+                await asyncio.gather(*(pool.request("GET", "/") for _ in range(30)))
+                assert len(pool._idle) == 30, "every connection of the burst kept"
+                opened = [c.transport for c in pool._idle]
+                await asyncio.gather(*(pool.request("GET", "/") for _ in range(30)))
+                assert {id(c.transport) for c in pool._idle} == {id(t) for t in opened}, \
+                    "no connection opened again"
+                for conn in pool._idle[:-1]:  # all but the newest idle for over a minute
+                    conn.idle_since -= 61.0
+                newest = pool._idle[-1].transport
+                await pool.request("GET", "/")  # reuses the newest; the old ones go
+            assert len(pool._idle) == 1 and pool._idle[0].transport is newest
+            assert sum(1 for t in opened if t is not None and t.is_closing()) == 29
+        finally:
+            await pool.aclose()
 
 
 async def test_tls_verified_and_refused(serve: Callable[..., Any], tmp_path: Path) -> None:

@@ -820,8 +820,7 @@ def _warned_entries(
     honoured after all in some pods (``honoured_if``: only those need a look at the pod before
     their path is) and, for a path of plain names and indexes (``spec.securityContext.fsGroup``,
     ``spec.containers[0].workingDir``: most of them), its steps: looked up directly, not
-    matched. Every pod a node translates asks this
-    for the same few cloud sets."""
+    matched. Every pod a node translates asks this for the same few cloud sets."""
     out = []
     for entry in ENTRIES:
         rules = [entry.rules[c] for c in ordered if entry.rules[c].decision is Decision.WARNED]
