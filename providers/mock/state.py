@@ -857,11 +857,13 @@ class MockCloudState:
         now = self._tick()
         wanted = dict(tags or {})
         at = self._iso(now)  # one instant for the whole answer
-        return [metrics_json(r, now=now, seed=self.seed, at=at) for r in self._live.values()
+        return [self._metrics_json(r, now=now, at=at) for r in self._live.values()
                 if all(r.tags.get(k) == v for k, v in wanted.items())]
 
-    def _metrics_json(self, record: Record, *, now: float) -> dict[str, Any]:
-        return metrics_json(record, now=now, seed=self.seed, at=self._iso(now))
+    def _metrics_json(self, record: Record, *, now: float,
+                      at: str | None = None) -> dict[str, Any]:
+        return metrics_json(record, now=now, seed=self.seed,
+                            at=self._iso(now) if at is None else at)
 
     # -- accounting -------------------------------------------------------------------------
 

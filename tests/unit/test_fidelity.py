@@ -353,8 +353,8 @@ def test_a_pod_that_sets_warned_fields_gets_a_warning_for_each() -> None:
 def test_direct_lookups_find_what_matching_finds(pod: dict[str, Any]) -> None:
     # dropped_fields looks paths of plain names and indexes up directly (the fast path); for
     # every such entry that must be exactly what the general matcher finds
-    steps = {e.path: plain for e, _, plain in fidelity._warned_entries(CLOUD_TYPES)
-             if plain is not None}
+    steps = {w.entry.path: w.steps for w in fidelity._warned_entries(CLOUD_TYPES)
+             if w.steps is not None}
     assert len(steps) > 30  # most entries take the fast path
     for path, plain in steps.items():
         value = fidelity._plain_value(pod, plain)

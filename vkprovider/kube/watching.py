@@ -82,6 +82,19 @@ def _slim(obj: Body) -> Body:
     return shared
 
 
+class _Pauser:
+    """Yields to the event loop once :data:`_SLICE_SECONDS` of work have passed since the last
+    yield (``await maybe()`` between two units of work)."""
+
+    def __init__(self) -> None:
+        self._due = time.perf_counter() + _SLICE_SECONDS
+
+    async def maybe(self) -> None:
+        if time.perf_counter() >= self._due:
+            await asyncio.sleep(0)
+            self._due = time.perf_counter() + _SLICE_SECONDS
+
+
 class Informer:
     """Keeps ``store`` (key ``namespace/name``) in step with the API server; calls ``handler``."""
 
@@ -128,29 +141,22 @@ class Informer:
         5,000-pod list is taken in (bench/relist.py: event-loop lag during a relist). A time
         budget, not a count: an object's cost varies with its size and the handler.
         """
-        clock = time.perf_counter
-        due = clock() + _SLICE_SECONDS
+        pause = _Pauser()
         fresh: dict[str, Body] = {}
         for obj in items:
             fresh[object_key(obj)] = self._transform(obj)
-            if clock() >= due:
-                await asyncio.sleep(0)
-                due = clock() + _SLICE_SECONDS
+            await pause.maybe()
         for key, old in list(self.store.items()):
             new = fresh.get(key)
             if new is None or _uid(new) != _uid(old):
                 del self.store[key]
                 self._emit("DELETED", old)
-            if clock() >= due:
-                await asyncio.sleep(0)
-                due = clock() + _SLICE_SECONDS
+            await pause.maybe()
         for key, obj in fresh.items():
             existed = key in self.store
             self.store[key] = obj
             self._emit("MODIFIED" if existed else "ADDED", obj)
-            if clock() >= due:
-                await asyncio.sleep(0)
-                due = clock() + _SLICE_SECONDS
+            await pause.maybe()
 
     async def run(self) -> None:
         """Run until cancelled."""

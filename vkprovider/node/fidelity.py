@@ -813,25 +813,36 @@ def _honoured_here(rule: Rule, pod: Mapping[str, Any]) -> bool:
     return rule.honoured_if is not None and rule.honoured_if(pod)
 
 
+@dataclass(frozen=True)
+class _Warned:
+    """An entry WARNED on some of a set of clouds (see :func:`_warned_entries`)."""
+
+    entry: Entry
+    clouds: tuple[CloudType, ...]  # those of the set it is WARNED on
+    conditional: bool  # a rule of them may honour the field after all (honoured_if)
+    steps: tuple[str, ...] | None  # a path of plain names and indexes: looked up directly
+
+
 @functools.cache
-def _warned_entries(
-        ordered: tuple[CloudType, ...]) -> tuple[tuple[Entry, bool, tuple[str, ...] | None], ...]:
-    """The entries WARNED on at least one of ``ordered``, each with whether a rule of it may be
-    honoured after all in some pods (``honoured_if``: only those need a look at the pod before
-    their path is) and, for a path of plain names and indexes (``spec.securityContext.fsGroup``,
-    ``spec.containers[0].workingDir``: most of them), its steps: looked up directly, not
-    matched. Every pod a node translates asks this for the same few cloud sets."""
+def _warned_entries(ordered: tuple[CloudType, ...]) -> tuple[_Warned, ...]:
+    """The entries WARNED on at least one of ``ordered``, worked out once per set of clouds
+    (every pod a node translates asks for the same few). Only an entry with an ``honoured_if``
+    rule needs the pod to tell which clouds drop it, and a path of plain names and indexes
+    (``spec.securityContext.fsGroup``, ``spec.containers[0].workingDir``: most of them) is
+    looked up directly instead of matched."""
     out = []
     for entry in ENTRIES:
-        rules = [entry.rules[c] for c in ordered if entry.rules[c].decision is Decision.WARNED]
-        if rules:
+        clouds = tuple(c for c in ordered if entry.rules[c].decision is Decision.WARNED)
+        if clouds:
             segments = _segments(entry.path)
-            plain = (tuple(step for names, brackets in segments
+            steps = (tuple(step for names, brackets in segments
                            for step in (names[0], *(f"[{b}]" for b in brackets)))
                      if all(len(names) == 1 and all(b.isdigit() for b in brackets)
                             for names, brackets in segments)
                      else None)
-            out.append((entry, any(r.honoured_if is not None for r in rules), plain))
+            out.append(_Warned(entry=entry, clouds=clouds, steps=steps,
+                               conditional=any(entry.rules[c].honoured_if is not None
+                                               for c in clouds)))
     return tuple(out)
 
 
@@ -857,16 +868,17 @@ def dropped_fields(pod: Mapping[str, Any], *,
     """Every WARNED field the pod sets (to a value worth a warning) on any of ``clouds``."""
     ordered = tuple(c for c in CLOUD_TYPES if c in clouds)
     out: list[Dropped] = []
-    for entry, conditional, plain in _warned_entries(ordered):
-        if plain is not None:
-            value = _plain_value(pod, plain)
+    for w in _warned_entries(ordered):
+        entry = w.entry
+        if w.steps is not None:
+            value = _plain_value(pod, w.steps)
             if value is None:  # unset: nothing to warn about, whatever the clouds
                 continue
             values = [(entry.path, value)]
         else:
             values = values_at(pod, pattern=entry.path)
-        warned = [c for c in ordered if entry.rules[c].decision is Decision.WARNED
-                  and not (conditional and _honoured_here(entry.rules[c], pod))]
+        warned = [c for c in w.clouds if not _honoured_here(entry.rules[c], pod)] \
+            if w.conditional else w.clouds
         if not warned:
             continue
         found = [f for f, v in values if entry.warns(field=f, value=v)]
