@@ -290,10 +290,13 @@ def _dev_curl(args: argparse.Namespace) -> int:
     return asyncio.run(curl())
 
 
-def gc_tune() -> None:
+def tune_memory() -> None:
+    """Rarer full GC passes (kube/gcpause.py); freed memory handed back (memtune.py)."""
     from vkprovider.kube.gcpause import tune
+    from vkprovider.memtune import tune_malloc
 
     tune()
+    tune_malloc()
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -327,7 +330,7 @@ def _run(args: argparse.Namespace) -> int:
         client = _kube_client(kubeconfig=settings.kubeconfig, source=source,
                               user_agent=f"vkprovider/{__version__}")
         named = _credentials_name(kubeconfig=settings.kubeconfig, source=source)
-        gc_tune()
+        tune_memory()
         return eventloop.run(_checked_start(
             client=client, timeout=settings.api_server_timeout_seconds, named=named,
             start=lambda: run_virtual_kubelet(settings=settings)), choice=settings.event_loop)
@@ -433,7 +436,7 @@ def _descheduler(args: argparse.Namespace) -> int:
     client = _kube_client(kubeconfig=settings.kubeconfig, source=source,
                           user_agent=f"vkprovider-companion/{__version__}")
     named = _credentials_name(kubeconfig=settings.kubeconfig, source=source)
-    gc_tune()
+    tune_memory()
     return eventloop.run(_checked_start(
         client=client, timeout=settings.api_server_timeout_seconds, named=named,
         start=lambda: run_companion(
