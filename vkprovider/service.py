@@ -205,6 +205,7 @@ async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str,
                 tg.create_task(servers.run()),
                 tg.create_task(GPUHealthWatch(  # policy gpuHealth: hot cloud GPUs
                     controller=controller, samples=lambda: servers.gpus.samples,
+                    samples_version=lambda: servers.gpus.version,
                     tick=min(1.0, settings.kubelet_api.gpu_metrics_interval_seconds)).run(),
                     name="gpuhealth"),
                 tg.create_task(sample_lag(histogram=metrics.event_loop_lag), name="looplag"),

@@ -137,3 +137,39 @@ async def test_a_restarted_provider_unmarks_a_cool_pod_and_leaves_others_alone()
     watch = GPUHealthWatch(controller=controller, samples=lambda: cool)  # type: ignore[arg-type]
     await watch.pass_once()
     assert [p for p, _ in client.patches] == ["/api/v1/namespaces/ns/pods/p1/status"]
+
+
+async def test_a_pass_with_nothing_new_is_skipped_whole_and_any_change_runs_one() -> None:
+    policy = pol.parse_overflow_policy({"metadata": {"name": "inf"}, "spec": {
+        "providers": ["mock"], "gpuHealth": {"maxTemperatureCelsius": 78}}})
+    pod: dict[str, Any] = {"metadata": {"name": "p1", "namespace": "ns", "uid": "u1",
+                                        "resourceVersion": "1",
+                                        "annotations": {POLICY_ANNOTATION: "inf"}},
+                           "status": {"conditions": []}}
+    informer = SimpleNamespace(store={"ns/p1": pod}, changes=0)
+    policies = SimpleNamespace(changes=0)
+    controller = SimpleNamespace(
+        pod_keys={"u1": "ns/p1"}, informer=informer, policies=policies,
+        parsed_policies=lambda: {"inf": policy}, placed={}, blocks=Blocks(),
+        events=FakeEvents(), client=FakeClient(), metrics=Metrics())
+    samples = {"u1": _sample(50.0, 1.0)}
+    version = [0]
+    walked: list[int] = []
+
+    def read() -> dict[str, PodGPUs]:
+        walked.append(version[0])
+        return samples
+
+    watch = GPUHealthWatch(controller=controller,  # type: ignore[arg-type]
+                           samples=read, samples_version=lambda: version[0])
+    await watch.pass_once()
+    await watch.pass_once()
+    assert len(walked) == 1, "nothing changed: the second pass did not look at the pods"
+    version[0] += 1
+    await watch.pass_once()
+    informer.changes += 1
+    await watch.pass_once()
+    policies.changes += 1
+    await watch.pass_once()
+    await watch.pass_once()
+    assert len(walked) == 4, "a new sample, a pod change, a policy change: one walk each"

@@ -4,9 +4,10 @@ managedFields gone, one string object for a key or short value across objects.""
 from __future__ import annotations
 
 import json
+from typing import Any, cast
 
 from vkprovider.kube.sharing import TreeSharer
-from vkprovider.kube.watching import _slim
+from vkprovider.kube.watching import Informer, _slim
 
 RAW = json.dumps({
     "metadata": {"name": "p1", "managedFields": [{"manager": "x"}], "labels": {"app": "a"}},
@@ -76,3 +77,15 @@ def test_the_sharers_table_is_bounded_and_emptied_when_full() -> None:
     # After the table was emptied, sharing starts again: equal subtrees meet again.
     again = sharer({"spec": {"x": {"n": 49}}})
     assert again["spec"]["x"] is seen[-1]["spec"]["x"]
+
+
+def test_the_change_count_moves_with_every_store_change_and_only_then() -> None:
+    informer = Informer(client=cast(Any, None), path="/x")
+    pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "u", "resourceVersion": "1"}}
+    informer._apply({"type": "ADDED", "object": json.loads(json.dumps(pod))})
+    assert informer.changes == 1
+    informer._apply({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "2"}}})
+    assert informer.changes == 1, "a bookmark changes no object"
+    informer._apply({"type": "MODIFIED", "object": json.loads(json.dumps(pod))})
+    informer._apply({"type": "DELETED", "object": json.loads(json.dumps(pod))})
+    assert informer.changes == 3 and informer.store == {}

@@ -159,6 +159,7 @@ class GPUCollector:
         self.clock = clock
         self.wall = wall
         self.samples: dict[str, PodGPUs] = {}
+        self.version = 0  # bumped whenever ``samples`` changes (readers skip unchanged passes)
         self._attempted: dict[str, float] = {}  # uid -> clock() of the last call (ok or not)
         metrics.pod_gpus.source = self.samples.values  # vkprovider_pod_gpu_*, when scraped
         self._limit = asyncio.Semaphore(concurrency)
@@ -257,6 +258,8 @@ class GPUCollector:
                          gpus=parse_readings(body,
                                              default_model=placement.instance.gpu_type or ""))
         self.samples[placement.uid] = sample
+        self.version += 1
 
     def _forget(self, uid: str) -> None:
-        self.samples.pop(uid, None)
+        if self.samples.pop(uid, None) is not None:
+            self.version += 1

@@ -116,6 +116,9 @@ class Informer:
         self.synced = asyncio.Event()
         self.resource_version = ""
         self.relists = 0
+        #: Bumped whenever the store changes: a caller that scans the whole store can skip a
+        #: scan when this (and whatever else it reads) is what it was last time.
+        self.changes = 0
         self._transform = transform or _slim  # slim projections keep big caches cheap
         self._missing_ok = missing_ok  # a 404 (CRD not installed) means "none" and retries later
         self.missing = False
@@ -144,11 +147,13 @@ class Informer:
             new = fresh.get(key)
             if new is None or _uid(new) != _uid(old):
                 del self.store[key]
+                self.changes += 1
                 self._emit("DELETED", old)
             await pause.maybe()
         for key, obj in fresh.items():
             existed = key in self.store
             self.store[key] = obj
+            self.changes += 1
             self._emit("MODIFIED" if existed else "ADDED", obj)
             await pause.maybe()
 
@@ -227,6 +232,7 @@ class Informer:
         if kind == "BOOKMARK":
             return
         key = object_key(obj)
+        self.changes += 1
         if kind == "DELETED":
             self.store.pop(key, None)
             self._emit("DELETED", obj)

@@ -641,6 +641,7 @@ class EndpointSliceController:
             self.slices.store.pop(key, None)
         else:
             self.slices.store[key] = _slim_slice(obj)
+        self.slices.changes += 1
         self._index_slice(key, obj)
         self._set_slice_gauge()
 
