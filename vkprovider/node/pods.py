@@ -502,7 +502,16 @@ class PodController:
                 if other is not None and other.instance.id != inst.id:
                     await self._delete_duplicate(keep=other, extra=Placed(name, inst, now))
                     continue
-                seen[uid] = Placed(provider=name, instance=inst, seen_at=now)
+                prev = self.placed.get(uid)
+                if prev is not None and prev.instance is inst and prev.provider == name \
+                        and prev.listed:
+                    # Listed exactly as before (the adapter hands back the same Instance):
+                    # the same record, seen again. Readers that cache by record (the kubelet
+                    # API's view) keep their work, and 5,000 pods cost no new records a sweep.
+                    prev.seen_at = now
+                    seen[uid] = prev
+                else:
+                    seen[uid] = Placed(provider=name, instance=inst, seen_at=now)
             self.metrics.instances.labels(name).set(len(ours))
             self.metrics.cost.labels(name).set(round(cost, 6))
         # Keep what we created since the list began (lists may lag behind creates), and what
