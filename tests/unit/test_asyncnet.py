@@ -19,7 +19,7 @@ from providers.asyncnet import AsyncioBackend, FastTransport, fast_transport
 from providers.base import TransientError
 from providers.http import RetryPolicy
 from vkprovider.api.tls import self_signed_certificate
-from vkprovider.kube.auth import BearerAuth, Credentials
+from vkprovider.kube.auth import BearerAuth, Credentials, configuration_token
 from vkprovider.kube.client import KubeClient
 from vkprovider.kube.errors import ServerError
 
@@ -191,7 +191,7 @@ async def test_kube_client_retries_5xx_honouring_retry_after(serve: Callable[...
     port = await serve(server)
     config = _Config()
     creds = Credentials(host=f"http://127.0.0.1:{port}", ssl_context=ssl.create_default_context(),
-                        _configuration=config)
+                        token=configuration_token(config))
     async with asyncio.timeout(GUARD), KubeClient(credentials=creds, retries=4) as kube:
         assert await kube.patch("/api/v1/namespaces/a/pods/b/status", {"status": {}}) == {
             "kind": "Pod"}
@@ -209,8 +209,9 @@ async def test_kube_client_retries_5xx_honouring_retry_after(serve: Callable[...
 def test_bearer_token_is_read_again_after_max_age() -> None:
     config = _Config()
     now = [100.0]
-    auth = BearerAuth(Credentials(host="https://x", ssl_context=ssl.create_default_context(),
-                                  _configuration=config), max_age=5.0, clock=lambda: now[0])
+    creds = Credentials(host="https://x", ssl_context=ssl.create_default_context(),
+                        token=configuration_token(config))
+    auth = BearerAuth(creds, max_age=5.0, clock=lambda: now[0])
     assert auth.header() == "Bearer tok-1"
     now[0] += 4.9
     assert auth.header() == "Bearer tok-1" and config.asked == 1
@@ -250,7 +251,7 @@ async def test_kube_client_request_line_and_headers(serve: Callable[..., Any], p
     server = Server(answer=json_ok)
     port = await serve(server)
     creds = Credentials(host=f"http://127.0.0.1:{port}", ssl_context=ssl.create_default_context(),
-                        _configuration=_Config())
+                        token=configuration_token(_Config()))
     async with asyncio.timeout(GUARD), KubeClient(credentials=creds) as kube:
         assert (kube._transport is None) is proxy
         await kube.get("/api/v1/pods", params={"fieldSelector": "spec.nodeName=n1",

@@ -1,8 +1,10 @@
-"""Credentials for the API server, loaded by the official ``kubernetes`` package.
+"""Credentials for the API server: where it is, how to trust it, how to prove who we are.
 
-Why it exists: the official package knows every kubeconfig and in-cluster variant (exec plugins,
-token rotation, client certificates), but its models are slow; we borrow only its credential
-loading and hand the result to httpx.
+Why it exists: the common cases (in-cluster, a kubeconfig with client certificates or a token)
+are read by kube/kubeconfig.py; the official ``kubernetes`` package, which knows every variant
+(exec plugins, auth providers, merged kubeconfigs), loads the rest. Its models are slow and its
+import is heavy, so we borrow only its credential loading, and only when needed, and hand the
+result to our HTTP clients.
 """
 
 from __future__ import annotations
@@ -10,12 +12,13 @@ from __future__ import annotations
 import ssl
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from vkprovider.errors import ConfigError
+from vkprovider.kube import kubeconfig as kubeconfig_file
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,11 +27,19 @@ class Credentials:
 
     host: str
     ssl_context: ssl.SSLContext
-    _configuration: Any  # kubernetes.client.Configuration; asked for a fresh token per request
+    #: The current bearer token, None for none (certificate auth): asked anew by
+    #: :class:`BearerAuth` every few seconds, so a rotated token is picked up.
+    token: Callable[[], str | None] = field(repr=False)
 
     def bearer_token(self) -> str | None:
-        """The current token (refreshed by the official loader when it rotates), if any."""
-        cfg = self._configuration
+        """The current token, if any."""
+        return self.token()
+
+
+def configuration_token(cfg: Any) -> Callable[[], str | None]:
+    """The token source of an official-client ``Configuration`` (refreshed by its loader)."""
+
+    def token() -> str | None:
         value = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix(
             "authorization"
         )
@@ -37,10 +48,25 @@ class Credentials:
         text = str(value)
         return text[len("Bearer ") :] if text.startswith("Bearer ") else text
 
+    return token
+
 
 def load_credentials(*, kubeconfig: str | None = None, context: str | None = None) -> Credentials:
-    """Kubeconfig when a path is given, else in-cluster, else the default kubeconfig."""
-    from kubernetes import client as kclient  # imported lazily: ~0.5 s, needed once
+    """Kubeconfig when a path is given, else in-cluster, else the default kubeconfig.
+
+    The common cases are read directly (kube/kubeconfig.py: the official client costs ~10 MiB
+    of memory for the process's life); the rest goes through the official loader."""
+    try:
+        simple = kubeconfig_file.load(kubeconfig=kubeconfig, context=context)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load Kubernetes credentials: {exc}") from exc
+    if simple is not None:
+        return Credentials(host=simple.host, ssl_context=simple.ssl_context, token=simple.token)
+    return _official(kubeconfig=kubeconfig, context=context)
+
+
+def _official(*, kubeconfig: str | None, context: str | None) -> Credentials:
+    from kubernetes import client as kclient  # imported lazily: ~0.5 s and ~10 MiB
     from kubernetes import config as kconfig
 
     cfg = kclient.Configuration()
@@ -67,7 +93,8 @@ def load_credentials(*, kubeconfig: str | None = None, context: str | None = Non
         ctx.verify_mode = ssl.CERT_NONE
     if cfg.cert_file and cfg.key_file:
         ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
-    return Credentials(host=str(cfg.host).rstrip("/"), ssl_context=ctx, _configuration=cfg)
+    return Credentials(host=str(cfg.host).rstrip("/"), ssl_context=ctx,
+                       token=configuration_token(cfg))
 
 
 class BearerAuth(httpx.Auth):
