@@ -25,6 +25,8 @@ import logging
 import os
 from collections.abc import Mapping
 
+from vkprovider.logs import kv
+
 __all__ = ["SETTINGS", "tune_malloc"]
 
 log = logging.getLogger(__name__)
@@ -61,5 +63,5 @@ def tune_malloc(*, environ: Mapping[str, str] | None = None) -> list[str]:
         if mallopt(param, value) == 1:
             applied.append(name)
         else:  # glibc refused it: say so, run on with its default
-            log.warning("mallopt refused a setting", extra={"setting": name, "value": value})
+            log.warning("mallopt refused a setting", extra=kv(setting=name, value=value))
     return applied

@@ -52,13 +52,18 @@ def object_key(obj: Body) -> str:
     return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
 
 
-def _slim(obj: Body) -> Body:
-    """What a cache keeps of an object: no managedFields (large, never read here), keys and
-    short strings shared with every other cached object (kube/sharing.py)."""
+def _without_managed_fields(obj: Body) -> Body:
+    """``obj`` without managedFields (large, never read here)."""
     meta = obj.get("metadata")
     if isinstance(meta, dict):
         meta.pop("managedFields", None)
-    shared: Body = intern_strings(obj)
+    return obj
+
+
+def _slim(obj: Body) -> Body:
+    """What a cache keeps of an object: no managedFields, keys and short strings shared with
+    every other cached object (kube/sharing.py)."""
+    shared: Body = intern_strings(_without_managed_fields(obj))
     return shared
 
 
@@ -67,10 +72,7 @@ def shared_slim(sharer: TreeSharer) -> Callable[[Body], Body]:
     through ``sharer`` (kube/sharing.py): for big caches of look-alike objects (pods)."""
 
     def transform(obj: Body) -> Body:
-        meta = obj.get("metadata")
-        if isinstance(meta, dict):
-            meta.pop("managedFields", None)
-        shared: Body = sharer(obj)
+        shared: Body = sharer(_without_managed_fields(obj))
         return shared
 
     return transform
