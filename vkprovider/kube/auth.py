@@ -66,7 +66,7 @@ def load_credentials(*, kubeconfig: str | None = None, context: str | None = Non
 
 
 def _official(*, kubeconfig: str | None, context: str | None) -> Credentials:
-    from kubernetes import client as kclient  # imported lazily: ~0.5 s and ~10 MiB
+    from kubernetes import client as kclient  # imported lazily: ~0.5 s and 7.4 MiB
     from kubernetes import config as kconfig
 
     cfg = kclient.Configuration()
@@ -100,10 +100,11 @@ def _official(*, kubeconfig: str | None, context: str | None) -> Credentials:
 class BearerAuth(httpx.Auth):
     """Sets the current bearer token on every request (no-op for certificate auth).
 
-    The token is asked of the official loader at most every ``max_age`` seconds: each ask
-    re-applies the whole kubeconfig to its Configuration (about 5% of the CPU of a request when
-    done per request), while the loader itself re-reads a rotated token only once a minute
-    (in-cluster) or when an exec token has expired, so a few seconds of caching change nothing.
+    The token is asked of its source at most every ``max_age`` seconds: asking the official
+    loader re-applies the whole kubeconfig to its Configuration (about 5% of the CPU of a request
+    when done per request), while it re-reads a rotated token only once a minute (in-cluster)
+    or when an exec token has expired, so a few seconds of caching change nothing; our own
+    sources (kube/kubeconfig.py) read a token file each time they are asked.
     """
 
     def __init__(self, credentials: Credentials, *, max_age: float = 5.0,

@@ -3,18 +3,18 @@
 Why it exists: the provider needs its credentials once, at start: a server URL, a CA, a client
 certificate or a token (re-read when it rotates). Importing the ``kubernetes`` package to read
 them keeps its generated API client, requests, urllib3 and oauthlib in memory for the life of
-the process: ~10 MiB resident and 280 modules (bench/steady.py counts every MiB at 5,000 pods).
+the process: 7.4 MiB resident and 260 modules more (bench/steady.py counts every MiB at 5,000
+pods).
 This module reads what nearly every deployment uses:
 
 * in-cluster: ``KUBERNETES_SERVICE_HOST``/``_PORT`` and the service account's token and CA; the
-  token is read again once a minute (the kubelet rotates projected tokens, and the official
-  loader re-reads as often);
+  token file is read again whenever :class:`~vkprovider.kube.auth.BearerAuth` asks (every few
+  seconds: the kubelet rotates projected tokens; the official loader re-reads once a minute);
 * a kubeconfig (the path given, else a single ``KUBECONFIG`` path, else ``~/.kube/config``)
   whose context's cluster has a ``server``, a CA as a file or data or
   ``insecure-skip-tls-verify``, and whose user has a client certificate and key (files or
-  data), a ``token`` or a ``tokenFile`` (read again when asked, at most every few seconds
-  through :class:`~vkprovider.kube.auth.BearerAuth`). Relative paths are relative to the
-  kubeconfig's folder, as in client-go.
+  data), a ``token`` or a ``tokenFile`` (read again as the in-cluster token is). Relative
+  paths are relative to the kubeconfig's folder, as in client-go.
 
 Anything else (exec plugins, auth providers, basic auth, a proxy, a TLS server name, several
 ``KUBECONFIG`` files to merge, a key this module does not know, a malformed file) is left to the
@@ -29,7 +29,6 @@ import binascii
 import os
 import ssl
 import tempfile
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,6 @@ __all__ = ["SA_DIR", "Loaded", "load"]
 
 #: Where a pod's service account token and CA are mounted.
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-_IN_CLUSTER_TOKEN_MAX_AGE = 60.0
 
 _CLUSTER_KEYS = frozenset({"server", "certificate-authority", "certificate-authority-data",
                            "insecure-skip-tls-verify", "extensions"})
@@ -62,26 +60,22 @@ class Loaded:
 
 
 class _FileToken:
-    """A token read from a file, again once it is ``max_age`` seconds old."""
+    """A token read from its file each time it is asked for (BearerAuth asks every few
+    seconds), so a rotated token is used at once; a failed read keeps the last one."""
 
-    def __init__(self, path: Path, *, max_age: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, path: Path) -> None:
         self._path = path
-        self._max_age = max_age
-        self._clock = clock
         self._value: str | None = None
-        self._read_at: float | None = None
+        self._read = False
 
     def __call__(self) -> str | None:
-        now = self._clock()
-        if self._read_at is None or now - self._read_at >= self._max_age:
-            try:
-                self._value = self._path.read_text().strip() or None
-                self._read_at = now
-            except OSError:
-                if self._read_at is None:
-                    raise
-                # a rotation mid-write or a brief glitch: keep the last token, try next time
+        try:
+            self._value = self._path.read_text().strip() or None
+            self._read = True
+        except OSError:
+            if not self._read:
+                raise
+            # a rotation mid-write or a brief glitch: keep the last token, try next time
         return self._value
 
 
@@ -114,7 +108,7 @@ def _in_cluster(*, env: Mapping[str, str], sa_dir: Path) -> Loaded | None:
         return None
     shown = f"[{host}]" if ":" in host else host
     ctx = ssl.create_default_context(cafile=str(ca_file))
-    token = _FileToken(token_file, max_age=_IN_CLUSTER_TOKEN_MAX_AGE)
+    token = _FileToken(token_file)
     token()  # unreadable now: fail at start, not on the first request
     return Loaded(host=f"https://{shown}:{port}", ssl_context=ctx, token=token)
 
@@ -189,7 +183,7 @@ def _from_kubeconfig(doc: Any, *, path: Path, context: str | None) -> Loaded | N
         fixed = token
         source = lambda: fixed  # noqa: E731 - one line, no state
     elif token_file is not None:
-        source = _FileToken(token_file, max_age=0.0)
+        source = _FileToken(token_file)
         source()  # unreadable now: fail at start
     else:
         source = lambda: None  # noqa: E731
