@@ -54,7 +54,7 @@ def configuration_token(cfg: Any) -> Callable[[], str | None]:
 def load_credentials(*, kubeconfig: str | None = None, context: str | None = None) -> Credentials:
     """Kubeconfig when a path is given, else in-cluster, else the default kubeconfig.
 
-    The common cases are read directly (kube/kubeconfig.py: the official client costs ~10 MiB
+    The common cases are read directly (kube/kubeconfig.py: the official client costs 7.4 MiB
     of memory for the process's life); the rest goes through the official loader."""
     try:
         simple = kubeconfig_file.load(kubeconfig=kubeconfig, context=context)
