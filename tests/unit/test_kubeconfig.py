@@ -101,6 +101,19 @@ def test_what_only_the_official_loader_knows_is_left_to_it(tmp_path: Path,
     assert kubeconfig.load(kubeconfig=str(path), context=None, environ={}) is None
 
 
+@pytest.mark.parametrize("field", ["certificate-authority-data", "client-certificate-data"])
+def test_undecodable_inline_data_is_left_to_the_official_loader(tmp_path: Path,
+                                                                field: str) -> None:
+    # Never trust the system's CAs, or go without a client certificate, in its place.
+    cluster: dict[str, Any] = {"server": "https://h:1"}
+    user: dict[str, Any] = {"token": "t"}
+    path = _write(tmp_path / "config", cluster=cluster, user=user)
+    assert kubeconfig.load(kubeconfig=str(path), context=None, environ={}) is not None
+    (cluster if field.startswith("certificate") else user)[field] = "not base64!"
+    path = _write(tmp_path / "config", cluster=cluster, user=user)
+    assert kubeconfig.load(kubeconfig=str(path), context=None, environ={}) is None
+
+
 def test_unclear_files_and_merges_are_left_to_the_official_loader(tmp_path: Path) -> None:
     path = _write(tmp_path / "config", cluster={"server": "https://h:1", "proxy-url": "x"},
                   user={})

@@ -113,6 +113,10 @@ def _in_cluster(*, env: Mapping[str, str], sa_dir: Path) -> Loaded | None:
     return Loaded(host=f"https://{shown}:{port}", ssl_context=ctx, token=token)
 
 
+class _NotOurs(Exception):
+    """A kubeconfig value this module will not guess about: the official loader's case."""
+
+
 def _named(items: Any, name: Any, field: str) -> dict[str, Any] | None:
     if not isinstance(items, list):
         return None
@@ -150,14 +154,22 @@ def _from_kubeconfig(doc: Any, *, path: Path, context: str | None) -> Loaded | N
 
     def data_of(key: str, holder: Mapping[str, Any]) -> bytes | None:
         value = holder.get(key)
-        if not isinstance(value, str) or not value:
+        if value is None or value == "":
             return None
+        if not isinstance(value, str):
+            raise _NotOurs(key)
         try:
             return base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError):
-            return None
+        except (binascii.Error, ValueError) as exc:
+            # never fall back to another trust or identity: the official loader reports it
+            raise _NotOurs(key) from exc
 
-    ca_data = data_of("certificate-authority-data", cluster)
+    try:
+        ca_data = data_of("certificate-authority-data", cluster)
+        cert_data = data_of("client-certificate-data", user)
+        key_data = data_of("client-key-data", user)
+    except _NotOurs:
+        return None
     ca_file = file_of("certificate-authority", cluster)
     if ca_data is not None:
         tls = ssl.create_default_context(cadata=ca_data.decode("ascii", "replace"))
@@ -169,7 +181,6 @@ def _from_kubeconfig(doc: Any, *, path: Path, context: str | None) -> Loaded | N
         tls.check_hostname = False
         tls.verify_mode = ssl.CERT_NONE
 
-    cert_data, key_data = data_of("client-certificate-data", user), data_of("client-key-data", user)
     cert_file, key_file = file_of("client-certificate", user), file_of("client-key", user)
     if (cert_data or cert_file) and (key_data or key_file):
         _load_chain(tls, cert=cert_data or cert_file, key=key_data or key_file)
