@@ -18,7 +18,6 @@ from typing import Any
 import httpx
 
 from vkprovider.errors import ConfigError
-from vkprovider.kube import kubeconfig as kubeconfig_file
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,13 +55,13 @@ def load_credentials(*, kubeconfig: str | None = None, context: str | None = Non
 
     The common cases are read directly (kube/kubeconfig.py: the official client costs 7.4 MiB
     of memory for the process's life); the rest goes through the official loader."""
+    from vkprovider.kube import kubeconfig as kubeconfig_file  # it builds our Credentials
+
     try:
         simple = kubeconfig_file.load(kubeconfig=kubeconfig, context=context)
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(f"cannot load Kubernetes credentials: {exc}") from exc
-    if simple is not None:
-        return Credentials(host=simple.host, ssl_context=simple.ssl_context, token=simple.token)
-    return _official(kubeconfig=kubeconfig, context=context)
+    return simple or _official(kubeconfig=kubeconfig, context=context)
 
 
 def _official(*, kubeconfig: str | None, context: str | None) -> Credentials:

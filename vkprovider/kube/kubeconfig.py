@@ -35,7 +35,9 @@ from typing import Any
 
 import yaml
 
-__all__ = ["SA_DIR", "Loaded", "load"]
+from vkprovider.kube.auth import Credentials
+
+__all__ = ["SA_DIR", "load"]
 
 #: Where a pod's service account token and CA are mounted.
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -44,19 +46,6 @@ _CLUSTER_KEYS = frozenset({"server", "certificate-authority", "certificate-autho
                            "insecure-skip-tls-verify", "extensions"})
 _USER_KEYS = frozenset({"client-certificate", "client-certificate-data", "client-key",
                         "client-key-data", "token", "tokenFile", "extensions"})
-
-
-class Loaded:
-    """What :func:`load` found: the server, a TLS context, and where the token comes from."""
-
-    def __init__(self, *, host: str, ssl_context: ssl.SSLContext,
-                 token: Callable[[], str | None]) -> None:
-        self.host = host
-        self.ssl_context = ssl_context
-        self.token = token
-
-    def __repr__(self) -> str:  # nothing secret in it
-        return f"Loaded(host={self.host!r})"
 
 
 class _FileToken:
@@ -80,7 +69,7 @@ class _FileToken:
 
 
 def load(*, kubeconfig: str | None, context: str | None,
-         environ: Mapping[str, str] | None = None, sa_dir: Path = SA_DIR) -> Loaded | None:
+         environ: Mapping[str, str] | None = None, sa_dir: Path = SA_DIR) -> Credentials | None:
     """Credentials as :func:`vkprovider.kube.auth.load_credentials` would find them, or None
     when the case is one for the official loader. Raises OSError or ssl.SSLError for files
     that are named but cannot be read or used."""
@@ -101,7 +90,7 @@ def load(*, kubeconfig: str | None, context: str | None,
     return _from_kubeconfig(doc, path=path, context=context)
 
 
-def _in_cluster(*, env: Mapping[str, str], sa_dir: Path) -> Loaded | None:
+def _in_cluster(*, env: Mapping[str, str], sa_dir: Path) -> Credentials | None:
     host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
     token_file, ca_file = sa_dir / "token", sa_dir / "ca.crt"
     if not host or not port or not token_file.is_file() or not ca_file.is_file():
@@ -110,7 +99,7 @@ def _in_cluster(*, env: Mapping[str, str], sa_dir: Path) -> Loaded | None:
     ctx = ssl.create_default_context(cafile=str(ca_file))
     token = _FileToken(token_file)
     token()  # unreadable now: fail at start, not on the first request
-    return Loaded(host=f"https://{shown}:{port}", ssl_context=ctx, token=token)
+    return Credentials(host=f"https://{shown}:{port}", ssl_context=ctx, token=token)
 
 
 class _NotOurs(Exception):
@@ -127,7 +116,7 @@ def _named(items: Any, name: Any, field: str) -> dict[str, Any] | None:
     return None
 
 
-def _from_kubeconfig(doc: Any, *, path: Path, context: str | None) -> Loaded | None:
+def _from_kubeconfig(doc: Any, *, path: Path, context: str | None) -> Credentials | None:
     if not isinstance(doc, dict):
         return None
     ctx_name = context or doc.get("current-context")
@@ -198,7 +187,7 @@ def _from_kubeconfig(doc: Any, *, path: Path, context: str | None) -> Loaded | N
         source()  # unreadable now: fail at start
     else:
         source = lambda: None  # noqa: E731
-    return Loaded(host=server.rstrip("/"), ssl_context=tls, token=source)
+    return Credentials(host=server.rstrip("/"), ssl_context=tls, token=source)
 
 
 def _load_chain(tls: ssl.SSLContext, *, cert: bytes | Path | None,
