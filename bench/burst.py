@@ -48,7 +48,17 @@ from typing import Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.common import RESULTS, Profiler, machine, pct, proc_usage, table, write
+from bench.common import (
+    RESULTS,
+    Profiler,
+    machine,
+    pct,
+    proc_usage,
+    runtime_env,
+    runtime_python,
+    table,
+    write,
+)
 from bench.govk import GoVKProcess, govk_binary
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import NotFoundError
@@ -123,7 +133,7 @@ class Ours:
     """vkprovider with a mock cloud that boots instantly."""
 
     def __init__(self, *, work: Path, kubeconfig: Path, n: int, workers: int = WORKERS,
-                 event_loop: str | None = None) -> None:
+                 event_loop: str | None = None, python: Path | None = None) -> None:
         # the event loop (provider and mock cloud alike) is named when the bench chose one
         self.label = f"vkprovider ({event_loop})" if event_loop else "vkprovider"
         self.node = f"vk-bench-{uuid.uuid4().hex[:6]}"
@@ -134,7 +144,9 @@ class Ours:
                                         clouds=[self.cloud],
                                         pods={"status_interval_seconds": 5, "workers": workers,
                                               "orphan_grace_seconds": 30},
-                                        extra={"event_loop": event_loop} if event_loop else None)
+                                        extra={"event_loop": event_loop} if event_loop else None,
+                                        python=python,
+                                        env=runtime_env() if python is not None else None)
 
     async def start(self) -> None:
         await self.cloud.start()
@@ -593,9 +605,10 @@ def phase_timeouts(sizes: list[int], given: list[float] | None) -> dict[int, flo
 async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float],
                name: str = "burst", profile: Path | None = None,
                workers: int = WORKERS, event_loops: tuple[str, ...] = (),
-               go_modes: tuple[str, ...] = ("default", "lifted")) -> int:
+               go_modes: tuple[str, ...] = ("default", "lifted"), dev_venv: bool = False) -> int:
     work = Path(tempfile.mkdtemp(prefix="vkp-bench-"))
     binary = govk_binary() if compare_go else None
+    python = None if dev_venv else runtime_python()
     load = os.getloadavg()
     cluster = LocalCluster(log_dir=work / "logs")
     results: list[dict[str, Any]] = []
@@ -608,7 +621,7 @@ async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float]
             await warm_up(kube=kube, n=WARM_UP_PODS)
             for n in sizes:
                 systems: list[System] = [Ours(work=work, kubeconfig=kubeconfig, n=n,
-                                              workers=workers, event_loop=loop)
+                                              workers=workers, event_loop=loop, python=python)
                                          for loop in event_loops or (None,)]
                 if binary is not None:
                     systems += [GoVK(binary=binary, work=work, kubeconfig=cluster.kubeconfig,
@@ -629,7 +642,8 @@ async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float]
                 "quiet_seconds": QUIET_SECONDS,
                 "phase_timeout_seconds": {str(n): t for n, t in timeouts.items()},
                 "compare_go": compare_go, "load_average_at_start": list(load),
-                "event_loops": list(event_loops) or ["auto"]}
+                "event_loops": list(event_loops) or ["auto"],
+                "provider_python": "dev venv" if dev_venv else "runtime-only venv"}
     path = write(name, {"machine": info, "settings": settings, "results": results})
     (RESULTS / f"{name}.txt").write_text(text)
     sys.stdout.write(f"wrote {path} and {RESULTS / (name + '.txt')}\n")
@@ -659,9 +673,12 @@ if __name__ == "__main__":
     parser.add_argument("--event-loops", nargs="+", choices=["auto", "uvloop", "asyncio"],
                         default=[], help="run vkprovider (and its mock cloud) once per event "
                         "loop given, side by side (default: once, on the default: auto)")
+    parser.add_argument("--dev-venv", action="store_true",
+                        help="run the provider from the dev venv instead of a runtime-only one "
+                             "(bench.common.runtime_python); dev tools add ~4 MiB of RSS")
     args = parser.parse_args()
     sys.exit(asyncio.run(main(sizes=args.pods, compare_go=args.compare_go, workers=args.workers,
                               event_loops=tuple(args.event_loops),
                               go_modes=tuple(args.go_modes),
                               timeouts=phase_timeouts(args.pods, args.phase_timeout),
-                              name=args.name, profile=args.profile)))
+                              name=args.name, profile=args.profile, dev_venv=args.dev_venv)))

@@ -60,7 +60,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.burst import TOLERATION, GoVK, Writes, apiserver_writes, wait_quiet
 from bench.burst import wait_node as wait_go_node
-from bench.common import RESULTS, machine, proc_usage, table, write
+from bench.common import RESULTS, machine, proc_usage, runtime_env, runtime_python, table, write
 from bench.govk import govk_binary
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import NotFoundError
@@ -440,7 +440,8 @@ def render(*, info: dict[str, Any], results: list[dict[str, Any]], window: float
 
 
 async def run_ours(*, kube: KubeClient, kubeconfig: Path, work: Path, sizes: list[int],
-                   window: float, gpu_interval: float, inventory: str) -> list[dict[str, Any]]:
+                   window: float, gpu_interval: float, inventory: str,
+                   python: Path | None) -> list[dict[str, Any]]:
     node = f"vk-steady-{uuid.uuid4().hex[:6]}"
     results: list[dict[str, Any]] = []
     cloud = MockCloudProcess(work_dir=work, name="steady", boot_delay=0.0, inventory=inventory)
@@ -448,7 +449,8 @@ async def run_ours(*, kube: KubeClient, kubeconfig: Path, work: Path, sizes: lis
     provider = ProviderProcess(
         work_dir=work, kubeconfig=kubeconfig, node_name=node, clouds=[cloud],
         pods=SETTINGS["pods"], node=SETTINGS["node"],
-        kubelet_api={"gpu_metrics_interval_seconds": gpu_interval})
+        kubelet_api={"gpu_metrics_interval_seconds": gpu_interval},
+        python=python, env=runtime_env() if python is not None else None)
     provider.start()
     try:
         await wait_node(kube=kube, node=node, provider=provider, cloud=cloud)
@@ -463,9 +465,10 @@ async def run_ours(*, kube: KubeClient, kubeconfig: Path, work: Path, sizes: lis
 
 
 async def main(*, sizes: list[int], window: float, gpu_interval: float,
-               compare_go: bool) -> int:
+               compare_go: bool, dev_venv: bool = False) -> int:
     work = Path(tempfile.mkdtemp(prefix="vkp-bench-"))
     binary = govk_binary() if compare_go else None
+    python = None if dev_venv else runtime_python()
     load = os.getloadavg()
     cluster = LocalCluster(log_dir=work / "logs")
     inventory = f"H100:us-east:{max(sizes) + 1000}:2.49"
@@ -477,7 +480,7 @@ async def main(*, sizes: list[int], window: float, gpu_interval: float,
                                                      path=work / "provider.kubeconfig")
             results = await run_ours(kube=kube, kubeconfig=kubeconfig, work=work, sizes=sizes,
                                      window=window, gpu_interval=gpu_interval,
-                                     inventory=inventory)
+                                     inventory=inventory, python=python)
             if binary is not None:
                 for lift in (False, True):
                     system = GoVK(binary=binary, work=work, kubeconfig=cluster.kubeconfig,
@@ -495,7 +498,8 @@ async def main(*, sizes: list[int], window: float, gpu_interval: float,
                 "mock_cloud": {"boot_delay": 0.0, "inventory": inventory},
                 "settle_seconds": SETTLE_SECONDS, "window_seconds": window,
                 "create_concurrency": CREATE_CONCURRENCY, "compare_go": compare_go,
-                "load_average_at_start": list(load)}
+                "load_average_at_start": list(load),
+                "provider_python": "dev venv" if dev_venv else "runtime-only venv"}
     path = write("steady", {"machine": info, "settings": settings, "results": results,
                             "go_results": go_results})
     (RESULTS / "steady.txt").write_text(text)
@@ -520,7 +524,10 @@ if __name__ == "__main__":
     parser.add_argument("--compare-go", action="store_true",
                         help="also run the upstream Go virtual-kubelet (tools/govk), default and "
                              "with its limits lifted, on the same sizes and window")
+    parser.add_argument("--dev-venv", action="store_true",
+                        help="run the provider from the dev venv instead of a runtime-only one "
+                             "(bench.common.runtime_python); dev tools add ~4 MiB of RSS")
     args = parser.parse_args()
     sys.exit(asyncio.run(main(sizes=args.pods, window=args.window,
                               gpu_interval=args.gpu_metrics_interval,
-                              compare_go=args.compare_go)))
+                              compare_go=args.compare_go, dev_venv=args.dev_venv)))

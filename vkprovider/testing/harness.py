@@ -161,7 +161,8 @@ class ProviderProcess(_Process):
 
     ``config_providers=False`` writes no ``providers:`` (GPUProvider objects only); ``replica``
     tells apart several processes of one node (files, ports); ``extra`` adds top-level settings
-    (``leader_election``, ``gpu_providers``); ``env`` adds environment variables.
+    (``leader_election``, ``gpu_providers``); ``env`` adds environment variables; ``python`` runs
+    it with another interpreter (the benches' runtime-only venv).
     """
 
     def __init__(self, *, work_dir: Path, kubeconfig: Path, node_name: str,
@@ -169,7 +170,7 @@ class ProviderProcess(_Process):
                  node: dict[str, Any] | None = None, client_ca_file: Path | None = None,
                  kubelet_api: dict[str, Any] | None = None, config_providers: bool = True,
                  replica: str | None = None, extra: dict[str, Any] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, python: Path | None = None) -> None:
         self.node_name = node_name
         self.replica = replica
         self.env = env
@@ -195,7 +196,7 @@ class ProviderProcess(_Process):
         self.config_path.write_text(yaml.safe_dump(config))
         self.component = Component(
             name=f"provider-{stem}",
-            argv=[sys.executable, "-m", "vkprovider", "--log-format=json", "run",
+            argv=[str(python or sys.executable), "-m", "vkprovider", "--log-format=json", "run",
                   "--config", str(self.config_path)],
             log_path=work_dir / f"provider-{stem}.log",
         )
