@@ -1,13 +1,14 @@
-"""Cached objects share their keys and short strings (kube/watching.py ``_slim``): same content,
-managedFields gone, one string object for a key or short value across objects."""
+"""Cached objects share their keys, short strings and equal subtrees (kube/watching.py ``_slim``,
+kube/sharing.py), an update takes over what it repeats; watch lines and the JSON codec."""
 
 from __future__ import annotations
 
 import json
 from typing import Any, cast
 
+from vkprovider.kube import codec
 from vkprovider.kube.sharing import TreeSharer
-from vkprovider.kube.watching import Informer, _slim
+from vkprovider.kube.watching import Informer, Lines, _slim
 
 RAW = json.dumps({
     "metadata": {"name": "p1", "managedFields": [{"manager": "x"}], "labels": {"app": "a"}},
@@ -89,3 +90,73 @@ def test_the_change_count_moves_with_every_store_change_and_only_then() -> None:
     informer._apply({"type": "MODIFIED", "object": json.loads(json.dumps(pod))})
     informer._apply({"type": "DELETED", "object": json.loads(json.dumps(pod))})
     assert informer.changes == 3 and informer.store == {}
+
+
+def test_an_update_takes_over_what_it_repeats_of_the_cached_version() -> None:
+    sharer = TreeSharer()
+    first = sharer(json.loads(POD))
+    changed = json.loads(POD)
+    changed["metadata"]["resourceVersion"] = "2"
+    changed["status"]["conditions"][0]["status"] = "False"
+    changed["status"]["phase"] = "Running"
+    got = sharer.update(json.loads(json.dumps(changed)), first)
+    assert got == changed
+    assert got["spec"] is first["spec"], "an unchanged first-level subtree is the cached one"
+    assert got["metadata"]["labels"] is first["metadata"]["labels"]
+    assert got["status"]["conditions"] != first["status"]["conditions"]
+    assert first["status"]["conditions"][0]["status"] == "True", "the cached version is intact"
+    # What changed is shared with the rest of the cache like any new subtree.
+    other = sharer(json.loads(json.dumps(changed)))
+    assert other["status"]["conditions"] is got["status"]["conditions"]
+    assert got["metadata"] is not first["metadata"] and got is not first
+
+
+def test_an_update_of_a_different_shape_is_shared_whole() -> None:
+    sharer = TreeSharer()
+    first = sharer({"spec": {"x": [1, 2]}, "status": {"y": {"z": 1}}})
+    got = sharer.update({"spec": {"x": {"a": 1}}, "status": [1], "extra": {"k": "v"}}, first)
+    assert got == {"spec": {"x": {"a": 1}}, "status": [1], "extra": {"k": "v"}}
+    assert sharer.update([1, 2], first) == [1, 2] and sharer.update({"a": {}}, [3]) == {"a": {}}
+
+
+def test_the_informer_hands_an_update_its_cached_version() -> None:
+    calls: list[tuple[str, Any]] = []
+    sharer = TreeSharer()
+
+    def update(obj: Any, previous: Any) -> Any:
+        calls.append(("update", previous["metadata"]["resourceVersion"]))
+        return sharer.update(obj, previous)
+
+    informer = Informer(client=cast(Any, None), path="/x", transform=sharer,
+                        transform_update=update)
+    pod = json.loads(POD)
+    pod["metadata"].update(namespace="ns", resourceVersion="1")
+    informer._apply({"type": "ADDED", "object": json.loads(json.dumps(pod))})
+    pod["metadata"]["resourceVersion"] = "2"
+    informer._apply({"type": "MODIFIED", "object": json.loads(json.dumps(pod))})
+    assert calls == [("update", "1")]
+    assert informer.store["ns/p1"] == pod
+
+
+def test_watch_lines_are_split_across_chunks_without_decoding_text() -> None:
+    lines = Lines()
+    assert lines.feed(b'{"a":1}\n{"b"') == [bytearray(b'{"a":1}')]
+    assert lines.pending == 4
+    assert lines.feed(b':2}\n\n{"c":"\xc3\xa9"}\n') == [bytearray(b'{"b":2}'),
+                                                       bytearray(b'{"c":"\xc3\xa9"}')]
+    assert lines.pending == 0
+    assert lines.feed(b"") == [] and lines.feed(b"\n") == []
+    assert codec.loads(bytearray(b'{"c":"\xc3\xa9"}')) == {"c": "é"}
+
+
+def test_the_codec_writes_compact_utf8_and_reads_it_back() -> None:
+    body = {"metadata": {"name": "é", "labels": {"a": "b"}}, "n": [1, 2.5, None, True]}
+    raw = codec.dumps(body)
+    assert raw == json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    assert codec.loads(raw) == body and codec.loads(raw.decode()) == body
+    try:
+        codec.loads(b"{not json")
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("not JSON must raise a ValueError")

@@ -18,7 +18,6 @@ httpcore's pool and h11 bookkeeping, and the socket write itself.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Literal
@@ -28,6 +27,7 @@ import httpx
 
 from providers.asyncnet import fast_transport
 from providers.h1 import H1Error, H1Pool, H1Response
+from vkprovider.kube import codec
 from vkprovider.kube.auth import BearerAuth, Credentials, load_credentials
 from vkprovider.kube.errors import (
     APIError,
@@ -160,7 +160,7 @@ class KubeClient:
         want_body: bool = True,
     ) -> Body:
         what = f"{method} {path}"
-        content = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        content = None if body is None else codec.dumps(body)
         try:
             resp = await self._send(method, path, params, content, content_type)
         except (httpx.TransportError, H1Error) as exc:
@@ -176,7 +176,7 @@ class KubeClient:
             return {}
         if "json" not in resp.headers.get("Content-Type", "json"):
             return {"text": resp.text}  # /readyz, /healthz and friends answer plain text
-        decoded = json.loads(resp.content)
+        decoded = codec.loads(resp.content)
         return decoded if isinstance(decoded, dict) else {"items": decoded}
 
     async def _send(
@@ -294,7 +294,7 @@ def _params(params: Mapping[str, str | int | bool] | None) -> dict[str, str] | N
 
 def _json_or_none(content: bytes) -> dict[str, Any] | None:
     try:
-        decoded = json.loads(content)
+        decoded = codec.loads(content)
     except ValueError:
         return {"message": content[:200].decode(errors="replace")} if content else None
     return decoded if isinstance(decoded, dict) else None

@@ -75,6 +75,37 @@ class TreeSharer:
     def __call__(self, value: Any) -> Any:
         return self._share(value, 0)
 
+    def update(self, value: Any, previous: Any) -> Any:
+        """``value`` shared like ``self(value)``, taking over what it has in common with
+        ``previous``, the cached version of the same object.
+
+        An update usually changes a few fields (a condition, the resourceVersion) and repeats
+        the rest; a subtree equal to the one at the same place in ``previous`` is that one,
+        found with ``==`` (in C, a fraction of walking it here). Equality there is Python's:
+        a value that changed only from ``1`` to ``1.0`` or ``True`` keeps the old one, which the
+        typed fields of a built-in kind (what this is used for) never do."""
+        if type(value) is not dict or type(previous) is not dict:
+            return self._share(value, 0)
+        return self._update(value, previous, 0)
+
+    def _update(self, value: dict[str, Any], previous: dict[str, Any], depth: int) -> Any:
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            k = sys.intern(k)
+            tv = type(v)
+            if tv is dict or tv is list:
+                old = previous.get(k)
+                if type(old) is tv and old == v:
+                    v = old
+                elif tv is dict and type(old) is dict and depth + 1 < self._own:
+                    v = self._update(v, old, depth + 1)
+                else:
+                    v = self._share(v, depth + 1)
+            elif tv is str and len(v) < SHORT:
+                v = sys.intern(v)
+            out[k] = v
+        return out
+
     def _share(self, value: Any, depth: int) -> Any:
         t = type(value)
         if t is dict:

@@ -11,19 +11,19 @@ Semantics (what client-go's reflector does, what most Python clients get wrong):
 
 Handlers are plain callbacks (enqueue and return): decoding and dispatch stay cheap on the loop.
 Cached objects, and the objects handed to handlers, are read-only: their keys and short strings,
-and with :func:`shared_slim` whole subtrees, are shared with other cached objects.
+and with :class:`SharedSlim` whole subtrees, are shared with other cached objects.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from vkprovider.kube import codec
 from vkprovider.kube.client import Body, KubeClient
 from vkprovider.kube.errors import (
     APIError,
@@ -67,15 +67,48 @@ def _slim(obj: Body) -> Body:
     return shared
 
 
-def shared_slim(sharer: TreeSharer) -> Callable[[Body], Body]:
-    """A transform like the default one that also shares equal subtrees across the cache
-    through ``sharer`` (kube/sharing.py): for big caches of look-alike objects (pods)."""
+class SharedSlim:
+    """The transform for big caches of look-alike objects (pods): like the default one, and
+    equal subtrees shared across the cache through ``sharer`` (kube/sharing.py). An update
+    takes over what it repeats of the cached version (:meth:`update`), so only what changed
+    is walked."""
 
-    def transform(obj: Body) -> Body:
-        shared: Body = sharer(_without_managed_fields(obj))
+    def __init__(self, sharer: TreeSharer) -> None:
+        self._sharer = sharer
+
+    def __call__(self, obj: Body) -> Body:
+        shared: Body = self._sharer(_without_managed_fields(obj))
         return shared
 
-    return transform
+    def update(self, obj: Body, previous: Body) -> Body:
+        shared: Body = self._sharer.update(_without_managed_fields(obj), previous)
+        return shared
+
+
+class Lines:
+    """Splits a watch stream's bytes into its lines (one event each), without decoding them to
+    text first: the JSON decoder takes the bytes as they came."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, chunk: bytes) -> list[bytearray]:
+        """The non-empty lines ``chunk`` completes, in order; a partial last line is kept."""
+        buf = self._buf
+        buf += chunk
+        out: list[bytearray] = []
+        start = 0
+        while (end := buf.find(b"\n", start)) != -1:
+            if end > start:
+                out.append(buf[start:end])
+            start = end + 1
+        del buf[:start]
+        return out
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an unfinished line (whitespace alone does not count)."""
+        return len(self._buf.strip())
 
 
 class _Pauser:
@@ -106,6 +139,7 @@ class Informer:
         max_backoff: float = 30.0,
         missing_ok: bool = False,
         transform: Callable[[Body], Body] | None = None,
+        transform_update: Callable[[Body, Body], Body] | None = None,
     ) -> None:
         self._client = client
         self._path = path
@@ -122,6 +156,8 @@ class Informer:
         #: scan when this (and whatever else it reads) is what it was last time.
         self.changes = 0
         self._transform = transform or _slim  # slim projections keep big caches cheap
+        # an update given the cached version it replaces (SharedSlim.update)
+        self._transform_update = transform_update
         self._missing_ok = missing_ok  # a 404 (CRD not installed) means "none" and retries later
         self.missing = False
 
@@ -142,8 +178,12 @@ class Informer:
         """
         pause = _Pauser()
         fresh: dict[str, Body] = {}
+        update = self._transform_update
         for obj in items:
-            fresh[object_key(obj)] = self._transform(obj)
+            key = object_key(obj)
+            previous = self.store.get(key) if update is not None else None
+            fresh[key] = self._transform(obj) if previous is None or update is None \
+                else update(obj, previous)
             await pause.maybe()
         for key, old in list(self.store.items()):
             new = fresh.get(key)
@@ -218,9 +258,15 @@ class Informer:
         async with self._client.stream(
             self._path, params=params, read_timeout=self._inactivity
         ) as resp:
-            async for line in resp.aiter_lines():
-                if line:
-                    self._apply(json.loads(line))
+            lines = Lines()
+            async for chunk in resp.aiter_bytes():
+                for line in lines.feed(chunk):
+                    self._apply(codec.loads(line))
+            if lines.pending:
+                # cut off mid-event: the next watch resumes from the last event taken in, so
+                # the server sends this one again
+                log.warning("watch ended inside an event; resuming",
+                            extra=kv(informer=self.name, bytes=lines.pending))
 
     def _apply(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
@@ -239,7 +285,9 @@ class Informer:
             self.store.pop(key, None)
             self._emit("DELETED", obj)
         elif kind in ("ADDED", "MODIFIED"):
-            obj = self._transform(obj)
+            previous = self.store.get(key) if self._transform_update is not None else None
+            obj = self._transform(obj) if previous is None or self._transform_update is None \
+                else self._transform_update(obj, previous)
             self.store[key] = obj
             self._emit(str(kind), obj)
 
