@@ -18,7 +18,9 @@ defaults are :data:`providers.options.DEFAULT_RETRY`, the same for every adapter
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -57,6 +59,9 @@ _T = TypeVar("_T")
 MAX_SERVER_MESSAGE = 300
 #: Request headers the lean HTTP/1.1 path writes itself, or must not send: it never decodes
 #: compressed answers, so it never asks for them.
+#: A path that goes on the wire as written (httpx would escape nothing in it).
+_PLAIN_PATH = re.compile(r"/?[A-Za-z0-9._~!$&'()*+,;=:@/-]*")
+
 _H1_SKIP = frozenset({"host", "content-length", "accept-encoding", "connection",
                       "transfer-encoding"})
 
@@ -228,6 +233,10 @@ class HTTPAdapter:
         self._prefix = str(self._client.base_url).rstrip("/") + "/"
         self._headers = dict(self._client.headers)
         self._extensions = {"timeout": self._client.timeout.as_dict()}
+        # The lean path's fixed parts: the base URL's path and the headers it sends itself.
+        self._h1_base = url.raw_path.decode("ascii").rstrip("/") + "/"
+        self._h1_headers = [(k, v) for k, v in self._headers.items()
+                            if k.lower() not in _H1_SKIP]
 
     def __repr__(self) -> str:
         return (
@@ -271,7 +280,11 @@ class HTTPAdapter:
     ) -> httpx.Response:
         """One API call, retried; a typed error for anything but a 2xx."""
 
+        target = self._h1_target(path, params)
+
         async def attempt() -> httpx.Response:
+            if target is not None:
+                return await self._call_h1(method, target, json_body, what=what, op=op)
             if self._transport is None:  # a proxy from the environment: the client knows it
                 request = self._client.build_request(method, path, params=params, json=json_body)
                 return await self._send(request, what=what, op=op)
@@ -279,6 +292,38 @@ class HTTPAdapter:
                                            what=what, op=op)
 
         return await self._retrying(attempt, retry_transient=retry_transient)
+
+    def _h1_target(self, path: str, params: Mapping[str, str] | None) -> str | None:
+        """The request target for :meth:`_call_h1`, or None when the call needs httpx: no lean
+        pool, a query to encode, an absolute URL or a path httpx would escape."""
+        if self._h1 is None or params or not _PLAIN_PATH.fullmatch(path):
+            return None
+        return self._h1_base + path.lstrip("/")
+
+    async def _call_h1(self, method: str, target: str, json_body: Any, *, what: str,
+                       op: str) -> httpx.Response:
+        """One call on the lean HTTP/1.1 pool with no httpx request built for it (the
+        request object and its URL cost more CPU than the call's own work); the answer as an
+        httpx response, so that adapters read it the same way."""
+        assert self._h1 is not None
+        headers = self._h1_headers
+        body = None
+        if json_body is not None:
+            body = json.dumps(json_body, ensure_ascii=False, separators=(",", ":"),
+                              allow_nan=False).encode()
+            headers = [*headers, ("Content-Type", "application/json")]
+        try:
+            answer = await self._h1.request(
+                method, target, headers=headers,
+                body=body if body or method in ("POST", "PUT", "PATCH") else None,
+                timeout=self._timeout)
+        except H1Error as exc:
+            raise self._transport_error(exc, what=what) from exc
+        response = httpx.Response(answer.status_code, headers=list(answer.headers.items()),
+                                  content=answer.content)
+        if response.is_success:
+            return response
+        raise self._status_error(response, what=what, op=op)
 
     def _build(self, method: str, path: str, params: Mapping[str, str] | None,
                json_body: Any) -> httpx.Request:

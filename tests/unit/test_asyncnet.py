@@ -294,7 +294,17 @@ async def test_adapter_request_line_and_headers(serve: Callable[..., Any], proxy
         got = await adapter._request("POST", "/instances", what="create", params={"a": "1 2"},
                                      json_body={"name": "x"})
         assert got.json() == {"ok": True} and got.request.method == "POST"
-    line = server.requests[0].split(b"\r\n", 1)[0].decode()
-    assert line == "POST /v0/instances?a=1+2 HTTP/1.1"
-    assert server.headers_seen[0]["content-type"] == "application/json"
+        # no query: the lean path builds no httpx request at all, and sends the same
+        got = await adapter._request("POST", "/instances", what="create",
+                                     json_body={"name": "é", "n": [1, 2.5]})
+        assert got.json() == {"ok": True} and got.status_code == 200
+        await adapter._request("DELETE", "instances/mi-1", what="delete")
+    lines = [r.split(b"\r\n", 1)[0].decode() for r in server.requests]
+    assert lines == ["POST /v0/instances?a=1+2 HTTP/1.1", "POST /v0/instances HTTP/1.1",
+                     "DELETE /v0/instances/mi-1 HTTP/1.1"]
+    for seen in server.headers_seen[:2]:
+        assert seen["content-type"] == "application/json"
+        assert seen["accept"] == "application/json" and seen["host"] == f"127.0.0.1:{port}"
+    assert "content-type" not in server.headers_seen[2]
     assert server.requests[0].endswith(b'{"name":"x"}')
+    assert server.requests[1].endswith('{"name":"é","n":[1,2.5]}'.encode())
