@@ -144,6 +144,9 @@ class Ours:
                                         clouds=[self.cloud],
                                         pods={"status_interval_seconds": 5, "workers": workers,
                                               "orphan_grace_seconds": 30},
+                                        # the product's defaults, not the tests' short ones
+                                        node={"capacity_refresh_seconds": 30},
+                                        kubelet_api={"gpu_metrics_interval_seconds": 15},
                                         extra={"event_loop": event_loop} if event_loop else None,
                                         python=python,
                                         env=runtime_env() if python is not None else None)
@@ -643,7 +646,9 @@ async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float]
                 "phase_timeout_seconds": {str(n): t for n, t in timeouts.items()},
                 "compare_go": compare_go, "load_average_at_start": list(load),
                 "event_loops": list(event_loops) or ["auto"],
-                "provider_python": "dev venv" if dev_venv else "runtime-only venv"}
+                "provider_python": "dev venv" if dev_venv else "runtime-only venv",
+                "provider": {"capacity_refresh_seconds": 30,
+                             "gpu_metrics_interval_seconds": 15}}
     path = write(name, {"machine": info, "settings": settings, "results": results})
     (RESULTS / f"{name}.txt").write_text(text)
     sys.stdout.write(f"wrote {path} and {RESULTS / (name + '.txt')}\n")
