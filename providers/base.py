@@ -60,14 +60,14 @@ class InstanceState(enum.StrEnum):
     TERMINATING = "terminating"  # a delete is in progress
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Port:
     container_port: int
     protocol: str = "TCP"
     name: str | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class PublishedPort:
     """How one container port of an instance is reached from outside the cloud.
 
@@ -145,7 +145,7 @@ class InstanceSpec:
     interruptible: bool = False
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Instance:
     """What the cloud reports about one instance."""
 

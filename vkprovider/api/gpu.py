@@ -66,7 +66,7 @@ def _reads_gpus(provider: object) -> bool:
     return _kind(provider)[0]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class GPUReading:
     index: int
     uuid: str
@@ -79,7 +79,7 @@ class GPUReading:
     power_watts: float | None
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class PodGPUs:
     """The latest figures of one pod's instance."""
 

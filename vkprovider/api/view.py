@@ -17,7 +17,7 @@ from vkprovider.node.pods import PodController
 Body = dict[str, Any]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Placement:
     """One pod's cloud instance."""
 

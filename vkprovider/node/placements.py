@@ -27,7 +27,7 @@ OfferKey = tuple[str, str | None, str | None]
 _DOLLAR_EPSILON = 1e-9
 
 
-@dataclass
+@dataclass(slots=True)
 class Placed:
     """Where a pod's instance lives, as far as we know."""
 

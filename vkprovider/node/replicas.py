@@ -58,7 +58,7 @@ class ProberLike(Protocol):
     def state(self, key: str) -> tuple[ContainerProbeState, ...] | None: ...
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class _Tracked:
     instance: tuple[str, str, int]  # (provider, instance id, restart count)
     probes: tuple[ContainerProbes, ...]

@@ -53,7 +53,7 @@ USER_AGENT = "kube-probe/1.37"
 Target = Callable[[int], tuple[str, int] | tuple[str, int, str | None] | None]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ContainerProbeState:
     """What the probes say about one container now."""
 
@@ -65,7 +65,7 @@ class ContainerProbeState:
     probed: bool = False  # a readiness result exists (False: still in initial delay)
 
 
-@dataclass(kw_only=True, eq=False)
+@dataclass(kw_only=True, eq=False, slots=True)
 class _Container:
     spec: ContainerProbes
     state: ContainerProbeState
@@ -73,7 +73,7 @@ class _Container:
     counts: dict[str, tuple[int, int]] = field(default_factory=dict)  # kind -> (ok, fail) run
 
 
-@dataclass(kw_only=True, eq=False)
+@dataclass(kw_only=True, eq=False, slots=True)
 class _Entry:
     target: Target
     running_since: float

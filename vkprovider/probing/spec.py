@@ -40,7 +40,7 @@ class ProbeSpecError(VKError):
         self.message = message
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Probe:
     """One probe of one container, ready to run."""
 
@@ -57,7 +57,7 @@ class Probe:
     failure_threshold: int = 3
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ContainerProbes:
     """The three probes of one container; None where the pod has none (or an ignored exec)."""
 
