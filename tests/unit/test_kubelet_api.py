@@ -27,6 +27,7 @@ from vkprovider.api.auth import (
 from vkprovider.api.gpu import GPUCollector, parse_readings
 from vkprovider.api.kubelet import create_kubelet_app, create_metrics_app
 from vkprovider.api.stats import count_pods
+from vkprovider.api.view import Placement
 from vkprovider.config import KubeletAPISettings
 from vkprovider.kube.authn import UserInfo
 from vkprovider.metrics import Metrics
@@ -340,6 +341,46 @@ async def test_collector_reads_each_running_instance_at_most_once_per_interval(
         "vkprovider_pod_gpu_power_watts",
         {"namespace": "team", "pod": "a", "provider": "mock", "gpu": "1"})
     assert value == 450.0
+
+
+class VersionedView(FakeView):
+    """A view that says when its placements changed, as the controller's does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.version = 0
+        self.scans = 0
+
+    def placements(self) -> list[Placement]:
+        self.scans += 1
+        return super().placements()
+
+    def placements_version(self) -> object:
+        return self.version
+
+
+async def test_collector_skips_passes_while_nothing_changed_and_nothing_is_due(
+    metrics: Metrics
+) -> None:
+    view, clock, cloud = VersionedView(), Clock(), FakeCloud(name="mock")
+    view.add(make_pod("a"), cloud)
+    collector = GPUCollector(view=view, metrics=metrics, interval=15.0, clock=clock)
+    await collector.refresh()
+    assert cloud.metrics_calls == ["i-uid-a"] and view.scans == 1
+    clock.now += 14.9
+    await collector.refresh()
+    assert view.scans == 1, "nothing changed and nothing due: no scan"
+    view.add(make_pod("b"), cloud)
+    view.version += 1
+    await collector.refresh()
+    assert view.scans == 2 and cloud.metrics_calls == ["i-uid-a", "i-uid-b"]
+    clock.now += 0.2  # a's interval ran out: read again without any change
+    await collector.refresh()
+    assert cloud.metrics_calls == ["i-uid-a", "i-uid-b", "i-uid-a"]
+    view.remove("a")
+    view.version += 1
+    await collector.refresh()
+    assert set(collector.samples) == {"uid-b"}, "a pod gone is forgotten at the next change"
 
 
 async def test_collector_forgets_pods_that_went_and_their_gauges(

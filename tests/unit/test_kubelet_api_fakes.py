@@ -128,6 +128,9 @@ class FakeView:
     def placements(self) -> list[Placement]:
         return list(self.placed.values())
 
+    def placements_version(self) -> object:
+        return None  # tests change ``placed`` directly: never skip
+
 
 class FakeReviewer:
     """Answers reviews from tables; counts calls; can fail like an unreachable API server."""

@@ -40,6 +40,11 @@ class NodeView(Protocol):
 
     def placements(self) -> list[Placement]: ...
 
+    def placements_version(self) -> object:
+        """A value that changes whenever :meth:`placements` could answer differently; None
+        when the view cannot tell (a reader then never skips)."""
+        ...
+
 
 class ControllerView:
     """:class:`NodeView` over a running :class:`~vkprovider.node.pods.PodController`."""
@@ -80,6 +85,10 @@ class ControllerView:
                          provider=provider, instance=placed.instance)
         self._built[uid] = (placed, provider, key, made)
         return made
+
+    def placements_version(self) -> object:
+        controller = self._controller
+        return (controller.placed.version, tuple(map(id, controller.providers.values())))
 
     def placements(self) -> list[Placement]:
         placed = self._controller.placed

@@ -63,6 +63,9 @@ class Placements:
         self._held: dict[str, Held] = {}
         self._by_offer: dict[OfferKey, int] = {}  # GPUs of every placed instance, by offer
         self._uid_of: dict[InstanceKey, str] = {}
+        #: Bumped by every write that can change what a pod's entry says (not by ``seen_at``):
+        #: readers that scan every placement skip a scan when it has not moved.
+        self.version = 0
 
     # ---- reads ---------------------------------------------------------------------------------
 
@@ -118,16 +121,19 @@ class Placements:
             raise KeyError(uid)
 
     def set(self, uid: str, placed: Placed) -> None:
+        self.version += 1
         self._drop(uid)
         self._by_uid[uid] = placed
         self._add(uid, placed)
 
     def pop(self, uid: str) -> Placed | None:
+        self.version += 1
         self._drop(uid)
         return self._by_uid.pop(uid, None)
 
     def replace(self, placed: Mapping[str, Placed]) -> None:
         """Take a sweep's whole view; forget deletes of instances no longer listed."""
+        self.version += 1
         self._by_uid = dict(placed)
         live = {p.key for p in self._by_uid.values()}
         self._deleting = {k: t for k, t in self._deleting.items() if k in live}
@@ -143,6 +149,7 @@ class Placements:
 
     def rename_provider(self, old: str, new: str) -> None:
         """A provider is served under another name (retired): carry everything over."""
+        self.version += 1
         for placed in self._by_uid.values():
             if placed.provider == old:
                 placed.provider = new
