@@ -151,6 +151,25 @@ class Record:
             else:
                 self.released = self.delete_done
 
+    def next_change(self) -> float:
+        """The earliest clock time at which :meth:`advance` would change anything (``inf``:
+        nothing will until someone acts on the instance)."""
+        if self.released is not None:
+            return math.inf
+        if self.deleting is not None:
+            return self.delete_done if self.delete_done is not None else math.inf
+        out = math.inf
+        if self.phase is Phase.PENDING:
+            out = self.boot_at
+        elif self.phase is Phase.RUNNING and self.run_started is not None:
+            if self.run_seconds is not None:
+                out = self.run_started + self.run_seconds
+            if self.crash_at is not None:
+                out = min(out, self.crash_at)
+        if self.interruption_at is not None and self.phase in (Phase.PENDING, Phase.RUNNING):
+            out = min(out, self.interruption_at)
+        return out
+
     @property
     def serving(self) -> bool:
         """The container runs and no delete was asked for: its ports are listened on."""

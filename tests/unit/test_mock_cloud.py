@@ -929,3 +929,47 @@ async def test_gpu_temperature_can_be_pinned_hot_and_released(cloud: Cloud) -> N
     await cloud.admin.post(f"/admin/instances/{inst.id}/temperature", json={"celsius": None})
     metrics = await provider.gpu_metrics(inst.id)
     assert all(g["temperature_c"] < 85.0 for g in metrics["gpus"])
+
+
+async def test_a_tick_advances_only_the_instances_that_are_due(
+    cloud: Cloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    provider = cloud.provider()
+    short = await provider.create(spec(name=f"{NODE}-short", tags={TAG_RUN_SECONDS: "5"}))
+    for i in range(20):
+        await provider.create(spec(name=f"{NODE}-long{i}"))
+    cloud.clock.advance(cloud.state.boot_delay + 0.01)
+    cloud.state.tick(full=False)
+    assert {i["state"] for i in cloud.state.list_instances()} == {"running"}
+    advanced: list[str] = []
+    real = _Record.advance
+
+    def counting(self: _Record, *, now: float) -> None:
+        advanced.append(self.id)
+        real(self, now=now)
+
+    monkeypatch.setattr(_Record, "advance", counting)
+    cloud.state.tick(full=False)
+    assert advanced == [], "nothing is due: no instance is touched"
+    cloud.clock.advance(5)
+    cloud.state.tick(full=False)
+    assert advanced == [short.id]
+    assert cloud.state.get(short.id)["state"] == "exited"
+    # what is done to an instance moves its due time: a delete, a restart
+    long0, long1 = [i["id"] for i in cloud.state.list_instances() if i["state"] == "running"][:2]
+    cloud.state.delete_delay = 3.0
+    cloud.state.delete(long0)
+    advanced.clear()
+    cloud.clock.advance(2.9)
+    cloud.state.tick(full=False)
+    assert advanced == [] and long0 in {i["id"] for i in cloud.state.list_instances()}
+    cloud.clock.advance(0.2)
+    cloud.state.tick(full=False)
+    assert advanced == [long0]
+    assert long0 not in {i["id"] for i in cloud.state.list_instances()}, "released"
+    cloud.state.boot_delay = 2.0
+    assert cloud.state.restart(long1)["state"] == "pending"
+    advanced.clear()
+    cloud.clock.advance(cloud.state.boot_delay)
+    cloud.state.tick(full=False)
+    assert advanced == [long1] and cloud.state.get(long1)["state"] == "running"
