@@ -348,10 +348,12 @@ def test_a_pod_that_sets_warned_fields_gets_a_warning_for_each() -> None:
 
 
 @pytest.mark.parametrize("pod", [warned_pod(), make_pod(), {"spec": {"containers": []}},
-                                 {"spec": {"containers": "not a list", "securityContext": 7}}],
-                         ids=["warned", "plain", "no-containers", "wrong-types"])
+                                 {"spec": {"containers": "not a list", "securityContext": 7}},
+                                 {"spec": {"containers": [{"resources": {
+                                     "limits": ["cpu"], "requests": {"0": "1", "cpu": None}}}]}}],
+                         ids=["warned", "plain", "no-containers", "wrong-types", "odd-maps"])
 def test_direct_lookups_find_what_matching_finds(pod: dict[str, Any]) -> None:
-    # dropped_fields looks paths of plain names and indexes up directly (the fast path); for
+    # dropped_fields looks paths of plain names, indexes and keys up directly (the fast path); for
     # every such entry that must be exactly what the general matcher finds
     steps = {w.entry.path: w.steps for w in fidelity._warned_entries(CLOUD_TYPES)
              if w.steps is not None}

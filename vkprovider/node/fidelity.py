@@ -827,9 +827,10 @@ class _Warned:
 def _warned_entries(ordered: tuple[CloudType, ...]) -> tuple[_Warned, ...]:
     """The entries WARNED on at least one of ``ordered``, worked out once per set of clouds
     (every pod a node translates asks for the same few). Only an entry with an ``honoured_if``
-    rule needs the pod to tell which clouds drop it, and a path of plain names and indexes
-    (``spec.securityContext.fsGroup``, ``spec.containers[0].workingDir``: most of them) is
-    looked up directly instead of matched."""
+    rule needs the pod to tell which clouds drop it, and a path of plain names, indexes and
+    keys (``spec.securityContext.fsGroup``, ``spec.containers[0].workingDir``,
+    ``spec.containers[0].resources.limits[cpu]``: most of them) is looked up directly instead
+    of matched."""
     out = []
     for entry in ENTRIES:
         clouds = tuple(c for c in ordered if entry.rules[c].decision is Decision.WARNED)
@@ -837,7 +838,7 @@ def _warned_entries(ordered: tuple[CloudType, ...]) -> tuple[_Warned, ...]:
             segments = _segments(entry.path)
             steps = (tuple(step for names, brackets in segments
                            for step in (names[0], *(f"[{b}]" for b in brackets)))
-                     if all(len(names) == 1 and all(b.isdigit() for b in brackets)
+                     if all(len(names) == 1 and "*" not in brackets
                             for names, brackets in segments)
                      else None)
             out.append(_Warned(entry=entry, clouds=clouds, steps=steps,
@@ -847,13 +848,17 @@ def _warned_entries(ordered: tuple[CloudType, ...]) -> tuple[_Warned, ...]:
 
 
 def _plain_value(pod: Mapping[str, Any], steps: tuple[str, ...]) -> Any:
-    """The value at a path of names and list indexes (``"[0]"``), None when unset (as
-    :func:`values_at` leaves out)."""
+    """The value at a path of names, list indexes (``"[0]"``) and map keys (``"[cpu]"``), None
+    when unset (as :func:`values_at` leaves out; an index of a map is unset there too)."""
     current: Any = pod
     for step in steps:
         if step[0] == "[":
-            i = int(step[1:-1])
-            current = current[i] if isinstance(current, list) and i < len(current) else None
+            key = step[1:-1]
+            if key.isdigit():
+                i = int(key)
+                current = current[i] if isinstance(current, list) and i < len(current) else None
+            else:
+                current = current.get(key) if isinstance(current, _MAPS) else None
         elif isinstance(current, _MAPS):
             current = current.get(step)
         else:

@@ -26,13 +26,13 @@ this pure (the clock is passed in) makes the rules testable without a cluster:
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
 from providers.base import Instance, InstanceState
+from vkprovider.kube.sharing import copy_dict
 from vkprovider.node.interruption import CONDITION_PLANNED, planned_condition
 from vkprovider.semantics.timefmt import format_time  # re-exported: virtualnode imports it here
 
@@ -200,7 +200,7 @@ def _previous_started_at(pod: Mapping[str, Any]) -> str | None:
 
 
 def _base_status(pod: Mapping[str, Any], now: datetime) -> dict[str, Any]:
-    status = copy.deepcopy(dict(_map(pod, "status")))
+    status = copy_dict(_map(pod, "status"))
     status.pop("reason", None)
     status.pop("message", None)
     status.setdefault("startTime", format_time(now))
@@ -225,10 +225,10 @@ def compute_status(
     current = _map(pod, "status")
     current_phase = current.get("phase") or PENDING
     if current_phase in _TERMINAL:
-        return copy.deepcopy(dict(current))
+        return copy_dict(current)
     bound_to = _map(pod, "spec").get("nodeName")
     if bound_to and bound_to != node_name:
-        return copy.deepcopy(dict(current))
+        return copy_dict(current)
 
     status = _base_status(pod, now)
     state_of = instance.state if instance is not None else None
@@ -389,7 +389,7 @@ def failed_status(
     """
     current = _map(pod, "status")
     if current.get("phase") in _TERMINAL:
-        return copy.deepcopy(dict(current))
+        return copy_dict(current)
     status = _base_status(pod, now)
     stamp = format_time(now)
     state: dict[str, Any] = {
@@ -423,7 +423,7 @@ def config_pending_status(*, pod: Mapping[str, Any], message: str, now: datetime
     current = _map(pod, "status")
     current_phase = current.get("phase") or PENDING
     if current_phase in _TERMINAL:
-        return copy.deepcopy(dict(current))
+        return copy_dict(current)
     status = _base_status(pod, now)
     status["phase"] = current_phase if current_phase in _RANK else PENDING
     status["conditions"] = _conditions(
