@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -547,8 +548,32 @@ def limits_note(timeouts: dict[int, float]) -> str:
         f"{t:g} s at {n}" for n, t in timeouts.items())
 
 
+def medians(results: list[dict[str, Any]]) -> str:
+    """One row per system and size: the median of each run's figure, and the ratio to the Go
+    virtual-kubelet with lifted limits at that size where it ran (below 1 = faster)."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in results:
+        if r["all_running_in_time"]:
+            groups.setdefault((r["system"], r["pods"]), []).append(r)
+
+    def med(rows: list[dict[str, Any]], key: str) -> float:
+        return round(statistics.median(float(r[key]) for r in rows), 2)
+
+    header = ["system", "pods", "runs", "wall to all Running (s)", "vs go-vk lifted",
+              "CPU to Running (s)", "vs go-vk lifted", "CPU lifecycle (s)"]
+    rows = []
+    for (label, n), runs in groups.items():
+        go = groups.get(("go-vk lifted", n))
+        wall, cpu = med(runs, "wall_seconds_to_all_running"), med(runs, "cpu_seconds_to_running")
+        ratio_wall = "" if go is None else f"{wall / med(go, 'wall_seconds_to_all_running'):.2f}x"
+        ratio_cpu = "" if go is None else f"{cpu / med(go, 'cpu_seconds_to_running'):.2f}x"
+        rows.append([label, str(n), str(len(runs)), str(wall), ratio_wall, str(cpu), ratio_cpu,
+                     str(med(runs, "cpu_seconds_lifecycle"))])
+    return table(header, rows)
+
+
 def render(*, info: dict[str, Any], results: list[dict[str, Any]], load: tuple[float, ...],
-           workers: int = WORKERS,
+           workers: int = WORKERS, repeat: int = 1,
            timeout_note: str) -> str:
     header = ["system", "pods", "wall to all Running (s)", "create->Running p50/p99 (ms)",
               "bind->cloud create p50/p99 (ms)", "watch->cloud create p50/p99 (ms)",
@@ -569,8 +594,10 @@ def render(*, info: dict[str, Any], results: list[dict[str, Any]], load: tuple[f
         f"Python {info['python']}; load average at start {load[0]:.2f} {load[1]:.2f} "
         f"{load[2]:.2f} (the machine is shared: other work ran beside the bench)",
         f"settings: one LocalCluster, warmed up by {WARM_UP_PODS} pods created and deleted "
-        "first; each system alone on its own node, run once per size "
-        f"(numbers are noisy); pods created by {CREATE_CONCURRENCY} concurrent clients with "
+        "first; each system alone on its own node, "
+        + ("run once per size (numbers are noisy)" if repeat == 1 else
+           f"run {repeat} times per size (one row per run, medians below)")
+        + f"; pods created by {CREATE_CONCURRENCY} concurrent clients with "
         f"spec.nodeName set, deleted with grace 0 by as many once all are Running; {workers} "
         "workers in every system; vkprovider: mock cloud boot delay 0, status sweep 5 s; go-vk: "
         "virtual-kubelet v1.14.1 nodeutil, in-memory provider, admin kubeconfig, default = "
@@ -585,6 +612,9 @@ def render(*, info: dict[str, Any], results: list[dict[str, Any]], load: tuple[f
         lines.append(f"{r['system']}, {r['pods']} pods: writes by kind over the lifecycle: "
                      f"{r['apiserver_writes_by_kind_lifecycle']}, of which not 2xx (mostly 404 on "
                      f"pods already gone): {r['non_2xx_writes_lifecycle']:g}")
+    if len({(r["system"], r["pods"]) for r in results}) < len(results):
+        lines += ["", "medians over the repeated runs (each round alternates which system goes "
+                  "first):", medians(results)]
     if any(not r["quiet_in_time"] for r in results):
         lines.append("* the deletion phase hit the time limit before it was quiet: a lower bound")
     if any(not r["all_running_in_time"] for r in results):
@@ -608,7 +638,8 @@ def phase_timeouts(sizes: list[int], given: list[float] | None) -> dict[int, flo
 async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float],
                name: str = "burst", profile: Path | None = None,
                workers: int = WORKERS, event_loops: tuple[str, ...] = (),
-               go_modes: tuple[str, ...] = ("default", "lifted"), dev_venv: bool = False) -> int:
+               go_modes: tuple[str, ...] = ("default", "lifted"), dev_venv: bool = False,
+               repeat: int = 1) -> int:
     work = Path(tempfile.mkdtemp(prefix="vkp-bench-"))
     binary = govk_binary() if compare_go else None
     python = None if dev_venv else runtime_python()
@@ -622,7 +653,7 @@ async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float]
                                                      path=work / "provider.kubeconfig")
             sys.stderr.write(f"warm-up: {WARM_UP_PODS} pods created and deleted ...\n")
             await warm_up(kube=kube, n=WARM_UP_PODS)
-            for n in sizes:
+            for round_, n in enumerate(n for n in sizes for _ in range(repeat)):
                 systems: list[System] = [Ours(work=work, kubeconfig=kubeconfig, n=n,
                                               workers=workers, event_loop=loop, python=python)
                                          for loop in event_loops or (None,)]
@@ -631,6 +662,8 @@ async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float]
                                      lift_limits=lift, workers=workers)
                                 for lift in (False, True) if (lift and "lifted" in go_modes)
                                 or (not lift and "default" in go_modes)]
+                if round_ % 2:  # alternate who goes first: the cluster warms and ages
+                    systems.reverse()
                 for system in systems:
                     sys.stderr.write(f"burst of {n} pods on {system.label} ...\n")
                     results.append(await run_system(kube=kube, system=system, n=n,
@@ -638,13 +671,14 @@ async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float]
     finally:
         cluster.stop()
     info = machine()
-    text = render(info=info, results=results, load=load, workers=workers,
+    text = render(info=info, results=results, load=load, workers=workers, repeat=repeat,
                   timeout_note=limits_note(timeouts))
     sys.stdout.write(text)
     settings = {"create_concurrency": CREATE_CONCURRENCY, "workers": workers,
                 "quiet_seconds": QUIET_SECONDS,
                 "phase_timeout_seconds": {str(n): t for n, t in timeouts.items()},
                 "compare_go": compare_go, "load_average_at_start": list(load),
+                "repeat": repeat,
                 "event_loops": list(event_loops) or ["auto"],
                 "provider_python": "dev venv" if dev_venv else "runtime-only venv",
                 "provider": {"capacity_refresh_seconds": 30,
@@ -681,9 +715,15 @@ if __name__ == "__main__":
     parser.add_argument("--dev-venv", action="store_true",
                         help="run the provider from the dev venv instead of a runtime-only one "
                              "(bench.common.runtime_python); dev tools add ~4 MiB of RSS")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run every size this many times (each round alternates which "
+                             "system goes first) and add a table of medians")
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     sys.exit(asyncio.run(main(sizes=args.pods, compare_go=args.compare_go, workers=args.workers,
                               event_loops=tuple(args.event_loops),
                               go_modes=tuple(args.go_modes),
                               timeouts=phase_timeouts(args.pods, args.phase_timeout),
-                              name=args.name, profile=args.profile, dev_venv=args.dev_venv)))
+                              name=args.name, profile=args.profile, dev_venv=args.dev_venv,
+                              repeat=args.repeat)))

@@ -12,6 +12,7 @@ from bench.burst import (
     PodWatch,
     Writes,
     lifecycle_mark,
+    medians,
     phase_timeouts,
     pod_writes,
     render,
@@ -133,3 +134,21 @@ def test_a_system_that_did_not_get_all_pods_running_is_marked_not_comparable() -
     assert lifecycle_mark(row()) == ""
     assert lifecycle_mark(row(all_running_in_time=False)) == "†"
     assert lifecycle_mark(row(all_running_in_time=False, quiet_in_time=False)) == "*†"
+
+
+def test_repeated_runs_get_medians_and_ratios_to_go_lifted() -> None:
+    runs = [row(system="vkprovider", pods=1000, wall_seconds_to_all_running=w,
+                cpu_seconds_to_running=c) for w, c in ((4.0, 2.0), (6.0, 3.0), (5.0, 2.5))]
+    runs += [row(system="go-vk lifted", pods=1000, wall_seconds_to_all_running=w,
+                 cpu_seconds_to_running=1.0) for w in (4.0, 5.0, 3.0)]
+    runs.append(row(system="vkprovider", pods=1000, all_running_in_time=False))  # left out
+    lines = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]]
+             for line in medians(runs).splitlines() if line.startswith("| ")}
+    assert lines["vkprovider"] == ["vkprovider", "1000", "3", "5.0", "1.25x", "2.5", "2.50x",
+                                   "0.2"]
+    assert lines["go-vk lifted"][2:5] == ["3", "4.0", "1.00x"]
+    info = {"cpu": "x", "cores": 2, "memory_gib": 1.0, "python": "3"}
+    text = render(info=info, results=runs, load=(1.0, 1.0, 1.0), timeout_note="l", repeat=3)
+    assert "run 3 times per size" in text and "medians over the repeated runs" in text
+    once = render(info=info, results=runs[:1], load=(1.0, 1.0, 1.0), timeout_note="l")
+    assert "medians" not in once
