@@ -19,9 +19,11 @@ from test_kubelet_api_fakes import FakeCloud, FakeReviewer, FakeView, NoMetricsC
 from providers.base import InstanceState, NotFound, TransientError, Unsupported
 from vkprovider.api.auth import (
     KubeletAuth,
+    Subject,
     TTLCache,
     bearer_token,
     subresource_for,
+    user_from_subject,
     verb_for,
 )
 from vkprovider.api.gpu import GPUCollector, parse_readings
@@ -41,12 +43,14 @@ class Clock:
         return self.now
 
 
-def with_tls_peer(app: Any, pem: str | None) -> Any:
-    """What server.PeerCertH11Protocol does for a TLS connection with a client certificate."""
+def with_tls_peer(app: Any, subject: Subject | None) -> Any:
+    """What server.PeerCertH11Protocol does for a TLS connection with a verified client
+    certificate (tests/unit/test_kubelet_api_tls.py does it over real TLS)."""
 
     async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if pem is not None:
-            scope.setdefault("extensions", {})["tls"] = {"client_cert_chain": [pem]}
+        if subject is not None:
+            scope.setdefault("extensions", {})["tls"] = {"client_cert_chain": ["(pem)"],
+                                                         "client_cert_subject": subject}
         await app(scope, receive, send)
 
     return wrapped
@@ -514,16 +518,13 @@ def test_parse_readings_skips_malformed_entries() -> None:
 # ---- authentication and authorization ------------------------------------------------------
 
 
-ADMIN_CERT_USER = UserInfo(name="kube-apiserver-kubelet-client", groups=("system:masters",))
-
-
 def auth_app(view: FakeView, metrics: Metrics, reviewer: FakeReviewer, clock: Clock,
-             pem: str | None = None) -> Any:
+             subject: Subject | None = None) -> Any:
     auth = KubeletAuth(reviewer=reviewer, node_name="vk-test", settings=KubeletAPISettings(),
                        metrics=metrics, clock=clock)
     app = create_kubelet_app(view=view, auth=auth, metrics=metrics,
                              gpus=GPUCollector(view=view, metrics=metrics))
-    return with_tls_peer(app, pem)
+    return with_tls_peer(app, subject)
 
 
 def http_client(app: Any) -> httpx.AsyncClient:
@@ -576,23 +577,21 @@ async def test_token_is_reviewed_then_authorized_on_the_node_subresource(
 
 
 async def test_client_certificate_user_is_cn_with_o_groups(view: FakeView, metrics: Metrics,
-                                                           cloud: FakeCloud, tmp_path: Any
-                                                           ) -> None:
-    from vkprovider.testing.pki import CertificateAuthority
-
-    ca = CertificateAuthority(directory=tmp_path)
-    pair = ca.issue(stem="apiserver-kubelet-client", common_name="kube-apiserver-kubelet-client",
-                    organization="system:masters", client=True)
+                                                           cloud: FakeCloud) -> None:
+    subject = ((("countryName", "DE"),), (("organizationName", "system:masters"),),
+               (("commonName", "kube-apiserver-kubelet-client"),),
+               (("organizationName", "ops"), ("organizationalUnitName", "x")))
     view.add(make_pod("a"), cloud)
     reviewer = FakeReviewer()
     reviewer.allowed.add(("system:masters", "get", "proxy"))
-    app = auth_app(view, metrics, reviewer, Clock(), pem=pair.cert.read_text())
+    app = auth_app(view, metrics, reviewer, Clock(), subject=subject)
     async with http_client(app) as http:
         resp = await http.get("/containerLogs/team/a/main")
     assert resp.status_code == 200
     assert reviewer.token_calls == 0
     (user, attrs), = reviewer.access_calls
-    assert user == ADMIN_CERT_USER
+    assert user == UserInfo(name="kube-apiserver-kubelet-client",
+                            groups=("system:masters", "ops"))
     assert attrs.subresource == "proxy"
 
 
@@ -735,3 +734,10 @@ async def test_subject_access_review_request_and_answer() -> None:
     denied = await KubeReviewer(client=FakeKube({"status": {  # type: ignore[arg-type]
         "allowed": False, "denied": True}})).review_access(user=user, attributes=attrs)
     assert not denied.allowed
+
+
+def test_a_subject_without_a_common_name_is_no_user() -> None:
+    assert user_from_subject(((("organizationName", "system:masters"),),)) is None
+    assert user_from_subject(()) is None
+    assert user_from_subject(((("commonName", "a"),), (("commonName", "b"),))) == UserInfo(
+        name="a", groups=())

@@ -14,6 +14,8 @@ import contextlib
 import datetime as dt
 import os
 import ssl
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -250,3 +252,40 @@ def test_self_signed_default_goes_to_a_private_dir_under_tmpdir(
     assert sorted(p.name for p in created.iterdir()) == ["tls.crt", "tls.key"]
     files.remove()
     assert list(tmp.iterdir()) == []
+
+
+def _names_in(cert_file: str) -> tuple[str, list[str]]:
+    cert = x509.load_pem_x509_certificate(Path(cert_file).read_bytes())
+    cn = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return str(cn), [str(n.value) for n in sans]
+
+
+def test_the_self_signed_pair_is_made_by_a_child_and_matches(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def not_here(**_: Any) -> tuple[bytes, bytes]:
+        raise AssertionError("made in the provider's process")
+
+    monkeypatch.setattr("vkprovider.api.tls.self_signed_certificate", not_here)
+    files = self_signed_files(cert_dir=str(tmp_path), common_name="vk-node",
+                              hosts=("vk-node", "127.0.0.1"))
+    assert _names_in(files.cert_file) == ("vk-node", ["vk-node", "127.0.0.1"])
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(files.cert_file, files.key_file)  # the key is the certificate's
+
+
+def test_without_a_child_the_pair_is_made_here(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
+    files = self_signed_files(cert_dir=str(tmp_path), common_name="vk", hosts=("127.0.0.1",))
+    assert _names_in(files.cert_file) == ("vk", ["127.0.0.1"])
+
+
+def test_the_provider_process_never_loads_a_certificate_parser() -> None:
+    """cryptography maps a second OpenSSL (9 MiB of RSS): only tools and tests may load it."""
+    code = ("import sys, vkprovider.cli, vkprovider.service, vkprovider.api.tls, "
+            "vkprovider.api.server, vkprovider.api.kubelet, vkprovider.api.auth; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'cryptography'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"

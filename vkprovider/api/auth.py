@@ -4,7 +4,8 @@ Why it exists: the kubelet API hands out container logs and pod specs, so it mus
 the cluster would refuse. It follows the kubelet's rules:
 
 * a client certificate verified against the client CA (the TLS layer checks the signature; this
-  module reads the subject): user = CN, groups = the O values;
+  module reads the subject as the ``ssl`` module decoded it, ``SSLSocket.getpeercert()``):
+  user = CN, groups = the O values;
 * else a bearer token, checked with a TokenReview (cached: 2 min when valid, 10 s when not);
 * else the caller is anonymous: **401**;
 * every authenticated caller is then authorized with a SubjectAccessReview on
@@ -25,9 +26,6 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
-
-from cryptography import x509
-from cryptography.x509.oid import NameOID
 
 from vkprovider.config import KubeletAPISettings
 from vkprovider.kube.authn import (
@@ -116,17 +114,18 @@ def verb_for(method: str) -> str:
     return _VERBS.get(method.upper(), method.lower())
 
 
-def user_from_certificate(pem: str) -> UserInfo | None:
+#: A certificate subject as ``ssl`` decodes it: relative distinguished names, each a tuple of
+#: (attribute, value) pairs, e.g. ``((("commonName", "admin"),), (("organizationName", "x"),))``.
+Subject = tuple[tuple[tuple[str, str], ...], ...]
+
+
+def user_from_subject(subject: Subject) -> UserInfo | None:
     """User = CN, groups = every O of a (verified) client certificate's subject."""
-    try:
-        cert = x509.load_pem_x509_certificate(pem.encode())
-    except ValueError:
-        return None
-    cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    cns = [value for rdn in subject for key, value in rdn if key == "commonName"]
     if not cns:
         return None
-    orgs = cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
-    return UserInfo(name=str(cns[0].value), groups=tuple(str(o.value) for o in orgs))
+    orgs = tuple(value for rdn in subject for key, value in rdn if key == "organizationName")
+    return UserInfo(name=cns[0], groups=orgs)
 
 
 def bearer_token(authorization: str | None) -> str | None:
@@ -158,10 +157,10 @@ class KubeletAuth:
         self.tokens: TTLCache[bytes, TokenReviewResult] = TTLCache(clock=clock)
         self.decisions: TTLCache[tuple[Any, ...], AccessDecision] = TTLCache(clock=clock)
 
-    async def authenticate(self, *, client_cert_pem: str | None,
+    async def authenticate(self, *, client_subject: Subject | None,
                            authorization: str | None) -> Caller:
-        if client_cert_pem:
-            user = user_from_certificate(client_cert_pem)
+        if client_subject:
+            user = user_from_subject(client_subject)
             if user is not None:
                 return Caller(user=user, method="cert")
         token = bearer_token(authorization)

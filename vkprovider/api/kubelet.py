@@ -108,13 +108,13 @@ class KubeletMiddleware:
     async def _check(self, scope: Scope, path: str) -> None:
         assert self.auth is not None
         tls = (scope.get("extensions") or {}).get("tls") or {}
-        chain = tls.get("client_cert_chain") or []
+        subject = tls.get("client_cert_subject") or None
         authorization = None
         for key, value in scope.get("headers") or []:
             if key == b"authorization":
                 authorization = value.decode("latin-1")
                 break
-        caller = await self.auth.authenticate(client_cert_pem=chain[0] if chain else None,
+        caller = await self.auth.authenticate(client_subject=subject,
                                               authorization=authorization)
         await self.auth.authorize(caller=caller, http_method=str(scope.get("method", "GET")),
                                   path=path)

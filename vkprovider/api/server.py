@@ -5,7 +5,9 @@ asyncio TaskGroup, so uvicorn must not take over SIGTERM (the service owns shutd
 when its task is cancelled, and must report a port that cannot be bound as an error rather than
 ``sys.exit``. uvicorn also does not pass the TLS peer certificate to the application; the
 protocol subclass here puts it in the scope as the ASGI TLS extension
-(``scope["extensions"]["tls"]["client_cert_chain"]``), which :mod:`vkprovider.api.auth` reads.
+(``scope["extensions"]["tls"]["client_cert_chain"]``), plus the subject as ``ssl`` decoded it
+(``client_cert_subject``, not in the ASGI spec), which :mod:`vkprovider.api.auth` reads: no
+certificate parser (``cryptography``) in the provider's process.
 """
 
 from __future__ import annotations
@@ -49,10 +51,13 @@ class PeerCertH11Protocol(H11Protocol):
             return
         der = ssl_object.getpeercert(binary_form=True)
         chain = [ssl.DER_cert_to_PEM_cert(der)] if der else []
+        # decoded only for a certificate the handshake verified against the client CA
+        subject = (ssl_object.getpeercert() or {}).get("subject", ()) if der else ()
         version = ssl_object.version()
         self.app = _TLSPeerApp(self.app, {
             "server_cert": None,
             "client_cert_chain": chain,
+            "client_cert_subject": subject,
             "client_cert_name": None,
             "client_cert_error": None,
             "tls_version": version,
