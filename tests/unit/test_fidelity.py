@@ -355,12 +355,34 @@ def test_a_pod_that_sets_warned_fields_gets_a_warning_for_each() -> None:
 def test_direct_lookups_find_what_matching_finds(pod: dict[str, Any]) -> None:
     # dropped_fields looks paths of plain names, indexes and keys up directly (the fast path); for
     # every such entry that must be exactly what the general matcher finds
-    steps = {w.entry.path: w.steps for w in fidelity._warned_entries(CLOUD_TYPES)
+    steps = {w.entry.path: w.steps for w in fidelity._warned_entries(CLOUD_TYPES)[0]
              if w.steps is not None}
     assert len(steps) > 30  # most entries take the fast path
     for path, plain in steps.items():
         value = fidelity._plain_value(pod, plain)
         assert fidelity.values_at(pod, pattern=path) == ([] if value is None else [(path, value)])
+
+
+@pytest.mark.parametrize("pod", [warned_pod(), make_pod(), {"spec": {"containers": []}},
+                                 {"spec": {"containers": "not a list", "securityContext": 7}},
+                                 {"spec": {"containers": [{"resources": {
+                                     "limits": ["cpu"], "requests": {"0": "1", "cpu": None}}}]}},
+                                 {"metadata": {}}, {"spec": None}],
+                         ids=["warned", "plain", "no-containers", "wrong-types", "odd-maps",
+                              "no-spec", "null-spec"])
+def test_the_key_index_leaves_out_only_entries_the_pod_does_not_set(pod: dict[str, Any]) -> None:
+    # dropped_fields and table_refusal look only at entries under keys the pod sets: every
+    # entry left out must be one the general matcher finds nothing for
+    tables = [([w.entry for w in warned], index) for warned, index in
+              (fidelity._warned_entries(CLOUD_TYPES), fidelity._warned_entries(("mock",)))]
+    tables += [(list(r.entries), r.index) for r in (fidelity._refusals(True),
+                                                    fidelity._refusals(False))]
+    for entries, index in tables:
+        kept = set(index.candidates(pod))
+        assert all(0 <= i < len(entries) for i in kept)
+        left_out = [e.path for i, e in enumerate(entries) if i not in kept]
+        assert [p for p in left_out if fidelity.values_at(pod, pattern=p)] == []
+    assert len(tables[0][1].candidates(make_pod())) < len(tables[0][0]) // 2
 
 
 def test_every_warned_entry_warns_for_some_value() -> None:

@@ -72,6 +72,7 @@ __all__ = [
     "event_message",
     "matches",
     "render_markdown",
+    "table_refusal",
     "values_at",
 ]
 
@@ -823,8 +824,25 @@ class _Warned:
     steps: tuple[str, ...] | None  # a path of plain names and indexes: looked up directly
 
 
+def _plain_steps(path: str) -> tuple[tuple[str, ...], bool]:
+    """The steps of the longest prefix of ``path`` made of plain names, indexes and keys
+    (``"spec"``, ``"containers"``, ``"[0]"``), and whether that is the whole path."""
+    steps: list[str] = []
+    for names, brackets in _segments(path):
+        if len(names) != 1:
+            return tuple(steps), False
+        steps.append(names[0])
+        for bracket in brackets:
+            if bracket == "*":
+                return tuple(steps), False
+            steps.append(f"[{bracket}]")
+    return tuple(steps), True
+
+
+
+
 @functools.cache
-def _warned_entries(ordered: tuple[CloudType, ...]) -> tuple[_Warned, ...]:
+def _warned_entries(ordered: tuple[CloudType, ...]) -> tuple[tuple[_Warned, ...], _Index]:
     """The entries WARNED on at least one of ``ordered``, worked out once per set of clouds
     (every pod a node translates asks for the same few). Only an entry with an ``honoured_if``
     rule needs the pod to tell which clouds drop it, and a path of plain names, indexes and
@@ -835,16 +853,22 @@ def _warned_entries(ordered: tuple[CloudType, ...]) -> tuple[_Warned, ...]:
     for entry in ENTRIES:
         clouds = tuple(c for c in ordered if entry.rules[c].decision is Decision.WARNED)
         if clouds:
-            segments = _segments(entry.path)
-            steps = (tuple(step for names, brackets in segments
-                           for step in (names[0], *(f"[{b}]" for b in brackets)))
-                     if all(len(names) == 1 and "*" not in brackets
-                            for names, brackets in segments)
-                     else None)
-            out.append(_Warned(entry=entry, clouds=clouds, steps=steps,
+            steps, whole = _plain_steps(entry.path)
+            out.append(_Warned(entry=entry, clouds=clouds, steps=steps if whole else None,
                                conditional=any(entry.rules[c].honoured_if is not None
                                                for c in clouds)))
-    return tuple(out)
+    return tuple(out), _Index([w.entry.path for w in out])
+
+
+def _step(current: Any, step: str) -> Any:
+    """One step of :func:`_plain_value`."""
+    if step[0] == "[":
+        key = step[1:-1]
+        if key.isdigit():
+            i = int(key)
+            return current[i] if isinstance(current, list) and i < len(current) else None
+        return current.get(key) if isinstance(current, _MAPS) else None
+    return current.get(step) if isinstance(current, _MAPS) else None
 
 
 def _plain_value(pod: Mapping[str, Any], steps: tuple[str, ...]) -> Any:
@@ -852,20 +876,77 @@ def _plain_value(pod: Mapping[str, Any], steps: tuple[str, ...]) -> Any:
     when unset (as :func:`values_at` leaves out; an index of a map is unset there too)."""
     current: Any = pod
     for step in steps:
-        if step[0] == "[":
-            key = step[1:-1]
-            if key.isdigit():
-                i = int(key)
-                current = current[i] if isinstance(current, list) and i < len(current) else None
-            else:
-                current = current.get(key) if isinstance(current, _MAPS) else None
-        elif isinstance(current, _MAPS):
-            current = current.get(step)
-        else:
-            return None
+        current = _step(current, step)
         if current is None:
             return None
     return current
+
+
+class _Index:
+    """Which of a list of entries a pod may set, from the keys its spec and its container set.
+
+    Most of the table's ~70 paths are unset in any one pod, and a path under ``spec.X`` (or
+    ``spec.containers[0].X``) is unset when the pod has no key ``X`` there: a pass over the
+    pod's own keys (a dozen or two) leaves the few entries worth a look, instead of a lookup
+    per entry."""
+
+    __slots__ = ("always", "container_keys", "pod_keys")
+
+    def __init__(self, paths: Sequence[str]) -> None:
+        self.pod_keys: dict[str, list[int]] = {}
+        self.container_keys: dict[str, list[int]] = {}
+        self.always: list[int] = []
+        for i, path in enumerate(paths):
+            segments = _segments(path)
+            if segments[0] != (("spec",), ()) or len(segments) < 2:
+                self.always.append(i)
+            elif segments[1] == (("containers",), ("0",)) and len(segments) > 2:
+                for name in segments[2][0]:
+                    self.container_keys.setdefault(name, []).append(i)
+            else:
+                for name in segments[1][0]:
+                    self.pod_keys.setdefault(name, []).append(i)
+
+    def candidates(self, pod: Mapping[str, Any]) -> list[int]:
+        """The positions of the entries the pod may set, in order."""
+        found = set(self.always)
+        spec = pod.get("spec")
+        if not isinstance(spec, _MAPS):
+            return sorted(found)
+        for key in spec:
+            found.update(self.pod_keys.get(key, ()))
+        containers = spec.get("containers")
+        if isinstance(containers, list) and containers and isinstance(containers[0], _MAPS):
+            for key in containers[0]:
+                found.update(self.container_keys.get(key, ()))
+        return sorted(found)
+
+
+@dataclass(frozen=True)
+class _Refusals:
+    """The simple refusals of the pod's own fields or of its container's, indexed."""
+
+    entries: tuple[Entry, ...]
+    index: _Index
+
+
+@functools.cache
+def _refusals(container: bool) -> _Refusals:
+    entries = tuple(e for e in SIMPLE_REFUSALS
+                    if e.path.startswith("spec.containers[0].") == container)
+    return _Refusals(entries=entries, index=_Index([e.path for e in entries]))
+
+
+def table_refusal(pod: Mapping[str, Any], *, container: bool) -> tuple[Entry, str] | None:
+    """The first simple refusal of the table (:data:`SIMPLE_REFUSALS`) the pod trips, with the
+    concrete field: of the pod's own fields, or of its container's (``container``)."""
+    refusals = _refusals(container)
+    for i in refusals.index.candidates(pod):
+        entry = refusals.entries[i]
+        for field_, value in values_at(pod, pattern=entry.path):
+            if entry.refuses(value):
+                return entry, field_
+    return None
 
 
 def dropped_fields(pod: Mapping[str, Any], *,
@@ -873,7 +954,9 @@ def dropped_fields(pod: Mapping[str, Any], *,
     """Every WARNED field the pod sets (to a value worth a warning) on any of ``clouds``."""
     ordered = tuple(c for c in CLOUD_TYPES if c in clouds)
     out: list[Dropped] = []
-    for w in _warned_entries(ordered):
+    table, index = _warned_entries(ordered)
+    for i in index.candidates(pod):
+        w = table[i]
         entry = w.entry
         if w.steps is not None:
             value = _plain_value(pod, w.steps)

@@ -129,18 +129,22 @@ class RefSource(Protocol):
 # Small helpers over untyped JSON
 
 
+#: dict first: an exact type check before Mapping's slower ABC check (pods are plain dicts)
+_MAPS = (dict, Mapping)
+
+
 def _map(obj: Any, key: str) -> Mapping[str, Any]:
-    value = obj.get(key) if isinstance(obj, Mapping) else None
-    return value if isinstance(value, Mapping) else {}
+    value = obj.get(key) if isinstance(obj, _MAPS) else None
+    return value if isinstance(value, _MAPS) else {}
 
 
 def _list(obj: Any, key: str) -> Sequence[Any]:
-    value = obj.get(key) if isinstance(obj, Mapping) else None
+    value = obj.get(key) if isinstance(obj, _MAPS) else None
     return value if isinstance(value, list) else []
 
 
 def _str(obj: Any, key: str) -> str:
-    value = obj.get(key) if isinstance(obj, Mapping) else None
+    value = obj.get(key) if isinstance(obj, _MAPS) else None
     return value if isinstance(value, str) else ""
 
 
@@ -288,12 +292,10 @@ def validate(pod: Mapping[str, Any], *, ignore_exec_probes: bool = False) -> Non
 
 def _table_refusals(pod: Mapping[str, Any], *, container: bool) -> None:
     """The simple refusals of the fidelity table: the pod's own fields, or its container's."""
-    for entry in fidelity.SIMPLE_REFUSALS:
-        if entry.path.startswith(f"{_C0}.") != container:
-            continue
-        for field, value in fidelity.values_at(pod, pattern=entry.path):
-            if entry.refuses(value):
-                raise PodRejected(reason=entry.reason, field=field, message=entry.refusal)
+    found = fidelity.table_refusal(pod, container=container)
+    if found is not None:
+        entry, field = found
+        raise PodRejected(reason=entry.reason, field=field, message=entry.refusal)
 
 
 def _validate_container(pod: Mapping[str, Any], container: Mapping[str, Any]) -> None:
