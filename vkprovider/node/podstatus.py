@@ -203,7 +203,8 @@ def _base_status(pod: Mapping[str, Any], now: datetime) -> dict[str, Any]:
     status = copy_dict(_map(pod, "status"))
     status.pop("reason", None)
     status.pop("message", None)
-    status.setdefault("startTime", format_time(now))
+    if "startTime" not in status:
+        status["startTime"] = format_time(now)
     return status
 
 
