@@ -61,6 +61,7 @@ from bench.common import (
     write,
 )
 from bench.govk import GoVKProcess, govk_binary
+from vkprovider.config import PodSettings
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import NotFoundError
 from vkprovider.kube.watching import Informer
@@ -71,7 +72,7 @@ TOLERATION = {"key": "virtual-kubelet.io/provider", "operator": "Equal", "value"
               "effect": "NoSchedule"}
 WRITE_VERBS = {"POST", "PUT", "PATCH", "DELETE", "APPLY"}
 CREATE_CONCURRENCY = 32
-WORKERS = 10
+WORKERS = PodSettings().workers  # the provider's default; the Go node gets as many
 WARM_UP_PODS = 1000  # created and deleted before anything is measured (warm_up)
 QUIET_SECONDS = 3.0
 HEARTBEAT_RESOURCES = {"leases", "nodes"}
