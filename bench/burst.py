@@ -27,7 +27,12 @@ limiters and client QPS lifted. Each system gets its own node and namespace and 
 process is stopped before the next starts. Prints a table, writes ``bench/results/burst.json``
 and the printed text to ``bench/results/burst.txt``.
 
-    .venv/bin/python -m bench.burst --pods 1000 3000 --compare-go
+``--repeat N`` runs every size N times (each round alternates which system goes first, since the
+cluster warms and ages as the runs go) and adds a table of medians with ratios to the Go node
+with lifted limits; one run per size is too noisy to judge a gap of 10-20%. This release's
+results came from:
+
+    .venv/bin/python -m bench.burst --pods 1000 3000 5000 --repeat 3 --compare-go --go-modes lifted
 """
 
 from __future__ import annotations
