@@ -839,8 +839,6 @@ def _plain_steps(path: str) -> tuple[tuple[str, ...], bool]:
     return tuple(steps), True
 
 
-
-
 @functools.cache
 def _warned_entries(ordered: tuple[CloudType, ...]) -> tuple[tuple[_Warned, ...], _Index]:
     """The entries WARNED on at least one of ``ordered``, worked out once per set of clouds
@@ -860,23 +858,22 @@ def _warned_entries(ordered: tuple[CloudType, ...]) -> tuple[tuple[_Warned, ...]
     return tuple(out), _Index([w.entry.path for w in out])
 
 
-def _step(current: Any, step: str) -> Any:
-    """One step of :func:`_plain_value`."""
-    if step[0] == "[":
-        key = step[1:-1]
-        if key.isdigit():
-            i = int(key)
-            return current[i] if isinstance(current, list) and i < len(current) else None
-        return current.get(key) if isinstance(current, _MAPS) else None
-    return current.get(step) if isinstance(current, _MAPS) else None
-
-
 def _plain_value(pod: Mapping[str, Any], steps: tuple[str, ...]) -> Any:
     """The value at a path of names, list indexes (``"[0]"``) and map keys (``"[cpu]"``), None
     when unset (as :func:`values_at` leaves out; an index of a map is unset there too)."""
     current: Any = pod
     for step in steps:
-        current = _step(current, step)
+        if step[0] == "[":
+            key = step[1:-1]
+            if key.isdigit():
+                i = int(key)
+                current = current[i] if isinstance(current, list) and i < len(current) else None
+            else:
+                current = current.get(key) if isinstance(current, _MAPS) else None
+        elif isinstance(current, _MAPS):
+            current = current.get(step)
+        else:
+            return None
         if current is None:
             return None
     return current
