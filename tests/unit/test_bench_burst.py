@@ -11,6 +11,7 @@ from bench.burst import (
     TOLERATION,
     PodWatch,
     Writes,
+    cores_table,
     lifecycle_mark,
     medians,
     phase_timeouts,
@@ -84,7 +85,7 @@ def row(**overrides: Any) -> dict[str, Any]:
         "cpu_seconds_lifecycle": 0.2, "apiserver_writes_per_pod_to_running": 1.0,
         "apiserver_writes_per_pod_lifecycle": 3.0, "delete_to_quiet_seconds": 2.0,
         "peak_rss_mib": 60.0, "apiserver_writes_by_kind_lifecycle": {"POST events": 20.0},
-        "non_2xx_writes_lifecycle": 0.0,
+        "non_2xx_writes_lifecycle": 0.0, "create_all_pods_seconds": 1.2,
     }
     return {**base, **overrides}
 
@@ -103,8 +104,10 @@ def test_the_table_leaves_the_cloud_columns_blank_for_go() -> None:
                cloud_cpu_seconds_lifecycle=1.25)
     text = render(info=info, results=[ours, row(quiet_in_time=False)], load=(1.0, 1.0, 1.0),
                   timeout_note="limits")
-    lines = {line.split("|")[1].strip(): line for line in text.splitlines()
-             if line.startswith("| ") and "system" not in line}
+    lines: dict[str, str] = {}
+    for line in text.splitlines():  # the first table's rows (the cores table comes after)
+        if line.startswith("| ") and "system" not in line:
+            lines.setdefault(line.split("|")[1].strip(), line)
     ours_cells = [c.strip() for c in lines["vkprovider"].split("|")]
     assert ours_cells[5:8] == ["5.0 / 9.0", "3.0 / 7.0", "1.0 / 2.0"]
     cells = [c.strip() for c in lines["go-vk default"].split("|")]
@@ -112,6 +115,20 @@ def test_the_table_leaves_the_cloud_columns_blank_for_go() -> None:
     assert ours_cells[10] == "1.25"
     assert "3.0*" in lines["go-vk default"]
     assert "lower bound" in text
+
+
+def test_the_cores_table_adds_up_every_user_of_the_cores() -> None:
+    ours = row(system="vkprovider", cpu_seconds_to_running=1.25, cloud_cpu_seconds_to_running=0.5,
+               control_plane_cpu_seconds_to_running=3.0, bench_cpu_seconds_to_running=1.0,
+               create_all_pods_seconds=3.4)
+    go = row(system="go-vk lifted", cpu_seconds_to_running=0.75, cloud_cpu_seconds_to_running=0.0,
+             control_plane_cpu_seconds_to_running=2.5, bench_cpu_seconds_to_running=0.75)
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]]
+            for line in cores_table([ours, go]).splitlines()
+            if line.startswith("| ") and "system" not in line}
+    assert rows["vkprovider"] == ["vkprovider", "10", "3.4", "1.5", "1.25", "0.5", "3.0", "1.0",
+                                  "5.75"]
+    assert rows["go-vk lifted"][-1] == "4.0"
 
 
 def test_govk_runs_with_our_taint_and_lifts_limits_only_when_asked() -> None:
