@@ -9,10 +9,10 @@ server.
 * wall time from the first create until the bench's watch saw every pod Running, and per pod the
   time from its create call returning (it is created bound) to the watch seeing it Running,
   p50/p99;
-* for vkprovider (mock cloud, no boot delay): bind -> cloud create call, watch -> cloud create
-  call (from the bench's own watch first showing the pod, so the API server's watch delivery
-  under load is left out) and cloud running -> pod Running, p50/p99 (bench's timestamps against
-  the mock cloud's ledger, same clock);
+* for every system with a mock cloud (no boot delay): bind -> cloud create call, watch -> cloud
+  create call (from the bench's own watch first showing the pod, so the API server's watch
+  delivery under load is left out) and cloud running -> pod Running, p50/p99 (bench's
+  timestamps against the mock cloud's ledger, same clock);
 * the system's own CPU seconds (``/proc``, the process alone) from the first create until all
   are Running, and until the end of the deletion phase; its peak RSS (VmHWM);
 * API server writes (``apiserver_request_total``, write verbs) per pod, to Running and for the
@@ -23,8 +23,11 @@ server.
 
 ``--compare-go`` adds, beside vkprovider, the upstream Go virtual-kubelet (``tools/govk``: v1.14.1
 with an in-memory provider) twice: with the library's defaults and with its work-queue rate
-limiters and client QPS lifted. Each system gets its own node and namespace and runs alone; its
-process is stopped before the next starts. Prints a table, writes ``bench/results/burst.json``
+limiters and client QPS lifted. ``--go-modes lifted-cloud`` adds a third: lifted, its provider
+renting an instance per pod from a mock cloud of its own (set up as vkprovider's) and deleting
+it with the pod, so both nodes make the same cloud calls and pay for a cloud on the same cores.
+Each system gets its own node and namespace and runs alone; its process is stopped before the
+next starts. Prints a table, writes ``bench/results/burst.json``
 and the printed text to ``bench/results/burst.txt``.
 
 ``--repeat N`` runs every size N times (each round alternates which system goes first, since the
@@ -136,6 +139,36 @@ class System(Protocol):
     def stop(self) -> None: ...
 
 
+def bench_cloud(*, work: Path, n: int, event_loop: str | None = None) -> MockCloudProcess:
+    """A mock cloud that boots instantly with room for every pod (twice over)."""
+    return MockCloudProcess(work_dir=work, name=f"bench{n}-{uuid.uuid4().hex[:4]}",
+                            boot_delay=0.0, inventory=f"H100:us-east:{n * 2}:2.49",
+                            event_loop=event_loop)
+
+
+def cloud_latencies(*, ledger: list[dict[str, Any]], bound: dict[str, float],
+                    seen: dict[str, float], running: dict[str, float]) -> dict[str, Any]:
+    """Bind -> cloud create, watch -> cloud create and cloud running -> pod Running, p50/p99,
+    from the mock cloud's ledger (instances tagged with their pod's uid) and the bench's times
+    (same clock)."""
+    by_uid = {e["uid"]: e for e in ledger}
+    to_create = [created - bound[u] for u in bound if u in by_uid
+                 if (created := ts(by_uid[u]["created_at"])) is not None]
+    to_running = [running[u] - started for u in running if u in by_uid
+                  if (started := ts(by_uid[u]["started_at"])) is not None]
+    # from the bench's own watch first showing the pod: what the API server's watch delivery
+    # adds under load is left out, the node's queue and create path remain
+    seen_to_create = [created - seen[u] for u in seen if u in by_uid
+                      if (created := ts(by_uid[u]["created_at"])) is not None]
+    return {"bind_to_create_p50_ms": ms(pct(to_create, 50)),
+            "bind_to_create_p99_ms": ms(pct(to_create, 99)),
+            "seen_to_create_p50_ms": ms(pct(seen_to_create, 50)),
+            "seen_to_create_p99_ms": ms(pct(seen_to_create, 99)),
+            "running_to_pod_running_p50_ms": ms(pct(to_running, 50)),
+            "running_to_pod_running_p99_ms": ms(pct(to_running, 99)),
+            "instances_created": len(by_uid)}
+
+
 class Ours:
     """vkprovider with a mock cloud that boots instantly."""
 
@@ -144,9 +177,7 @@ class Ours:
         # the event loop (provider and mock cloud alike) is named when the bench chose one
         self.label = f"vkprovider ({event_loop})" if event_loop else "vkprovider"
         self.node = f"vk-bench-{uuid.uuid4().hex[:6]}"
-        self.cloud = MockCloudProcess(work_dir=work, name=f"bench{n}", boot_delay=0.0,
-                                      inventory=f"H100:us-east:{n * 2}:2.49",
-                                      event_loop=event_loop)
+        self.cloud = bench_cloud(work=work, n=n, event_loop=event_loop)
         self.provider = ProviderProcess(work_dir=work, kubeconfig=kubeconfig, node_name=self.node,
                                         clouds=[self.cloud],
                                         pods={"status_interval_seconds": 5, "workers": workers,
@@ -183,39 +214,35 @@ class Ours:
 
     async def extra(self, *, bound: dict[str, float], seen: dict[str, float],
                     running: dict[str, float]) -> dict[str, Any]:
-        ledger = {e["uid"]: e for e in await self.cloud.ledger()}
-        to_create = [created - bound[u] for u in bound if u in ledger
-                     if (created := ts(ledger[u]["created_at"])) is not None]
-        to_running = [running[u] - started for u in running if u in ledger
-                      if (started := ts(ledger[u]["started_at"])) is not None]
-        # from the bench's own watch first showing the pod: what the API server's watch
-        # delivery adds under load is left out, the provider's queue and create path remain
-        seen_to_create = [created - seen[u] for u in seen if u in ledger
-                          if (created := ts(ledger[u]["created_at"])) is not None]
-        return {"bind_to_create_p50_ms": ms(pct(to_create, 50)),
-                "bind_to_create_p99_ms": ms(pct(to_create, 99)),
-                "seen_to_create_p50_ms": ms(pct(seen_to_create, 50)),
-                "seen_to_create_p99_ms": ms(pct(seen_to_create, 99)),
-                "running_to_pod_running_p50_ms": ms(pct(to_running, 50)),
-                "running_to_pod_running_p99_ms": ms(pct(to_running, 99)),
-                "instances_created": len(ledger)}
+        return cloud_latencies(ledger=await self.cloud.ledger(), bound=bound, seen=seen,
+                               running=running)
 
     def stop(self) -> None:
         self.provider.stop()
         self.cloud.stop()
 
 
+GO_MODES = ("default", "lifted", "lifted-cloud")
+
+
 class GoVK:
-    """The upstream Go virtual-kubelet with an in-memory provider (``tools/govk``)."""
+    """The upstream Go virtual-kubelet with an in-memory provider (``tools/govk``); with
+    ``cloud``, that provider rents an instance per pod from a mock cloud of its own, set up as
+    vkprovider's (no boot delay), so both nodes make the same cloud calls."""
 
     def __init__(self, *, binary: Path, work: Path, kubeconfig: Path, lift_limits: bool,
-                 workers: int = WORKERS) -> None:
-        self.label = "go-vk lifted" if lift_limits else "go-vk default"
-        self.node = f"vk-go-{'lifted' if lift_limits else 'default'}-{uuid.uuid4().hex[:6]}"
+                 workers: int = WORKERS, cloud: bool = False, n: int = 0) -> None:
+        mode = "lifted" if lift_limits else "default"
+        self.label = f"go-vk {mode}" + ("+cloud" if cloud else "")
+        self.node = f"vk-go-{mode}{'-cloud' if cloud else ''}-{uuid.uuid4().hex[:6]}"
+        self.cloud = bench_cloud(work=work, n=max(n, 1)) if cloud else None
         self.process = GoVKProcess(binary=binary, work_dir=work, kubeconfig=kubeconfig,
-                                   node=self.node, lift_limits=lift_limits, workers=workers)
+                                   node=self.node, lift_limits=lift_limits, workers=workers,
+                                   cloud_url=self.cloud.url if self.cloud else None)
 
     async def start(self) -> None:
+        if self.cloud is not None:
+            await self.cloud.start()
         self.process.start()
 
     def pid(self) -> int:
@@ -225,21 +252,44 @@ class GoVK:
         return proc.pid
 
     def helper_pid(self) -> int | None:
-        return None  # its provider is in memory
+        """Its mock cloud, when it has one (the in-memory provider alone has none)."""
+        proc = self.cloud.component.process if self.cloud is not None else None
+        return None if proc is None else proc.pid
 
     def check_alive(self) -> None:
         if not self.process.alive():
             raise RuntimeError(f"govk died:\n{self.process.component.tail()}")
+        if self.cloud is not None and not self.cloud.alive():
+            raise RuntimeError(f"mock cloud died:\n{self.cloud.component.tail()}")
 
     async def drained(self) -> bool:
-        return True
+        if self.cloud is None:
+            return True
+        return int((await self.cloud.stats())["live_instances"]) == 0
 
     async def extra(self, *, bound: dict[str, float], seen: dict[str, float],
                     running: dict[str, float]) -> dict[str, Any]:
-        return {}
+        if self.cloud is None:
+            return {}
+        return cloud_latencies(ledger=await self.cloud.ledger(), bound=bound, seen=seen,
+                               running=running)
 
     def stop(self) -> None:
         self.process.stop()
+        if self.cloud is not None:
+            self.cloud.stop()
+
+
+def go_systems(*, binary: Path, work: Path, kubeconfig: Path, modes: tuple[str, ...],
+               workers: int, n: int) -> list[GoVK]:
+    """One Go node per mode asked for, in :data:`GO_MODES` order."""
+    unknown = set(modes) - set(GO_MODES)
+    if unknown:
+        raise ValueError(f"unknown Go modes {sorted(unknown)}; known: {', '.join(GO_MODES)}")
+    return [GoVK(binary=binary, work=work, kubeconfig=kubeconfig,
+                 lift_limits=mode != "default", cloud=mode.endswith("-cloud"),
+                 workers=workers, n=n)
+            for mode in GO_MODES if mode in modes]
 
 
 # ---- one burst -------------------------------------------------------------------------------
@@ -570,26 +620,46 @@ def limits_note(timeouts: dict[int, float]) -> str:
 
 
 def medians(results: list[dict[str, Any]]) -> str:
-    """One row per system and size: the median of each run's figure, and the ratio to the Go
-    virtual-kubelet with lifted limits at that size where it ran (below 1 = faster)."""
+    """One row per system and size: the median of each run's figure, and its ratio to the Go
+    virtual-kubelet with lifted limits at that size where it ran (below 1 = faster). Where the Go
+    node also ran with a cloud (``lifted-cloud``), the wall and the CPU of each system with its
+    cloud are also set against that: the like-for-like comparison."""
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in results:
         if r["all_running_in_time"]:
             groups.setdefault((r["system"], r["pods"]), []).append(r)
 
     def med(rows: list[dict[str, Any]], key: str) -> float:
-        return round(statistics.median(float(r[key]) for r in rows), 2)
+        return round(statistics.median(float(r.get(key) or 0.0) for r in rows), 2)
 
+    def with_cloud(rows: list[dict[str, Any]]) -> float:
+        return round(statistics.median(
+            float(r["cpu_seconds_to_running"]) + float(r.get("cloud_cpu_seconds_to_running") or 0)
+            for r in rows), 2)
+
+    def ratio(value: float, of: float | None) -> str:
+        return "" if not of else f"{value / of:.2f}x"
+
+    clouds = any(label == "go-vk lifted+cloud" for label, _ in groups)
     header = ["system", "pods", "runs", "wall to all Running (s)", "vs go-vk lifted",
-              "CPU to Running (s)", "vs go-vk lifted", "CPU lifecycle (s)"]
+              *(["vs go-vk lifted+cloud"] if clouds else []),
+              "CPU to Running (s)", "vs go-vk lifted",
+              *(["CPU with its cloud to Running (s)", "vs go-vk lifted+cloud"] if clouds else []),
+              "CPU lifecycle (s)"]
     rows = []
     for (label, n), runs in groups.items():
-        go = groups.get(("go-vk lifted", n))
+        go, go_cloud = groups.get(("go-vk lifted", n)), groups.get(("go-vk lifted+cloud", n))
         wall, cpu = med(runs, "wall_seconds_to_all_running"), med(runs, "cpu_seconds_to_running")
-        ratio_wall = "" if go is None else f"{wall / med(go, 'wall_seconds_to_all_running'):.2f}x"
-        ratio_cpu = "" if go is None else f"{cpu / med(go, 'cpu_seconds_to_running'):.2f}x"
-        rows.append([label, str(n), str(len(runs)), str(wall), ratio_wall, str(cpu), ratio_cpu,
-                     str(med(runs, "cpu_seconds_lifecycle"))])
+        row = [label, str(n), str(len(runs)), str(wall),
+               ratio(wall, go and med(go, "wall_seconds_to_all_running"))]
+        if clouds:
+            row.append(ratio(wall, go_cloud and med(go_cloud, "wall_seconds_to_all_running")))
+        row += [str(cpu), ratio(cpu, go and med(go, "cpu_seconds_to_running"))]
+        if clouds:
+            row += [str(with_cloud(runs)), ratio(with_cloud(runs),
+                                                 go_cloud and with_cloud(go_cloud))]
+        row.append(str(med(runs, "cpu_seconds_lifecycle")))
+        rows.append(row)
     return table(header, rows)
 
 
@@ -640,7 +710,9 @@ def render(*, info: dict[str, Any], results: list[dict[str, Any]], load: tuple[f
         "workers in every system; vkprovider: mock cloud boot delay 0, status sweep 5 s; go-vk: "
         "virtual-kubelet v1.14.1 nodeutil, in-memory provider, admin kubeconfig, default = "
         "library defaults (client QPS 5 / burst 10, queues 10/s burst 100), lifted = "
-        "unlimited queue rate limiters and client QPS/burst 1e6",
+        "unlimited queue rate limiters and client QPS/burst 1e6, lifted+cloud = lifted with "
+        "an instance rented per pod from a mock cloud of its own (boot delay 0, net/http "
+        "keep-alive) before it is Running, deleted with the pod",
         "API writes/pod leave out the bench's own creates and deletes and the node heartbeats "
         "(leases, node status); lifecycle = create -> Running -> deleted, the deletion phase "
         f"ending {QUIET_SECONDS:g} s after the last pod or event write; CPU = the system's own "
@@ -696,10 +768,9 @@ async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float]
                                               workers=workers, event_loop=loop, python=python)
                                          for loop in event_loops or (None,)]
                 if binary is not None:
-                    systems += [GoVK(binary=binary, work=work, kubeconfig=cluster.kubeconfig,
-                                     lift_limits=lift, workers=workers)
-                                for lift in (False, True) if (lift and "lifted" in go_modes)
-                                or (not lift and "default" in go_modes)]
+                    systems += go_systems(binary=binary, work=work,
+                                          kubeconfig=cluster.kubeconfig, modes=go_modes,
+                                          workers=workers, n=n)
                 if round_ % 2:  # alternate who goes first: the cluster warms and ages
                     systems.reverse()
                 for system in systems:
@@ -745,9 +816,11 @@ if __name__ == "__main__":
                              "collapsed stacks per run")
     parser.add_argument("--workers", type=int, default=WORKERS,
                         help=f"concurrent pod workers in every system (default {WORKERS})")
-    parser.add_argument("--go-modes", nargs="+", choices=["default", "lifted"],
+    parser.add_argument("--go-modes", nargs="+", choices=list(GO_MODES),
                         default=["default", "lifted"],
-                        help="which Go virtual-kubelet configurations --compare-go runs")
+                        help="which Go virtual-kubelet configurations --compare-go runs "
+                             "(lifted-cloud: lifted, its provider renting an instance per pod "
+                             "from a mock cloud of its own, as vkprovider does)")
     parser.add_argument("--event-loops", nargs="+", choices=["auto", "uvloop", "asyncio"],
                         default=[], help="run vkprovider (and its mock cloud) once per event "
                         "loop given, side by side (default: once, on the default: auto)")

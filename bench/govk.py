@@ -3,7 +3,9 @@
 ``tools/govk`` is one virtual node on ``github.com/virtual-kubelet/virtual-kubelet`` v1.14.1's
 ``node/nodeutil`` with an in-memory provider that runs every pod at once. ``--lift-limits``
 swaps the pod controller's work-queue rate limiters for unlimited ones and raises the client's
-QPS/burst; without it the library's defaults stand.
+QPS/burst; without it the library's defaults stand. ``--cloud-url`` puts vkprovider's mock cloud
+behind that provider: an instance rented per pod before it is Running, deleted with it
+(``tools/govk/cloud.go``), so both nodes make the same cloud calls.
 """
 
 from __future__ import annotations
@@ -37,21 +39,22 @@ def govk_binary() -> Path:
 
 
 def govk_argv(*, binary: Path, kubeconfig: Path, node: str, lift_limits: bool,
-              workers: int) -> list[str]:
+              workers: int, cloud_url: str | None = None) -> list[str]:
     return [str(binary), f"--kubeconfig={kubeconfig}", f"--node-name={node}", f"--taint={TAINT}",
-            f"--workers={workers}", *(["--lift-limits"] if lift_limits else [])]
+            f"--workers={workers}", *(["--lift-limits"] if lift_limits else []),
+            *([f"--cloud-url={cloud_url}"] if cloud_url else [])]
 
 
 class GoVKProcess:
     """One ``govk`` process (one virtual node), its log in ``work_dir``."""
 
     def __init__(self, *, binary: Path, work_dir: Path, kubeconfig: Path, node: str,
-                 lift_limits: bool, workers: int) -> None:
+                 lift_limits: bool, workers: int, cloud_url: str | None = None) -> None:
         self.node = node
         self.component = Component(
             name=f"govk-{node}",
             argv=govk_argv(binary=binary, kubeconfig=kubeconfig, node=node,
-                           lift_limits=lift_limits, workers=workers),
+                           lift_limits=lift_limits, workers=workers, cloud_url=cloud_url),
             log_path=work_dir / f"govk-{node}.log")
 
     def start(self) -> None:

@@ -7,7 +7,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here"
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-buildvcs=false
-key=$(cat go.mod go.sum main.go build.sh | sha256sum | cut -c1-16)
+key=$(cat go.mod go.sum ./*.go build.sh | sha256sum | cut -c1-16)
 cache="${VKP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vkprovider}/govk-$key"
 if [ -f "$cache/.complete" ]; then
   echo "$cache"

@@ -3,8 +3,11 @@
 //
 // CreatePod marks the pod Running at once (Ready condition, one running container status) and
 // tells the pod controller through NotifyPods; DeletePod reports the pod terminated and forgets
-// it. Nothing else happens: no cloud, no HTTP listener (no TLS config is given, so nodeutil
-// starts none).
+// it. Nothing else happens: no HTTP listener (no TLS config is given, so nodeutil starts none),
+// and no cloud unless --cloud-url names one.
+//
+// --cloud-url puts vkprovider's mock cloud behind the provider (cloud.go): an instance is
+// rented before a pod is reported Running and deleted with it.
 //
 // --lift-limits replaces the rate limiters of the pod controller's three work queues with ones
 // that never delay a first attempt (retries still back off per item) and raises the client's
@@ -50,6 +53,7 @@ type options struct {
 	liftLimits bool
 	workers    int
 	logLevel   string
+	cloudURL   string
 }
 
 func parseFlags() options {
@@ -62,6 +66,8 @@ func parseFlags() options {
 		"unlimited work-queue rate limiters and a very high client QPS/burst")
 	flag.IntVar(&o.workers, "workers", 0, "pod sync workers (0: the library default, NumCPU)")
 	flag.StringVar(&o.logLevel, "log-level", "info", "logrus level")
+	flag.StringVar(&o.cloudURL, "cloud-url", "",
+		"base URL of a vkprovider mock cloud to rent an instance from per pod (empty: none)")
 	flag.Parse()
 	return o
 }
@@ -98,13 +104,21 @@ func run(o options) error {
 	if o.liftLimits {
 		nodeOpts = append(nodeOpts, nodeutil.WithPodControllerConfigOverrides(liftQueueLimits))
 	}
-	vk, err := nodeutil.NewNode(o.nodeName, newMemoryProvider, nodeOpts...)
+	var cloud *cloudClient
+	if o.cloudURL != "" {
+		cloud = newCloudClient(o.cloudURL, o.nodeName, o.workers)
+	}
+	newProvider := func(nodeutil.ProviderConfig) (nodeutil.Provider, node.NodeProvider, error) {
+		return &unsupported{memoryProvider: newMemoryProvider(cloud)}, nil, nil
+	}
+	vk, err := nodeutil.NewNode(o.nodeName, newProvider, nodeOpts...)
 	if err != nil {
 		return err
 	}
 	go func() {
 		if err := vk.WaitReady(ctx, time.Minute); err == nil {
-			logger.WithField("node", o.nodeName).WithField("liftLimits", o.liftLimits).Info("node ready")
+			logger.WithField("node", o.nodeName).WithField("liftLimits", o.liftLimits).
+				WithField("cloud", o.cloudURL).Info("node ready")
 		}
 	}()
 	if err := vk.Run(ctx); err != nil && ctx.Err() == nil {
@@ -208,26 +222,39 @@ func (r *retryOnlyLimiter) NumRequeues(item any) int {
 	return r.failures[item]
 }
 
-// memoryProvider keeps pods in a map; every pod it is given runs at once.
+// memoryProvider keeps pods in a map; every pod it is given runs at once (once its instance is
+// rented, when there is a cloud).
 type memoryProvider struct {
-	mu     sync.Mutex
-	pods   map[string]*corev1.Pod
-	notify func(*corev1.Pod)
+	mu        sync.Mutex
+	pods      map[string]*corev1.Pod
+	instances map[string]string // pod key -> instance id, with a cloud
+	cloud     *cloudClient      // nil: no cloud
+	notify    func(*corev1.Pod)
 }
 
-func newMemoryProvider(cfg nodeutil.ProviderConfig) (nodeutil.Provider, node.NodeProvider, error) {
-	return &unsupported{memoryProvider: &memoryProvider{pods: map[string]*corev1.Pod{}}}, nil, nil
+func newMemoryProvider(cloud *cloudClient) *memoryProvider {
+	return &memoryProvider{pods: map[string]*corev1.Pod{}, instances: map[string]string{}, cloud: cloud}
 }
 
 func podKey(namespace, name string) string { return namespace + "/" + name }
 
 func (p *memoryProvider) NotifyPods(_ context.Context, f func(*corev1.Pod)) { p.notify = f }
 
-func (p *memoryProvider) CreatePod(_ context.Context, pod *corev1.Pod) error {
+func (p *memoryProvider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
+	key := podKey(pod.Namespace, pod.Name)
+	if p.cloud != nil {
+		id, err := p.cloud.create(ctx, pod)
+		if err != nil {
+			return err
+		}
+		p.mu.Lock()
+		p.instances[key] = id
+		p.mu.Unlock()
+	}
 	running := pod.DeepCopy()
 	markRunning(running, metav1.Now())
 	p.mu.Lock()
-	p.pods[podKey(pod.Namespace, pod.Name)] = running
+	p.pods[key] = running
 	p.mu.Unlock()
 	p.notify(running.DeepCopy())
 	return nil
@@ -247,8 +274,21 @@ func (p *memoryProvider) UpdatePod(_ context.Context, pod *corev1.Pod) error {
 	return nil
 }
 
-func (p *memoryProvider) DeletePod(_ context.Context, pod *corev1.Pod) error {
+func (p *memoryProvider) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 	key := podKey(pod.Namespace, pod.Name)
+	if p.cloud != nil {
+		p.mu.Lock()
+		id, ok := p.instances[key]
+		p.mu.Unlock()
+		if ok {
+			if err := p.cloud.remove(ctx, id); err != nil {
+				return err
+			}
+			p.mu.Lock()
+			delete(p.instances, key)
+			p.mu.Unlock()
+		}
+	}
 	p.mu.Lock()
 	old, ok := p.pods[key]
 	delete(p.pods, key)
