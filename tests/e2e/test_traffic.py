@@ -129,6 +129,10 @@ async def _sent(lg: LoadGenerator) -> int:
     return lg.report().sent
 
 
+async def _endpoints(lg: LoadGenerator) -> int:
+    return len(lg.endpoints)
+
+
 async def test_requests_reach_replicas_inside_and_on_the_cloud(
         kube: KubeClient, namespace: str, system: System, gpu_nodes: GPUNodeFactory,
         local_cluster: Any) -> None:
@@ -255,6 +259,12 @@ async def play_story(*, kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFact
         overflow_after=overflow_after, companion_args=companion_args)
     lg = held["lg"]
     try:
+        # The chapter starts when traffic can reach the cloud replicas: the Deployment counts a
+        # pod ready from its status, and the EndpointSlice the load generator follows (as
+        # kube-proxy would) is written from that status a watch event later, so a Deployment
+        # that reports 4 ready can still be tens of milliseconds ahead of the slices.
+        await eventually(lambda: _endpoints(lg), until=lambda n: n >= 4, timeout=30,
+                         what="the load generator balancing over 4 ready endpoints")
         lg.mark("on the cloud")
         sent = lg.report().sent
         await eventually(lambda: _sent(lg), until=lambda n: n >= sent + 100,
