@@ -12,6 +12,7 @@ from bench.burst import (
     PodWatch,
     Writes,
     cores_table,
+    go_systems,
     lifecycle_mark,
     medians,
     phase_timeouts,
@@ -129,6 +130,44 @@ def test_the_cores_table_adds_up_every_user_of_the_cores() -> None:
     assert rows["vkprovider"] == ["vkprovider", "10", "3.4", "1.5", "1.25", "0.5", "3.0", "1.0",
                                   "5.75"]
     assert rows["go-vk lifted"][-1] == "4.0"
+
+
+def test_a_go_node_with_a_cloud_is_set_against_each_system_with_its_cloud() -> None:
+    ours = [row(system="vkprovider", pods=1000, wall_seconds_to_all_running=w,
+                cpu_seconds_to_running=2.0, cloud_cpu_seconds_to_running=1.0) for w in (5.0, 6.0)]
+    go = [row(system="go-vk lifted", pods=1000, wall_seconds_to_all_running=4.0,
+              cpu_seconds_to_running=1.0) for _ in range(2)]
+    go_cloud = [row(system="go-vk lifted+cloud", pods=1000, wall_seconds_to_all_running=5.0,
+                    cpu_seconds_to_running=c, cloud_cpu_seconds_to_running=1.0)
+                for c in (1.0, 1.0)]
+    text = medians(ours + go + go_cloud)
+    header = [c.strip() for c in text.splitlines()[0].split("|")[1:-1]]
+    lines = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]]
+             for line in text.splitlines()[2:]}
+    assert header == ["system", "pods", "runs", "wall to all Running (s)", "vs go-vk lifted",
+                      "vs go-vk lifted+cloud", "CPU to Running (s)", "vs go-vk lifted",
+                      "CPU with its cloud to Running (s)", "vs go-vk lifted+cloud",
+                      "CPU lifecycle (s)"]
+    assert lines["vkprovider"][3:10] == ["5.5", "1.38x", "1.10x", "2.0", "2.00x", "3.0", "1.50x"]
+    # the in-memory Go node has no cloud: its CPU with a cloud is its own
+    assert lines["go-vk lifted"][8:10] == ["1.0", "0.50x"]
+    # without a Go node with a cloud the columns are not there
+    assert "lifted+cloud" not in medians(ours + go)
+
+
+def test_go_modes_pick_the_go_nodes_in_a_fixed_order(tmp_path: Path) -> None:
+    systems = go_systems(binary=Path("/b/govk"), work=tmp_path, kubeconfig=Path("/k"),
+                         modes=("lifted-cloud", "default"), workers=8, n=100)
+    assert [s.label for s in systems] == ["go-vk default", "go-vk lifted+cloud"]
+    plain, clouded = systems
+    assert plain.cloud is None and plain.helper_pid() is None
+    assert clouded.cloud is not None
+    argv = clouded.process.component.argv
+    assert f"--cloud-url={clouded.cloud.url}" in argv and "--lift-limits" in argv
+    assert not any(a.startswith("--cloud-url") for a in plain.process.component.argv)
+    with pytest.raises(ValueError, match="unknown Go modes"):
+        go_systems(binary=Path("/b/govk"), work=tmp_path, kubeconfig=Path("/k"),
+                   modes=("fast",), workers=8, n=100)
 
 
 def test_govk_runs_with_our_taint_and_lifts_limits_only_when_asked() -> None:
