@@ -26,8 +26,9 @@ What it does and does not do:
 * a connection found closed by the server before any byte of the answer is retried once on a
   fresh connection when it was a reused one and the method is idempotent, as Go's ``net/http``
   does; anything else is raised, and the callers' own retry rules apply;
-* no proxies (callers keep httpx when the environment names one), no streaming, no redirects,
-  no compression (it never asks for any), no HTTP/2.
+* no proxies (callers keep httpx when the environment names one), no redirects, no
+  compression (it never asks for any), no HTTP/2. Streamed answers (watches, followed logs)
+  are :mod:`providers.h1stream`'s, on connections of their own from :meth:`H1Pool.connect`.
 
 Errors are this module's own: :class:`H1ConnectError`, :class:`H1Timeout`,
 :class:`H1ConnectionLost` and :class:`H1ProtocolError`, all :class:`H1Error`.
@@ -39,13 +40,14 @@ import asyncio
 import json
 import ssl
 import time
-from collections.abc import Iterable, Mapping
-from typing import Any, cast
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 __all__ = ["H1ConnectError", "H1ConnectionLost", "H1Error", "H1Pool", "H1ProtocolError",
-           "H1Response", "H1Timeout", "Headers"]
+           "H1Response", "H1Timeout", "Head", "Headers", "parse_head"]
 
+_P = TypeVar("_P", bound=asyncio.Protocol)
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 #: Longest status line + headers accepted.
 _MAX_HEAD = 64 * 1024
@@ -108,6 +110,69 @@ class H1Response:
 
     def __repr__(self) -> str:
         return f"H1Response(status_code={self.status_code}, {len(self.content)} bytes)"
+
+
+class Head:
+    """A parsed status line and headers, and how the body that follows is framed."""
+
+    __slots__ = ("headers", "keep_alive", "length", "mode", "status")
+
+    def __init__(self, *, status: int, headers: Headers, keep_alive: bool, mode: str,
+                 length: int) -> None:
+        self.status = status
+        self.headers = headers
+        self.keep_alive = keep_alive
+        self.mode = mode  # "length", "chunked", "close", "none"
+        self.length = length
+
+
+def parse_head(buf: bytearray, *, head_request: bool = False) -> Head | None:
+    """Take a response's status line and headers off the front of ``buf``; None while they are
+    not all in. An interim (1xx) answer comes back as a :class:`Head` with its status; the
+    caller reads on. Raises :class:`H1ProtocolError` on what is not HTTP/1.x."""
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        if len(buf) > _MAX_HEAD:
+            raise H1ProtocolError("response head too long")
+        return None
+    text = bytes(buf[:end]).decode("latin-1")
+    del buf[:end + 4]
+    lines = text.split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        raise H1ProtocolError(f"bad status line {lines[0][:80]!r}")
+    status = int(parts[1])
+    headers = Headers()
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise H1ProtocolError(f"bad header line {line[:80]!r}")
+        key = name.strip().lower()
+        value = value.strip()
+        headers[key] = f"{dict.__getitem__(headers, key)}, {value}" \
+            if dict.__contains__(headers, key) else value
+    connection = dict.get(headers, "connection", "").lower()
+    keep_alive = parts[0] == "HTTP/1.1" and "close" not in connection
+    encoding = dict.get(headers, "transfer-encoding", "").lower()
+    length = dict.get(headers, "content-length")
+    remaining = 0
+    if 100 <= status < 200 or head_request or status in (204, 304):
+        mode = "none"
+    elif "chunked" in encoding:
+        mode = "chunked"
+    elif length is not None:
+        try:
+            remaining = int(length)
+        except ValueError as exc:
+            raise H1ProtocolError(f"bad Content-Length {length[:20]!r}") from exc
+        if remaining < 0:
+            raise H1ProtocolError("negative Content-Length")
+        mode = "length"
+    else:
+        mode = "close"
+        keep_alive = False
+    return Head(status=status, headers=headers, keep_alive=keep_alive, mode=mode,
+                length=remaining)
 
 
 class _Connection(asyncio.Protocol):
@@ -221,50 +286,16 @@ class _Connection(asyncio.Protocol):
                 return
 
     def _parse_head(self) -> bool:
-        end = self._buf.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self._buf) > _MAX_HEAD:
-                raise H1ProtocolError("response head too long")
+        head = parse_head(self._buf, head_request=self._head_request)
+        if head is None:
             return False
-        head = bytes(self._buf[:end]).decode("latin-1")
-        del self._buf[:end + 4]
-        lines = head.split("\r\n")
-        parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-            raise H1ProtocolError(f"bad status line {lines[0][:80]!r}")
-        status = int(parts[1])
-        headers = Headers()
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep:
-                raise H1ProtocolError(f"bad header line {line[:80]!r}")
-            key = name.strip().lower()
-            value = value.strip()
-            headers[key] = f"{dict.__getitem__(headers, key)}, {value}" \
-                if dict.__contains__(headers, key) else value
-        if 100 <= status < 200:  # an interim answer: the real one follows
+        if head.status < 200:  # an interim answer: the real one follows
             return True
-        self._status = status
-        self._headers = headers
-        connection = dict.get(headers, "connection", "").lower()
-        self._keep_alive = parts[0] == "HTTP/1.1" and "close" not in connection
-        encoding = dict.get(headers, "transfer-encoding", "").lower()
-        length = dict.get(headers, "content-length")
-        if self._head_request or status in (204, 304):
-            self._mode = "none"
-        elif "chunked" in encoding:
-            self._mode = "chunked"
-        elif length is not None:
-            try:
-                self._remaining = int(length)
-            except ValueError as exc:
-                raise H1ProtocolError(f"bad Content-Length {length[:20]!r}") from exc
-            if self._remaining < 0:
-                raise H1ProtocolError("negative Content-Length")
-            self._mode = "length"
-        else:
-            self._mode = "close"
-            self._keep_alive = False
+        self._status = head.status
+        self._headers = head.headers
+        self._keep_alive = head.keep_alive
+        self._mode = head.mode
+        self._remaining = head.length
         return True
 
     def _parse_chunks(self) -> bool:
@@ -330,15 +361,7 @@ class H1Pool:
                       body: bytes | None = None, timeout: float = 30.0) -> H1Response:
         """Send ``method target`` (a path with its query, below the pool's URL path) and
         return the whole answer, any status. Raises :class:`H1Error` subclasses."""
-        lines = [f"{method} {self.base_path}{target} HTTP/1.1\r\nHost: {self.authority}\r\n"]
-        items = headers.items() if isinstance(headers, Mapping) else headers
-        lines.extend(f"{k}: {v}\r\n" for k, v in items)
-        if body is not None or method in ("POST", "PUT", "PATCH"):
-            lines.append(f"Content-Length: {len(body or b'')}\r\n")
-        lines.append("\r\n")
-        payload = "".join(lines).encode("latin-1")
-        if body:
-            payload += body
+        payload = self.encode(method, target, headers=headers, body=body)
         head = method == "HEAD"
         try:
             async with asyncio.timeout(timeout):
@@ -346,6 +369,19 @@ class H1Pool:
                     return await self._exchange(method, payload, head=head)
         except TimeoutError as exc:
             raise H1Timeout(f"{method} took over {timeout:g}s") from exc
+
+    def encode(self, method: str, target: str, *,
+               headers: Mapping[str, str] | Iterable[tuple[str, str]] = (),
+               body: bytes | None = None) -> bytes:
+        """The bytes of one request to this pool's origin: one socket write."""
+        lines = [f"{method} {self.base_path}{target} HTTP/1.1\r\nHost: {self.authority}\r\n"]
+        items = headers.items() if isinstance(headers, Mapping) else headers
+        lines.extend(f"{k}: {v}\r\n" for k, v in items)
+        if body is not None or method in ("POST", "PUT", "PATCH"):
+            lines.append(f"Content-Length: {len(body or b'')}\r\n")
+        lines.append("\r\n")
+        payload = "".join(lines).encode("latin-1")
+        return payload + body if body else payload
 
     async def _exchange(self, method: str, payload: bytes, *, head: bool) -> H1Response:
         for attempt in (1, 2):
@@ -390,11 +426,16 @@ class H1Pool:
         idle.append(conn)
 
     async def _connect(self) -> _Connection:
+        return await self.connect(_Connection)
+
+    async def connect(self, factory: Callable[[], _P]) -> _P:
+        """A new connection to this pool's origin (TLS included), outside the pool: for a
+        stream (providers/h1stream.py), which holds its connection until it ends."""
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self._connect_timeout):
                 _, conn = await loop.create_connection(
-                    _Connection, self.host, self.port, ssl=self._ssl,
+                    factory, self.host, self.port, ssl=self._ssl,
                     server_hostname=self.host if self._ssl is not None else None)
         except TimeoutError as exc:
             raise H1ConnectError(
