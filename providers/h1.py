@@ -37,12 +37,13 @@ Errors are this module's own: :class:`H1ConnectError`, :class:`H1Timeout`,
 from __future__ import annotations
 
 import asyncio
-import json
 import ssl
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
+
+import orjson
 
 __all__ = ["H1ConnectError", "H1ConnectionLost", "H1Error", "H1Pool", "H1ProtocolError",
            "H1Response", "H1Timeout", "Head", "Headers", "parse_head"]
@@ -106,7 +107,7 @@ class H1Response:
         return self.content.decode("utf-8", errors="replace")
 
     def json(self) -> Any:
-        return json.loads(self.content)
+        return orjson.loads(self.content)
 
     def __repr__(self) -> str:
         return f"H1Response(status_code={self.status_code}, {len(self.content)} bytes)"

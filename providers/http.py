@@ -46,6 +46,7 @@ from providers.options import DEFAULT_RETRY
 
 __all__ = [
     "MAX_SERVER_MESSAGE",
+    "Answer",
     "HTTPAdapter",
     "RetryOptions",
     "RetryPolicy",
@@ -54,6 +55,23 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+
+
+class Answer(Protocol):
+    """What adapters read of a cloud's answer: the lean pool's :class:`~providers.h1.H1Response`
+    on the hot path, an ``httpx.Response`` where httpx carries the call (a proxy, a stream)."""
+
+    @property
+    def status_code(self) -> int: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    @property
+    def content(self) -> bytes: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def is_success(self) -> bool: ...
+    def json(self) -> Any: ...
 
 #: How much of a cloud's own error text an error message quotes.
 MAX_SERVER_MESSAGE = 300
@@ -277,12 +295,12 @@ class HTTPAdapter:
         json_body: Any = None,
         op: str = "",
         retry_transient: bool = True,
-    ) -> httpx.Response:
+    ) -> Answer:
         """One API call, retried; a typed error for anything but a 2xx."""
 
         target = self._h1_target(path, params)
 
-        async def attempt() -> httpx.Response:
+        async def attempt() -> Answer:
             if target is not None:
                 return await self._call_h1(method, target, json_body, what=what, op=op)
             if self._transport is None:  # a proxy from the environment: the client knows it
@@ -301,10 +319,9 @@ class HTTPAdapter:
         return self._h1_base + path.lstrip("/")
 
     async def _call_h1(self, method: str, target: str, json_body: Any, *, what: str,
-                       op: str) -> httpx.Response:
-        """One call on the lean HTTP/1.1 pool with no httpx request built for it (the
-        request object and its URL cost more CPU than the call's own work); the answer as an
-        httpx response, so that adapters read it the same way."""
+                       op: str) -> Answer:
+        """One call on the lean HTTP/1.1 pool with no httpx request or response built for it
+        (their objects, URL and header parsing cost more CPU than the call's own work)."""
         assert self._h1 is not None
         headers = self._h1_headers
         body = None
@@ -319,11 +336,9 @@ class HTTPAdapter:
                 timeout=self._timeout)
         except H1Error as exc:
             raise self._transport_error(exc, what=what) from exc
-        response = httpx.Response(answer.status_code, headers=list(answer.headers.items()),
-                                  content=answer.content)
-        if response.is_success:
-            return response
-        raise self._status_error(response, what=what, op=op)
+        if answer.is_success:
+            return answer
+        raise self._status_error(answer, what=what, op=op)
 
     def _build(self, method: str, path: str, params: Mapping[str, str] | None,
                json_body: Any) -> httpx.Request:
@@ -408,7 +423,7 @@ class HTTPAdapter:
             f"{self.name}: {what} failed: {kind} ({type(exc).__name__})", provider=self.name
         )
 
-    def _status_error(self, response: httpx.Response, *, what: str, op: str) -> ProviderError:
+    def _status_error(self, response: Answer, *, what: str, op: str) -> ProviderError:
         """The typed error for a non-2xx answer to operation ``op`` (the cloud's own format)."""
         raise NotImplementedError
 
@@ -421,11 +436,11 @@ class HTTPAdapter:
             message += f": {detail}"
         return self._scrub(message)
 
-    def _retry_after(self, response: httpx.Response) -> float | None:
+    def _retry_after(self, response: Answer) -> float | None:
         """How long a 429 asks us to wait (``Retry-After``); None when it does not say."""
         return parse_retry_after(response.headers.get("Retry-After"))
 
-    def _classify(self, response: httpx.Response, message: str) -> ProviderError:
+    def _classify(self, response: Answer, message: str) -> ProviderError:
         """:func:`error_for_status` for the response, with its ``Retry-After`` on a 429."""
         status = response.status_code
         retry_after = self._retry_after(response) if status == 429 else None
@@ -438,7 +453,7 @@ class HTTPAdapter:
     def _malformed(self, what: str) -> ProviderError:
         return ProviderError(f"{self.name}: {what}: malformed response", provider=self.name)
 
-    def _json(self, response: httpx.Response, *, what: str) -> dict[str, Any]:
+    def _json(self, response: Answer, *, what: str) -> dict[str, Any]:
         try:
             data = response.json()
         except ValueError as exc:

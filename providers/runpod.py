@@ -186,7 +186,13 @@ from providers.base import (
     RegistryAuth,
     TransientError,
 )
-from providers.http import MAX_SERVER_MESSAGE, HTTPAdapter, RetryPolicy, parse_retry_after
+from providers.http import (
+    MAX_SERVER_MESSAGE,
+    Answer,
+    HTTPAdapter,
+    RetryPolicy,
+    parse_retry_after,
+)
 from providers.registryauth import RegistrySecrets, refuse
 
 __all__ = [
@@ -1053,7 +1059,7 @@ class RunPodProvider(HTTPAdapter):
 
     # -- the HTTP edge (the rest is providers.http.HTTPAdapter) ----------------------------
 
-    def _problem(self, response: httpx.Response) -> tuple[str, str, builtins.list[str]]:
+    def _problem(self, response: Answer) -> tuple[str, str, builtins.list[str]]:
         """``(title, detail, errors)`` of an RFC 9457 problem document (empty when absent)."""
         try:
             data = response.json()
@@ -1073,14 +1079,14 @@ class RunPodProvider(HTTPAdapter):
         )
         return title, detail, errors
 
-    def _retry_after(self, response: httpx.Response) -> float | None:
+    def _retry_after(self, response: Answer) -> float | None:
         """``Retry-After``, else the ``RateLimit`` header's reset of an exhausted window."""
         retry_after = parse_retry_after(response.headers.get("Retry-After"))
         if retry_after is None:
             retry_after = _parse_ratelimit_reset(response.headers.get("RateLimit"))
         return retry_after
 
-    def _status_error(self, response: httpx.Response, *, what: str, op: str) -> ProviderError:
+    def _status_error(self, response: Answer, *, what: str, op: str) -> ProviderError:
         status = response.status_code
         title, detail, errors = self._problem(response)
         message = self._status_message(what, status, label=title, detail=detail)

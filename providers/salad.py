@@ -151,7 +151,7 @@ from providers.base import (
     QuotaError,
     RegistryAuth,
 )
-from providers.http import MAX_SERVER_MESSAGE, HTTPAdapter, RetryPolicy
+from providers.http import MAX_SERVER_MESSAGE, Answer, HTTPAdapter, RetryPolicy
 from providers.registryauth import RegistrySecrets, refuse
 
 __all__ = ["META_ENV", "SaladProvider", "map_status", "salad_name"]
@@ -880,7 +880,7 @@ class SaladProvider(HTTPAdapter):
 
     # -- the HTTP edge (the rest is providers.http.HTTPAdapter) ----------------------------
 
-    def _status_error(self, response: httpx.Response, *, what: str, op: str) -> ProviderError:
+    def _status_error(self, response: Answer, *, what: str, op: str) -> ProviderError:
         """A ProblemDetails answer (``{type, title, status, detail}``) -> a typed error."""
         status = response.status_code
         title, detail = "", ""

@@ -152,7 +152,7 @@ from providers.base import (
     TransientError,
     Unsupported,
 )
-from providers.http import MAX_SERVER_MESSAGE, HTTPAdapter, RetryPolicy
+from providers.http import MAX_SERVER_MESSAGE, Answer, HTTPAdapter, RetryPolicy
 from providers.registryauth import RegistrySecrets, refuse
 
 __all__ = ["LABEL_PREFIX", "VastAIProvider", "decode_label", "encode_label", "map_status"]
@@ -933,7 +933,7 @@ class VastAIProvider(HTTPAdapter):
 
     # -- the HTTP edge (the rest is providers.http.HTTPAdapter) ----------------------------
 
-    def _status_error(self, response: httpx.Response, *, what: str, op: str) -> ProviderError:
+    def _status_error(self, response: Answer, *, what: str, op: str) -> ProviderError:
         """Vast.ai's ``{success, error, msg}`` (or ``{detail}`` on 429) -> a typed error."""
         status = response.status_code
         code, detail = "", ""

@@ -48,7 +48,13 @@ from providers.base import (
     PublishedPort,
     QuotaError,
 )
-from providers.http import MAX_SERVER_MESSAGE, HTTPAdapter, RetryPolicy, parse_retry_after
+from providers.http import (
+    MAX_SERVER_MESSAGE,
+    Answer,
+    HTTPAdapter,
+    RetryPolicy,
+    parse_retry_after,
+)
 from providers.listcache import ListingCache
 
 __all__ = ["MockProvider"]
@@ -305,7 +311,7 @@ class MockProvider(HTTPAdapter):
 
     # -- the HTTP edge (the rest is providers.http.HTTPAdapter) ----------------------------
 
-    def _status_error(self, response: httpx.Response, *, what: str, op: str) -> ProviderError:
+    def _status_error(self, response: Answer, *, what: str, op: str) -> ProviderError:
         """The mock cloud's ``{"error": {code, message}}`` -> a typed error; codes win."""
         status = response.status_code
         code, detail = "", ""
