@@ -285,13 +285,8 @@ class KubeClient:
                                    head_timeout=head_timeout,
                                    read_timeout=read_timeout) as stream:
                 if stream.status_code >= 400:
-                    content = await stream.aread()
-                    raise error_for(
-                        status=stream.status_code,
-                        body=_json_or_none(content),
-                        retry_after=_retry_after(stream.headers.get("Retry-After")),
-                        what=what,
-                    )
+                    raise _failed(stream.status_code, stream.headers.get("Retry-After"),
+                                  await stream.aread(), what=what)
                 yield stream
         except H1Timeout as exc:  # no head, or no byte, within read_timeout
             raise InactivityTimeout(f"{what}: no data for {head_timeout:g}s") from exc
@@ -309,13 +304,8 @@ class KubeClient:
                 "GET", path, params=_params(params), timeout=timeout
             ) as resp:
                 if resp.status_code >= 400:
-                    content = await resp.aread()
-                    raise error_for(
-                        status=resp.status_code,
-                        body=_json_or_none(content),
-                        retry_after=_retry_after(resp.headers.get("Retry-After")),
-                        what=what,
-                    )
+                    raise _failed(resp.status_code, resp.headers.get("Retry-After"),
+                                  await resp.aread(), what=what)
                 yield resp
         except httpx.ReadTimeout as exc:
             raise InactivityTimeout(f"{what}: no data for {read_timeout}s") from exc
@@ -329,6 +319,12 @@ def _params(params: Mapping[str, str | int | bool] | None) -> dict[str, str] | N
     return {
         k: ("true" if v is True else "false" if v is False else str(v)) for k, v in params.items()
     }
+
+
+def _failed(status: int, retry_after: str | None, content: bytes, *, what: str) -> APIError:
+    """The error for a stream the API server refused, its reason taken from the body."""
+    return error_for(status=status, body=_json_or_none(content),
+                     retry_after=_retry_after(retry_after), what=what)
 
 
 def _json_or_none(content: bytes) -> dict[str, Any] | None:
