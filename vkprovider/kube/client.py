@@ -198,17 +198,23 @@ class KubeClient:
             return await self._http.request(
                 method, path, params=_params(params), content=content, headers=headers
             )
+        path, headers = self._target(path, params)
+        if content is not None:
+            headers["Content-Type"] = content_type
+        return await self._pool.request(method, path, headers=headers, body=content,
+                                        timeout=self._timeout)
+
+    def _target(self, path: str, params: Mapping[str, str | int | bool] | None
+                ) -> tuple[str, dict[str, str]]:
+        """The lean path's request target (query encoded) and its headers (auth included)."""
         headers = self._headers.copy()
         auth = self._auth.header()
         if auth:
             headers["Authorization"] = auth
-        if content is not None:
-            headers["Content-Type"] = content_type
         query = _params(params)
         if query:
             path += ("&" if "?" in path else "?") + urlencode(query)
-        return await self._pool.request(method, path, headers=headers, body=content,
-                                        timeout=self._timeout)
+        return path, headers
 
     async def get(self, path: str, *, params: Mapping[str, str | int | bool] | None = None) -> Body:
         return await self.request("GET", path, params=params)
@@ -272,13 +278,7 @@ class KubeClient:
                                           what=what) as resp:
                 yield resp
             return
-        headers = self._headers.copy()
-        auth = self._auth.header()
-        if auth:
-            headers["Authorization"] = auth
-        query = _params(params)
-        if query:
-            path += ("&" if "?" in path else "?") + urlencode(query)
+        path, headers = self._target(path, params)
         head_timeout = read_timeout or self._timeout
         try:
             async with open_stream(self._pool, "GET", path, headers=headers,
