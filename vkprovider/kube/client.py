@@ -1,9 +1,10 @@
 """An asyncio client for the API server: plain dicts, our own errors.
 
 Why it exists: the official client's models cost ~10x the CPU and ~2.5x the memory of plain dicts
-(see docs/architecture.md), and its watch blocks the event loop. Writes are patches (never
-read-modify-replace); transient failures of single requests are retried at this edge,
-honouring ``Retry-After``.
+(see docs/architecture.md), and its watch blocks the event loop. Writes are patches, except the
+pod status write (a replace guarded by the cached resourceVersion, a patch when that is stale:
+:mod:`vkprovider.kube.podstatus_write`); never a read-modify-replace. Transient failures of
+single requests are retried at this edge, honouring ``Retry-After``.
 
 CPU per request and per watch event is what limits the provider in a burst (bench/burst.py), so
 both paths are lean. Single requests go out on :mod:`providers.h1` (one keep-alive HTTP/1.1
@@ -221,6 +222,10 @@ class KubeClient:
 
     async def create(self, path: str, body: Body, *, want_body: bool = True) -> Body:
         return await self.request("POST", path, body=body, want_body=want_body)
+
+    async def replace(self, path: str, body: Body, *, want_body: bool = True) -> Body:
+        """``PUT``: the object's ``metadata.resourceVersion`` is the precondition (409 if stale)."""
+        return await self.request("PUT", path, body=body, want_body=want_body)
 
     async def patch(self, path: str, body: Any, *, patch_type: PatchType = "merge",
                     want_body: bool = True) -> Body:
