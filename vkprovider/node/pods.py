@@ -69,6 +69,7 @@ from vkprovider.errors import PodConfigPending, PodRejected
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
 from vkprovider.kube.events import EventRecorder
+from vkprovider.kube.podstatus_write import PodStatusWriter, StatusWrite
 from vkprovider.kube.sharing import TreeSharer
 from vkprovider.kube.watching import Informer, SharedSlim, object_key
 from vkprovider.logs import kv
@@ -136,6 +137,7 @@ class PodController:
         endpoints: EndpointSink | None = None,
     ) -> None:
         self.client = client
+        self.status_writer = PodStatusWriter(client)
         self.settings = settings
         self.node = settings.node.name
         self.providers = dict(providers)
@@ -1173,15 +1175,12 @@ class PodController:
 
     async def _patch_status(self, pod: Body, status: Body, *,
                             annotations: dict[str, str] | None = None) -> None:
-        body: Body = {"status": _replacing_ip_lists(status)}
-        if annotations:
-            body["metadata"] = {"annotations": annotations}
-        try:
-            await self.client.patch(f"{_pod_path(pod)}/status", body, patch_type="strategic",
-                                    want_body=False)
+        """One write of the pod's status (annotations ride along): kube/podstatus_write.py."""
+        landed = await self.status_writer.write(pod=pod, status=status, annotations=annotations)
+        if landed is not StatusWrite.GONE:
             self.metrics.kube_writes.labels("pod_status").inc()
-        except NotFoundError:
-            return
+        if landed is StatusWrite.PATCHED_AFTER_CONFLICT:  # the refused replace was a request too
+            self.metrics.kube_writes.labels("pod_status_conflict").inc()
 
     def _count(self, provider: str, op: str, exc: Exception | None) -> None:
         result = "ok" if exc is None else type(exc).__name__
@@ -1211,20 +1210,6 @@ def no_capacity_delay(tries: int, *, cap: float) -> float:
 def _retry_after(exc: Exception) -> float:
     value = getattr(exc, "retry_after", None)
     return float(value) if isinstance(value, int | float) else 0.0
-
-
-def _replacing_ip_lists(status: Body) -> Body:
-    """``status`` with podIPs/hostIPs marked to replace, not merge into, the stored lists.
-
-    They merge by ``ip`` in a strategic merge patch, so a pod whose instance was re-created
-    with a new address would list both, which the API server refuses ("no more than one IP
-    for each IP family"), and its status would never be written again.
-    """
-    out = dict(status)
-    for key in ("podIPs", "hostIPs"):
-        if key in out:
-            out[key] = [*out[key], {"$patch": "replace"}]
-    return out
 
 
 def _is_ready(pod: Body) -> bool:
