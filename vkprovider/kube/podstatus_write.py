@@ -5,7 +5,7 @@ so its cost on the API server is paid per pod in a burst. A ``PUT`` of ``pods/st
 pod's cached ``resourceVersion`` costs the API server and etcd less than the strategic merge
 patch it replaces (no patch to apply against the schema): about 0.25 ms of control-plane CPU per
 write of 3.1-3.4 ms, measured on 1,000 pods by 32 writers, six interleaved rounds per mode
-(docs/architecture.md, "Pod status writes"). It is what the Go virtual-kubelet does
+(docs/architecture.md, "Choices and their reasons"). It is what the Go virtual-kubelet does
 (``UpdateStatus``).
 
 A replace sends the whole status, so it is only as right as the copy it starts from. The status
