@@ -7,7 +7,7 @@ import copy
 import json
 from typing import Any
 
-from vkprovider.kube.podstatus_write import merge_patch, pod_status_path, replacement
+from vkprovider.kube.podstatus_write import pod_status_path, replacement, strategic_patch
 
 
 def cached_pod() -> dict[str, Any]:
@@ -48,13 +48,13 @@ def test_no_annotations_leaves_the_pods_own() -> None:
 
 def test_the_fallback_patch_replaces_the_ip_lists_and_carries_the_annotations() -> None:
     st = status()
-    body = merge_patch(status=st, annotations={"vkprovider.io/instance": "mi-9"})
+    body = strategic_patch(status=st, annotations={"vkprovider.io/instance": "mi-9"})
     assert body["status"]["podIPs"] == [{"ip": "100.64.0.9"}, {"$patch": "replace"}]
     assert body["status"]["hostIPs"] == [{"ip": "100.64.0.1"}, {"$patch": "replace"}]
     assert body["status"]["conditions"] == st["conditions"]
     assert body["metadata"] == {"annotations": {"vkprovider.io/instance": "mi-9"}}
     assert st == status()  # the caller's status is not changed
-    assert "metadata" not in merge_patch(status=status())
+    assert "metadata" not in strategic_patch(status=status())
 
 
 def test_the_path_is_the_pods_status_subresource() -> None:

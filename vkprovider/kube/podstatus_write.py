@@ -63,7 +63,7 @@ def replacement(*, pod: Mapping[str, Any], status: Body,
     return body
 
 
-def merge_patch(*, status: Body, annotations: Mapping[str, str] | None = None) -> Body:
+def strategic_patch(*, status: Body, annotations: Mapping[str, str] | None = None) -> Body:
     """The strategic merge patch of the same write (the fallback).
 
     podIPs/hostIPs merge by ``ip`` in a strategic merge patch, so a pod whose instance came back
@@ -113,7 +113,7 @@ class PodStatusWriter:
                 log.warning("RBAC refuses update on pods/status: pod statuses are patched "
                             "instead (grant it as manifests/base/rbac.yaml does)")
         try:
-            await self._client.patch(path, merge_patch(status=status, annotations=annotations),
+            await self._client.patch(path, strategic_patch(status=status, annotations=annotations),
                                      patch_type="strategic", want_body=False)
         except NotFoundError:
             return StatusWrite.GONE
