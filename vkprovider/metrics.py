@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -65,6 +65,26 @@ class PodGPUFamilies(Collector):
             add_pod_gpus(families, namespace=sample.namespace, pod=sample.pod,
                          provider=sample.provider, gpus=sample.gpus)
         yield from families.values()
+
+
+class EventFamilies(Collector):
+    """``vkprovider_events_*``, read when scraped from the Event recorder's own counts
+    (``source``: queued, written, dropped). Events are paced (``node.event_qps``), so a backlog
+    after a burst is expected and drains; a queue that only grows, or drops, is worth an alert."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], tuple[int, int, int]] | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        queued, written, dropped = (0, 0, 0) if self.source is None else self.source()
+        yield GaugeMetricFamily("vkprovider_events_queued",
+                                "Events waiting for the (paced) sender.", value=queued)
+        yield CounterMetricFamily("vkprovider_events_written",
+                                  "Event creates and count updates sent to the API server.",
+                                  value=written)
+        yield CounterMetricFamily("vkprovider_events_dropped",
+                                  "Events not written: the per-object spam filter, or a full "
+                                  "queue.", value=dropped)
 
 
 class Metrics:
@@ -136,6 +156,8 @@ class Metrics:
         # Per-pod GPU figures: built at scrape time from the GPU collector's latest readings.
         self.pod_gpus = PodGPUFamilies()
         r.register(self.pod_gpus)
+        self.events = EventFamilies()
+        r.register(self.events)
         self.kubelet_api_requests = Counter(
             "vkprovider_kubelet_api_requests_total",
             "Requests to the kubelet API by endpoint and HTTP status code.",

@@ -162,7 +162,9 @@ async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str,
                  stop: asyncio.Event, lost: asyncio.Event | None) -> int:
     """Run the virtual node until ``stop`` (returns 0) or ``lost`` (returns 1) is set."""
     metrics = Metrics()
-    events = EventRecorder(client=client, component="vkprovider", host=settings.node.name)
+    events = EventRecorder(client=client, component="vkprovider", host=settings.node.name,
+                           qps=settings.node.event_qps, burst=settings.node.event_burst)
+    metrics.events.source = events.counts
     prober = Prober(dialer=_dialer(settings), max_concurrent=settings.pods.probe_concurrency)
     slices = EndpointSliceController(client=client, node=settings.node.name, events=events,
                                      metrics=metrics)

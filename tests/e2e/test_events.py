@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -58,4 +59,24 @@ async def test_many_different_messages_fold_into_one_combined_event(
     assert len(events) == 6, [e["message"] for e in events]
     [one] = combined
     assert one["count"] == 15 and one["message"].endswith("instance mi-19 failed")
+    await recorder.aclose()
+
+
+async def test_paced_events_all_arrive_and_repeats_join_the_queued_write(
+    kube: KubeClient, namespace: str
+) -> None:
+    pod = await a_pod(kube, namespace)
+    recorder = EventRecorder(client=kube, component="test", qps=0.5, burst=1)
+    await recorder.emit(obj=pod, reason="First", message="written at once (the burst)")
+    assert await recorder.flush(timeout=30)
+    await recorder.emit(obj=pod, reason="Second", message="waits 2 s for its token")
+    await asyncio.sleep(0.3)  # the sender is waiting for the token now, the write not sent
+    assert recorder.written == 1
+    for _ in range(4):
+        await recorder.emit(obj=pod, reason="Second", message="waits 2 s for its token")
+    assert await recorder.flush(timeout=30)
+    events = {e["reason"]: e for e in await events_of(kube, namespace)}
+    assert set(events) == {"First", "Second"}
+    assert events["Second"]["count"] == 5, "the repeats rode on the one paced write"
+    assert recorder.written == 2
     await recorder.aclose()

@@ -10,6 +10,12 @@ keep Events from costing what they explain:
   Event's count, many similar messages fold into one, and a per-object token bucket drops a
   flood. Bumps of an Event still waiting to be written are merged into that one write.
 
+* **Paced** (the kubelet's ``eventRecordQPS``/``eventBurst``, 50 and 100 by default): the
+  sender writes at most ``qps`` Events a second after a burst of ``burst``. Events are the
+  cheapest thing to delay and the API server pays as much for one as for a pod status, so in a
+  burst of thousands of pods the statuses go first and the Events follow; repeats of an Event
+  still queued merge into its one write meanwhile. ``qps=0`` turns pacing off.
+
 Posting an Event never fails the caller. The queue is bounded (``max_pending`` objects to
 write); past that, new Events are dropped and counted in :attr:`EventRecorder.dropped`.
 """
@@ -20,6 +26,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -50,10 +57,35 @@ class _Pending:
     new: bool
 
 
+class Pace:
+    """A token bucket: ``burst`` writes at once, then ``qps`` a second (client-go's flowcontrol).
+
+    :meth:`take` always grants the token and says how long to wait before using it, so a caller
+    that sleeps that long keeps the rate without polling.
+    """
+
+    def __init__(self, *, qps: float, burst: int) -> None:
+        self._qps = qps
+        self._burst = float(burst)
+        self._tokens = float(burst)
+        self._at: float | None = None
+
+    def take(self, *, now: float) -> float:
+        """Take one token at ``now`` (monotonic seconds); the seconds to wait before using it."""
+        if self._at is not None:
+            self._tokens = min(self._burst, self._tokens + (now - self._at) * self._qps)
+        self._at = now
+        self._tokens -= 1.0
+        return 0.0 if self._tokens >= 0 else -self._tokens / self._qps
+
+
 class EventRecorder:
     def __init__(self, *, client: KubeClient, component: str, host: str = "",
                  cache_size: int = 4096, max_pending: int = 10_000,
-                 correlator: EventCorrelator | None = None) -> None:
+                 correlator: EventCorrelator | None = None, qps: float = 0.0,
+                 burst: int = 1) -> None:
+        if qps < 0 or burst < 1:
+            raise ValueError(f"event pacing needs qps >= 0 and burst >= 1 (got {qps}, {burst})")
         self._client = client
         self._component = component
         self._host = host
@@ -66,11 +98,21 @@ class EventRecorder:
         self._idle.set()
         self.dropped_queue_full = 0
         self.written = 0  # API writes made (creates + patches)
+        self._pace = Pace(qps=qps, burst=burst) if qps > 0 else None
 
     @property
     def dropped(self) -> int:
         """Events not written: refused by the spam filter or by a full queue."""
         return self._correlator.dropped + self.dropped_queue_full
+
+    @property
+    def queued(self) -> int:
+        """Event writes waiting for the sender (pacing holds them after a burst)."""
+        return len(self._pending)
+
+    def counts(self) -> tuple[int, int, int]:
+        """(queued, written, dropped), for metrics."""
+        return self.queued, self.written, self.dropped
 
     async def emit(
         self,
@@ -160,6 +202,10 @@ class EventRecorder:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            if self._pace is not None:
+                wait = self._pace.take(now=time.monotonic())
+                if wait > 0:  # the token is ours; repeats meanwhile join the queued write
+                    await asyncio.sleep(wait)
             key, item = self._pending.popitem(last=False)
             await self._write(key, item)
 
