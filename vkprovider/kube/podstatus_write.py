@@ -41,9 +41,15 @@ class StatusWrite(Enum):
     GONE = "gone"           # the pod no longer exists: nothing to write
 
 
-def pod_status_path(pod: Mapping[str, Any]) -> str:
+def pod_path(pod: Mapping[str, Any]) -> str:
+    """The API path of ``pod`` (a dict with metadata.namespace and metadata.name)."""
     meta = pod["metadata"]
-    return f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
+    return f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+
+
+def pod_status_path(pod: Mapping[str, Any]) -> str:
+    """The path of ``pod``'s status subresource: every status write of the provider goes here."""
+    return f"{pod_path(pod)}/status"
 
 
 def replacement(*, pod: Mapping[str, Any], status: Body,

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from vkprovider.api.gpu import PodGPUs
 from vkprovider.kube.errors import NotFoundError
+from vkprovider.kube.podstatus_write import pod_status_path
 from vkprovider.logs import kv
 from vkprovider.placement.budget import pod_policy
 
@@ -231,7 +232,7 @@ class GPUHealthWatch:
     async def _write(self, pod: Body, *, hot: bool, celsius: float | None, limit: int,
                      since: float | None) -> None:
         meta = pod["metadata"]
-        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
+        path = pod_status_path(pod)
         body = {"status": {"conditions": [condition(hot=hot, celsius=celsius, limit=limit,
                                                     since=since, now=self.wall())]}}
         try:

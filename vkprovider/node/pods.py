@@ -69,7 +69,7 @@ from vkprovider.errors import PodConfigPending, PodRejected
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
 from vkprovider.kube.events import EventRecorder
-from vkprovider.kube.podstatus_write import PodStatusWriter, StatusWrite
+from vkprovider.kube.podstatus_write import PodStatusWriter, StatusWrite, pod_path
 from vkprovider.kube.sharing import TreeSharer
 from vkprovider.kube.watching import Informer, SharedSlim, object_key
 from vkprovider.logs import kv
@@ -725,7 +725,7 @@ class PodController:
         if meta.get("deletionGracePeriodSeconds") == 0 and not meta.get("finalizers"):
             return  # deleted with grace 0: the API server removes it itself (a DELETE: a 404)
         try:
-            await self.client.delete(_pod_path(pod), grace_period_seconds=0, uid=uid)
+            await self.client.delete(pod_path(pod), grace_period_seconds=0, uid=uid)
             self.metrics.kube_writes.labels("pod_delete").inc()
         except (NotFoundError, ConflictError):
             pass
@@ -1217,11 +1217,6 @@ def _is_ready(pod: Body) -> bool:
         if isinstance(c, dict) and c.get("type") == "Ready":
             return c.get("status") == "True"
     return False
-
-
-def _pod_path(pod: Body) -> str:
-    meta = pod["metadata"]
-    return f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
 
 
 def _pod_ref(pod: Body) -> Body:
