@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from vkprovider.kube.events import EventRecorder, Pace
@@ -37,3 +39,30 @@ def test_a_writer_that_waited_is_not_charged_twice() -> None:
 def test_nonsense_pacing_is_refused(qps: float, burst: int) -> None:
     with pytest.raises(ValueError, match="event pacing"):
         EventRecorder(client=None, component="t", qps=qps, burst=burst)  # type: ignore[arg-type]
+
+
+class RecordingClient:
+    """Takes the recorder's writes in order (the e2e tests write to a real API server)."""
+
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+
+    async def create(self, path: str, body: dict[str, Any], *, want_body: bool) -> dict[str, Any]:
+        self.reasons.append(body["reason"])
+        return {}
+
+
+async def test_queued_warnings_are_written_before_normal_events() -> None:
+    client = RecordingClient()
+    recorder = EventRecorder(client=client, component="t",  # type: ignore[arg-type]
+                             qps=20.0, burst=1)
+    for i in range(3):
+        pod = {"metadata": {"name": f"p{i}", "namespace": "ns", "uid": f"u{i}"}}
+        await recorder.emit(obj=pod, reason=f"Started{i}", message="started")
+    failed = {"metadata": {"name": "bad", "namespace": "ns", "uid": "u-bad"}}
+    await recorder.emit(obj=failed, reason="NotAdmitted", type_="Warning", message="no policy")
+    assert recorder.queued == 4
+    assert await recorder.flush(timeout=10)
+    assert client.reasons == ["NotAdmitted", "Started0", "Started1", "Started2"]
+    assert recorder.counts() == (0, 4, 0)
+    await recorder.aclose()

@@ -14,7 +14,8 @@ keep Events from costing what they explain:
   sender writes at most ``qps`` Events a second after a burst of ``burst``. Events are the
   cheapest thing to delay and the API server pays as much for one as for a pod status, so in a
   burst of thousands of pods the statuses go first and the Events follow; repeats of an Event
-  still queued merge into its one write meanwhile. ``qps=0`` turns pacing off.
+  still queued merge into its one write meanwhile, and Warnings are written before Normal
+  Events. ``qps=0`` turns pacing off.
 
 Posting an Event never fails the caller. The queue is bounded (``max_pending`` objects to
 write); past that, new Events are dropped and counted in :attr:`EventRecorder.dropped`.
@@ -91,7 +92,10 @@ class EventRecorder:
         self._host = host
         self._correlator = correlator or EventCorrelator(cache_size=cache_size)
         self._max_pending = max_pending
-        self._pending: collections.OrderedDict[DedupKey, _Pending] = collections.OrderedDict()
+        # Warnings first: when pacing holds a backlog of Started Events, the one that says
+        # why a pod failed must not wait behind them. FIFO within each.
+        self._warnings: collections.OrderedDict[DedupKey, _Pending] = collections.OrderedDict()
+        self._normals: collections.OrderedDict[DedupKey, _Pending] = collections.OrderedDict()
         self._wake = asyncio.Event()
         self._sender: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
@@ -108,7 +112,7 @@ class EventRecorder:
     @property
     def queued(self) -> int:
         """Event writes waiting for the sender (pacing holds them after a burst)."""
-        return len(self._pending)
+        return len(self._warnings) + len(self._normals)
 
     def counts(self) -> tuple[int, int, int]:
         """(queued, written, dropped), for metrics."""
@@ -134,15 +138,16 @@ class EventRecorder:
         if decision is None:
             return
         now = _now()
-        pending = self._pending.get(decision.key)
+        queue = self._warnings if type_ == "Warning" else self._normals
+        pending = queue.get(decision.key)
         if pending is not None:  # not written yet: one write carries every repeat
             pending.count, pending.message, pending.last = decision.count, decision.message, now
             return
-        if len(self._pending) >= self._max_pending:
+        if self.queued >= self._max_pending:
             self.dropped_queue_full += 1
             if self.dropped_queue_full % 1000 == 1:
                 log.warning("event queue full; dropping events",
-                            extra=kv(pending=len(self._pending), dropped=self.dropped))
+                            extra=kv(pending=self.queued, dropped=self.dropped))
             return
         namespace = meta.get("namespace") or "default"
         body = {
@@ -164,7 +169,7 @@ class EventRecorder:
             "reportingComponent": self._component,
             "reportingInstance": self._host,
         }
-        self._pending[decision.key] = _Pending(
+        queue[decision.key] = _Pending(
             namespace=namespace, name=decision.name, body=body, count=decision.count,
             message=decision.message, last=now, new=decision.new)
         self._idle.clear()
@@ -191,13 +196,14 @@ class EventRecorder:
 
     def abort(self) -> None:
         """Stop writing at once and drop what is queued (a replica that lost leadership)."""
-        self._pending.clear()
+        self._warnings.clear()
+        self._normals.clear()
         if self._sender is not None:
             self._sender.cancel()
 
     async def _send_all(self) -> None:
         while True:
-            if not self._pending:
+            if not (self._warnings or self._normals):
                 self._idle.set()
                 self._wake.clear()
                 await self._wake.wait()
@@ -206,7 +212,10 @@ class EventRecorder:
                 wait = self._pace.take(now=time.monotonic())
                 if wait > 0:  # the token is ours; repeats meanwhile join the queued write
                     await asyncio.sleep(wait)
-            key, item = self._pending.popitem(last=False)
+            if not (self._warnings or self._normals):
+                continue
+            queue = self._warnings or self._normals  # the token may have waited: look again
+            key, item = queue.popitem(last=False)
             await self._write(key, item)
 
     async def _write(self, key: DedupKey, item: _Pending) -> None:
