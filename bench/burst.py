@@ -173,9 +173,14 @@ class Ours:
     """vkprovider with a mock cloud that boots instantly."""
 
     def __init__(self, *, work: Path, kubeconfig: Path, n: int, workers: int = WORKERS,
-                 event_loop: str | None = None, python: Path | None = None) -> None:
-        # the event loop (provider and mock cloud alike) is named when the bench chose one
-        self.label = f"vkprovider ({event_loop})" if event_loop else "vkprovider"
+                 event_loop: str | None = None, python: Path | None = None,
+                 event_qps: float | None = None) -> None:
+        # the event loop (provider and mock cloud alike) and the Event pacing are named when
+        # the bench chose them; otherwise the product's defaults run
+        chosen = [*([event_loop] if event_loop else []),
+                  *([f"events {event_qps:g}/s" if event_qps else "events unpaced"]
+                    if event_qps is not None else [])]
+        self.label = f"vkprovider ({', '.join(chosen)})" if chosen else "vkprovider"
         self.node = f"vk-bench-{uuid.uuid4().hex[:6]}"
         self.cloud = bench_cloud(work=work, n=n, event_loop=event_loop)
         self.provider = ProviderProcess(work_dir=work, kubeconfig=kubeconfig, node_name=self.node,
@@ -183,7 +188,9 @@ class Ours:
                                         pods={"status_interval_seconds": 5, "workers": workers,
                                               "orphan_grace_seconds": 30},
                                         # the product's defaults, not the tests' short ones
-                                        node={"capacity_refresh_seconds": 30},
+                                        node={"capacity_refresh_seconds": 30,
+                                              **({} if event_qps is None
+                                                 else {"event_qps": event_qps})},
                                         kubelet_api={"gpu_metrics_interval_seconds": 15},
                                         extra={"event_loop": event_loop} if event_loop else None,
                                         python=python,
@@ -748,6 +755,7 @@ def phase_timeouts(sizes: list[int], given: list[float] | None) -> dict[int, flo
 async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float],
                name: str = "burst", profile: Path | None = None,
                workers: int = WORKERS, event_loops: tuple[str, ...] = (),
+               event_qps: tuple[float, ...] = (),
                go_modes: tuple[str, ...] = ("default", "lifted"), dev_venv: bool = False,
                repeat: int = 1) -> int:
     work = Path(tempfile.mkdtemp(prefix="vkp-bench-"))
@@ -765,8 +773,10 @@ async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float]
             await warm_up(kube=kube, n=WARM_UP_PODS)
             for round_, n in enumerate(n for n in sizes for _ in range(repeat)):
                 systems: list[System] = [Ours(work=work, kubeconfig=kubeconfig, n=n,
-                                              workers=workers, event_loop=loop, python=python)
-                                         for loop in event_loops or (None,)]
+                                              workers=workers, event_loop=loop, python=python,
+                                              event_qps=qps)
+                                         for loop in event_loops or (None,)
+                                         for qps in event_qps or (None,)]
                 if binary is not None:
                     systems += go_systems(binary=binary, work=work,
                                           kubeconfig=cluster.kubeconfig, modes=go_modes,
@@ -790,6 +800,7 @@ async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float]
                 "compare_go": compare_go, "load_average_at_start": list(load),
                 "repeat": repeat,
                 "event_loops": list(event_loops) or ["auto"],
+                "event_qps": list(event_qps) or ["default"],
                 "provider_python": "dev venv" if dev_venv else "runtime-only venv",
                 "provider": {"capacity_refresh_seconds": 30,
                              "gpu_metrics_interval_seconds": 15}}
@@ -821,6 +832,9 @@ if __name__ == "__main__":
                         help="which Go virtual-kubelet configurations --compare-go runs "
                              "(lifted-cloud: lifted, its provider renting an instance per pod "
                              "from a mock cloud of its own, as vkprovider does)")
+    parser.add_argument("--event-qps", nargs="+", type=float, default=[],
+                        help="run vkprovider once per value of node.event_qps (0: Events "
+                             "unpaced), each a system of its own; default: the product's")
     parser.add_argument("--event-loops", nargs="+", choices=["auto", "uvloop", "asyncio"],
                         default=[], help="run vkprovider (and its mock cloud) once per event "
                         "loop given, side by side (default: once, on the default: auto)")
@@ -835,6 +849,7 @@ if __name__ == "__main__":
         parser.error("--repeat must be at least 1")
     sys.exit(asyncio.run(main(sizes=args.pods, compare_go=args.compare_go, workers=args.workers,
                               event_loops=tuple(args.event_loops),
+                              event_qps=tuple(args.event_qps),
                               go_modes=tuple(args.go_modes),
                               timeouts=phase_timeouts(args.pods, args.phase_timeout),
                               name=args.name, profile=args.profile, dev_venv=args.dev_venv,
