@@ -50,8 +50,9 @@ class NodeSettings(_Frozen):
     status_interval_seconds: float = Field(default=60.0, gt=0)  # full status at least this often
     capacity_refresh_seconds: float = Field(default=30.0, gt=0)
     # Events written per second after a burst of event_burst (the kubelet's eventRecordQPS and
-    # eventBurst, same defaults): in a burst of pods the statuses go first. 0: no limit.
-    event_qps: float = Field(default=50.0, ge=0)
+    # eventBurst), for an API server shared with many writers. 0: no limit (the default; the one
+    # Event sender is bounded by the API server's latency anyway: kube/events.py).
+    event_qps: float = Field(default=0.0, ge=0)
     event_burst: int = Field(default=100, ge=1)
 
 

@@ -69,8 +69,8 @@ class PodGPUFamilies(Collector):
 
 class EventFamilies(Collector):
     """``vkprovider_events_*``, read when scraped from the Event recorder's own counts
-    (``source``: queued, written, dropped). Events are paced (``node.event_qps``), so a backlog
-    after a burst is expected and drains; a queue that only grows, or drops, is worth an alert."""
+    (``source``: queued, written, dropped). One sender writes them, so a backlog after a burst
+    is expected and drains; a queue that only grows, or drops, is worth an alert."""
 
     def __init__(self) -> None:
         self.source: Callable[[], tuple[int, int, int]] | None = None
@@ -78,7 +78,7 @@ class EventFamilies(Collector):
     def collect(self) -> Iterator[Metric]:
         queued, written, dropped = (0, 0, 0) if self.source is None else self.source()
         yield GaugeMetricFamily("vkprovider_events_queued",
-                                "Events waiting for the (paced) sender.", value=queued)
+                                "Events waiting for the sender.", value=queued)
         yield CounterMetricFamily("vkprovider_events_written",
                                   "Event creates and count updates sent to the API server.",
                                   value=written)

@@ -1,7 +1,7 @@
 """Kubernetes Events: what the service decided and why, where ``kubectl describe`` shows it.
 
 Why it exists: users debug with ``kubectl describe pod``; every decision they would want to see
-(rejected, created on which cloud, no capacity, deleted) is an Event with a reason. Two rules
+(rejected, created on which cloud, no capacity, deleted) is an Event with a reason. These rules
 keep Events from costing what they explain:
 
 * **Off the caller's path.** :meth:`EventRecorder.emit` only queues; one sender task writes. A
@@ -9,13 +9,15 @@ keep Events from costing what they explain:
 * **Correlated** (:mod:`vkprovider.kube.eventcorrelator`, the kubelet's rules): repeats bump one
   Event's count, many similar messages fold into one, and a per-object token bucket drops a
   flood. Bumps of an Event still waiting to be written are merged into that one write.
-
-* **Paced** (the kubelet's ``eventRecordQPS``/``eventBurst``, 50 and 100 by default): the
-  sender writes at most ``qps`` Events a second after a burst of ``burst``. Events are the
-  cheapest thing to delay and the API server pays as much for one as for a pod status, so in a
-  burst of thousands of pods the statuses go first and the Events follow; repeats of an Event
-  still queued merge into its one write meanwhile, and Warnings are written before Normal
-  Events. ``qps=0`` turns pacing off.
+* **Warnings first.** In a burst the one sender falls behind (it writes one Event at a time, at
+  the API server's latency), and a Warning that says why a pod was refused must not wait behind
+  thousands of ``Started`` Events: queued Warnings are written before queued Normal Events.
+* **Paced when asked** (the kubelet's ``eventRecordQPS``/``eventBurst``): with ``qps`` > 0 the
+  sender writes at most ``qps`` Events a second after a burst of ``burst``, for an API server
+  shared with many other writers; repeats of an Event still queued merge into its one write
+  meanwhile. Off by default (``qps=0``): measured on a 3,000-pod burst (bench/burst.py
+  ``--event-qps 50 0``), 50 a second changed nothing until all pods were Running (the sender
+  wrote ~150 Events in that time either way) and made the rest land ~40 s later.
 
 Posting an Event never fails the caller. The queue is bounded (``max_pending`` objects to
 write); past that, new Events are dropped and counted in :attr:`EventRecorder.dropped`.
