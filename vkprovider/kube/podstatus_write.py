@@ -3,10 +3,9 @@
 Why it exists: the pod status write is the one API write every pod makes on its way to Running,
 so its cost on the API server is paid per pod in a burst. A ``PUT`` of ``pods/status`` with the
 pod's cached ``resourceVersion`` costs the API server and etcd less than the strategic merge
-patch it replaces (no patch to apply against the schema): about 0.25 ms of control-plane CPU per
-write of 3.1-3.4 ms, measured on 1,000 pods by 32 writers, six interleaved rounds per mode
-(docs/architecture.md, "Choices and their reasons"). It is what the Go virtual-kubelet does
-(``UpdateStatus``).
+patch it replaces (no patch to apply against the schema): 0.25-0.85 ms less control-plane CPU
+per write of 3.1-5.3 ms, by ``bench/statuswrite.py`` on two machines (docs/architecture.md,
+"Choices and their reasons"). It is what the Go virtual-kubelet does (``UpdateStatus``).
 
 A replace sends the whole status, so it is only as right as the copy it starts from. The status
 builders (``vkprovider.node.podstatus``) start from the cached status and keep what others wrote
