@@ -1,4 +1,4 @@
-"""Event pacing: a burst goes out at once, then the rate holds (the kubelet's eventRecordQPS)."""
+"""The Event sender: pacing (the kubelet's eventRecordQPS), Warnings first, counts as metrics."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from vkprovider.kube.events import EventRecorder, Pace
+from vkprovider.metrics import Metrics
 
 
 def test_a_burst_goes_at_once_then_each_write_waits_its_turn() -> None:
@@ -65,4 +66,9 @@ async def test_queued_warnings_are_written_before_normal_events() -> None:
     assert await recorder.flush(timeout=10)
     assert client.reasons == ["NotAdmitted", "Started0", "Started1", "Started2"]
     assert recorder.counts() == (0, 4, 0)
+    metrics = Metrics()
+    metrics.events.source = recorder.counts
+    scraped = metrics.render().decode()
+    assert "vkprovider_events_written_total 4.0" in scraped
+    assert "vkprovider_events_queued 0.0" in scraped
     await recorder.aclose()

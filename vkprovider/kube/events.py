@@ -94,7 +94,7 @@ class EventRecorder:
         self._host = host
         self._correlator = correlator or EventCorrelator(cache_size=cache_size)
         self._max_pending = max_pending
-        # Warnings first: when pacing holds a backlog of Started Events, the one that says
+        # Warnings first: when a burst leaves a backlog of Started Events, the one that says
         # why a pod failed must not wait behind them. FIFO within each.
         self._warnings: collections.OrderedDict[DedupKey, _Pending] = collections.OrderedDict()
         self._normals: collections.OrderedDict[DedupKey, _Pending] = collections.OrderedDict()
@@ -113,7 +113,7 @@ class EventRecorder:
 
     @property
     def queued(self) -> int:
-        """Event writes waiting for the sender (pacing holds them after a burst)."""
+        """Event writes waiting for the sender (a backlog after a burst of pods)."""
         return len(self._warnings) + len(self._normals)
 
     def counts(self) -> tuple[int, int, int]:
