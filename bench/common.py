@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import platform
@@ -9,8 +10,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vkprovider.kube import KubeClient
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -58,6 +63,24 @@ def write(name: str, payload: dict[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
     return path
+
+
+async def populate(kube: KubeClient, *, namespace: str, n: int,
+                   body: Callable[[int], dict[str, Any]], concurrency: int,
+                   then: Callable[[int], Awaitable[None]] | None = None) -> None:
+    """Create ``namespace`` and pods ``body(0)`` .. ``body(n - 1)`` in it, ``concurrency`` at a
+    time; ``then(i)`` runs right after pod ``i`` is created (e.g. to give it a status)."""
+    await kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                             "metadata": {"name": namespace}})
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> None:
+        async with sem:
+            await kube.create(f"/api/v1/namespaces/{namespace}/pods", body(i), want_body=False)
+            if then is not None:
+                await then(i)
+
+    await asyncio.gather(*(one(i) for i in range(n)))
 
 
 def proc_usage(pid: int) -> tuple[float, float]:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS, machine, pct, proc_usage, table, write
+from bench.common import populate as common_populate
 from vkprovider.kube import KubeClient
 from vkprovider.kube.gcpause import tune
 from vkprovider.kube.watching import PAGE, Informer
@@ -64,17 +65,12 @@ def running_status(i: int) -> dict[str, Any]:
 
 
 async def populate(kube: KubeClient, n: int) -> None:
-    await kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                             "metadata": {"name": NS}})
-    sem = asyncio.Semaphore(CONCURRENCY)
+    async def running(i: int) -> None:
+        await kube.patch(f"/api/v1/namespaces/{NS}/pods/p{i}/status", running_status(i),
+                         patch_type="strategic", want_body=False)
 
-    async def one(i: int) -> None:
-        async with sem:
-            await kube.create(f"/api/v1/namespaces/{NS}/pods", pod_body(i), want_body=False)
-            await kube.patch(f"/api/v1/namespaces/{NS}/pods/p{i}/status", running_status(i),
-                             patch_type="strategic", want_body=False)
-
-    await asyncio.gather(*(one(i) for i in range(n)))
+    await common_populate(kube, namespace=NS, n=n, body=pod_body, concurrency=CONCURRENCY,
+                          then=running)
 
 
 async def sample(lags: list[float]) -> None:

@@ -41,7 +41,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS, machine, proc_usage, table, write
+from bench.common import RESULTS, machine, populate, proc_usage, table, write
 from vkprovider.kube import KubeClient
 from vkprovider.kube.podstatus_write import (
     PodStatusWriter,
@@ -110,18 +110,6 @@ def writers(kube: KubeClient) -> dict[str, Writer]:
     return {"strategic": strategic, "merge": merge, "replace": replace}
 
 
-async def populate(kube: KubeClient, n: int) -> None:
-    await kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                             "metadata": {"name": NS}})
-    sem = asyncio.Semaphore(WRITERS)
-
-    async def one(i: int) -> None:
-        async with sem:
-            await kube.create(f"/api/v1/namespaces/{NS}/pods", pod_body(i), want_body=False)
-
-    await asyncio.gather(*(one(i) for i in range(n)))
-
-
 def cpu(pids: dict[str, int]) -> dict[str, float]:
     out = {name: proc_usage(pid)[1] for name, pid in pids.items()}
     out["writers"] = proc_usage(os.getpid())[1]
@@ -160,7 +148,7 @@ async def main(*, n: int, rounds: int) -> int:
                 if c.process is not None}
         async with cluster.client() as kube:
             sys.stderr.write(f"creating {n} pods ...\n")
-            await populate(kube, n)
+            await populate(kube, namespace=NS, n=n, body=pod_body, concurrency=WRITERS)
             by_mode = writers(kube)
             # one unmeasured pass per mode: connections, caches and the first writes' setup
             for mode in MODES:
