@@ -177,9 +177,9 @@ class Ours:
                  event_qps: float | None = None) -> None:
         # the event loop (provider and mock cloud alike) and the Event pacing are named when
         # the bench chose them; otherwise the product's defaults run
-        chosen = [*([event_loop] if event_loop else []),
-                  *([f"events {event_qps:g}/s" if event_qps else "events unpaced"]
-                    if event_qps is not None else [])]
+        chosen = [event_loop] if event_loop else []
+        if event_qps is not None:
+            chosen.append(f"events {event_qps:g}/s" if event_qps else "events unpaced")
         self.label = f"vkprovider ({', '.join(chosen)})" if chosen else "vkprovider"
         self.node = f"vk-bench-{uuid.uuid4().hex[:6]}"
         self.cloud = bench_cloud(work=work, n=n, event_loop=event_loop)

@@ -26,8 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS, machine, pct, proc_usage, table, write
-from bench.common import populate as common_populate
+from bench.common import RESULTS, machine, pct, populate, proc_usage, table, write
 from vkprovider.kube import KubeClient
 from vkprovider.kube.gcpause import tune
 from vkprovider.kube.watching import PAGE, Informer
@@ -64,13 +63,14 @@ def running_status(i: int) -> dict[str, Any]:
                                "state": {"running": {"startedAt": at}}}]}}
 
 
-async def populate(kube: KubeClient, n: int) -> None:
+async def populate_running(kube: KubeClient, n: int) -> None:
+    """N pods in :data:`NS`, each given its Running status as soon as it is created."""
     async def running(i: int) -> None:
         await kube.patch(f"/api/v1/namespaces/{NS}/pods/p{i}/status", running_status(i),
                          patch_type="strategic", want_body=False)
 
-    await common_populate(kube, namespace=NS, n=n, body=pod_body, concurrency=CONCURRENCY,
-                          then=running)
+    await populate(kube, namespace=NS, n=n, body=pod_body, concurrency=CONCURRENCY,
+                   then=running)
 
 
 async def sample(lags: list[float]) -> None:
@@ -132,7 +132,7 @@ async def main(*, n: int, runs: int) -> int:
         await cluster.start()
         async with cluster.client() as kube:
             sys.stderr.write(f"creating {n} pods ...\n")
-            await populate(kube, n)
+            await populate_running(kube, n)
             for i in range(runs):
                 sys.stderr.write(f"relist {i + 1} of {runs} ...\n")
                 rows.append(await one_relist(kube, n))

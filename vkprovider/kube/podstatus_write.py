@@ -63,9 +63,8 @@ def replacement(*, pod: Mapping[str, Any], status: Body,
     meta.pop("managedFields", None)  # omitted: the API server keeps the stored ones
     if annotations:
         meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
-    body: Body = {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-                  "spec": pod.get("spec") or {}, "status": status}
-    return body
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": pod.get("spec") or {}, "status": status}
 
 
 def strategic_patch(*, status: Body, annotations: Mapping[str, str] | None = None) -> Body:

@@ -770,7 +770,7 @@ class PodController:
         except PodConfigPending as exc:
             status = podstatus.config_pending_status(pod=pod, message=exc.message,
                                                      now=datetime.now(UTC))
-            await self._patch_status(pod, status)
+            await self._write_status(pod, status)
             await self.events.emit(obj=_pod_ref(pod), reason="Failed", type_="Warning",
                                    message=f"Error: {exc.message} ({exc.field})")
             raise Retry("waiting for a Secret/ConfigMap") from None
@@ -944,7 +944,7 @@ class PodController:
         message = (f"spec.imagePullSecrets: {registry} refused the pull of {spec.image} with "
                    f"{given}: " + "; ".join(f"{e.provider or '?'}: {e}" for e in denied))
         status = podstatus.image_pull_status(pod=pod, message=message, now=datetime.now(UTC))
-        await self._patch_status(pod, status)
+        await self._write_status(pod, status)
         await self.events.emit(obj=_pod_ref(pod), reason="Failed", type_="Warning",
                                message=f"Failed to pull image {spec.image!r}: {message}")
         raise Retry("image pull refused")  # rate-limited backoff, up to max_backoff_seconds
@@ -998,7 +998,7 @@ class PodController:
         self.metrics.pods_rejected.labels(reason).inc()
         status = podstatus.failed_status(pod=pod, reason=reason, message=message,
                                          now=datetime.now(UTC))
-        await self._patch_status(pod, status)
+        await self._write_status(pod, status)
         await self.events.emit(obj=_pod_ref(pod), reason=reason, message=message,
                                type_="Warning")
         log.info("pod rejected", extra=kv(pod=object_key(pod), reason=reason, message=message))
@@ -1042,7 +1042,7 @@ class PodController:
         if changed or stale:
             # One write: pods/status takes metadata too (only spec and ownerReferences are
             # reset there), so the instance annotations ride along with the status.
-            await self._patch_status(pod, status, annotations=stale or None)
+            await self._write_status(pod, status, annotations=stale or None)
         if changed:
             if probe is not None:
                 await self._readiness_told(pod, uid, old, status, probe.message)
@@ -1089,7 +1089,7 @@ class PodController:
             status = podstatus.crash_loop_status(pod=pod, instance=inst, delay=delay,
                                                  now=datetime.now(UTC))
             if podstatus.status_changed(pod.get("status") or {}, status):
-                await self._patch_status(pod, status)
+                await self._write_status(pod, status)
                 name = (pod["spec"].get("containers") or [{}])[0].get("name", "")
                 await self.events.emit(obj=_pod_ref(pod), reason="BackOff", type_="Warning",
                                        message=f"Back-off restarting failed container {name} "
@@ -1173,7 +1173,7 @@ class PodController:
                            message=f"Created instance {inst.id} on {placed.provider} "
                                    f"({_describe(inst)})")
 
-    async def _patch_status(self, pod: Body, status: Body, *,
+    async def _write_status(self, pod: Body, status: Body, *,
                             annotations: dict[str, str] | None = None) -> None:
         """One write of the pod's status (annotations ride along): kube/podstatus_write.py."""
         landed = await self.status_writer.write(pod=pod, status=status, annotations=annotations)
