@@ -24,7 +24,12 @@ Rules for adapters:
 * ``Instance.published`` says how each container port is reached from outside the cloud, built
   only from what the cloud reports (or documents as a fixed convention). A field the cloud
   leaves out gives fewer entries (none at worst), never an error. Entries for one container
-  port come in order of preference.
+  port come in order of preference. It is untrusted input: the service screens every entry
+  with :mod:`providers.addresses` before it probes it or writes it anywhere (private, CGNAT,
+  link-local, metadata addresses, the cluster's own ranges and in-cluster names are refused,
+  with a Warning Event on the pod), so an adapter reports what its cloud says and need not
+  filter. One whose cloud routinely reports internal addresses that are no attack (RunPod's
+  runtime ports) may leave them out quietly, judged by that same filter.
 * Interruptible (spot) capacity is opt-in. An adapter whose cloud sells it reports such offers
   with ``Offer.interruptible`` True (beside the on-demand ones; the same GPUs may appear in
   both), creates an interruptible instance only when ``InstanceSpec.interruptible`` asks for

@@ -54,8 +54,8 @@ every declared ``Pod.ports`` entry ``"<port>/<kind>"``, in that order,
 1. the direct mapping from ``runtime.ports`` (``PodRuntimePort``: ``private`` == the port,
    ``public`` the port on the host, ``ip`` the host's address) as kind ``"ip"``, when all
    three are set and ``ip`` is an address a client outside RunPod can dial (the spec does not
-   say ``ip`` is public; private, carrier-grade NAT, loopback and link-local addresses are
-   skipped);
+   say ``ip`` is public; what :func:`providers.addresses.refusal` refuses, e.g. private,
+   carrier-grade NAT, loopback and link-local addresses, is skipped);
 2. for ``http`` ports, RunPod's HTTP proxy ``<podId>-<port>.proxy.runpod.net`` on 443 with
    scheme ``https`` as kind ``"hostname"`` (a documented RunPod convention; the REST v2 spec
    has no field for it).
@@ -170,6 +170,7 @@ from urllib.parse import quote
 import httpx
 
 from providers import options as opt
+from providers.addresses import refusal
 from providers.base import (
     TAG_NODE,
     CapacityError,
@@ -238,11 +239,6 @@ _STATUS_MESSAGES = {
 }
 _PROXY_HOST = "{pod_id}-{port}.proxy.runpod.net"  # RunPod's documented proxy convention
 _HTTP_PROXY = "https://" + _PROXY_HOST
-#: Addresses that no client outside RunPod can reach (besides loopback, link-local, ...).
-_INTERNAL_NETWORKS = tuple(
-    ipaddress.ip_network(n)
-    for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7")
-)
 _MAX_LOG_TAIL = 5000  # the API's maximum backfill
 _QUOTA_WORDS = ("balance", "quota", "spend limit", "spending limit")
 _CUDA_VERSION = re.compile(r"^\d+\.\d+$")
@@ -420,18 +416,18 @@ def _reachable_ip(value: Any) -> str | None:
     """``value`` as an IP address a client outside RunPod can dial, else None.
 
     ``PodRuntimePort.ip`` is not documented as public, and RunPod's internal addresses (private,
-    carrier-grade NAT, loopback, link-local) show up there; such an address reaches nothing.
+    carrier-grade NAT, loopback, link-local) show up there routinely: a pod without a public IP,
+    not a cloud lying. Such an address reaches nothing, so it is left out here quietly, judged
+    by the same filter the service applies to every published address (providers/addresses.py)
+    rather than a list of RunPod's own.
     """
     if not isinstance(value, str):
         return None
     try:
-        address = ipaddress.ip_address(value.strip())
+        address = str(ipaddress.ip_address(value.strip()))
     except ValueError:
         return None
-    if (address.is_unspecified or address.is_loopback or address.is_link_local
-            or address.is_multicast or any(address in net for net in _INTERNAL_NETWORKS)):
-        return None
-    return str(address)
+    return None if refusal(address, kind="ip") is not None else address
 
 
 def _published(

@@ -32,8 +32,9 @@ group, through its container gateway. The group's ``networking`` (``ContainerGro
 gives ``port`` (the container port) and ``dns`` (the access domain name); the adapter reports one
 kind ``"hostname"`` entry: host ``dns``, port 443, scheme ``https`` (the gateway serves HTTPS
 and speaks ``networking.protocol``, always ``http``, to the container). A group without
-``networking``, ``dns`` or ``port`` reports none. With ``networking.auth`` (option
-``networking_auth``) callers must also send a Salad API key.
+``networking``, ``dns`` or ``port`` reports none. The name is screened by the service like every
+published address (:mod:`providers.addresses`: an in-cluster name or an IP literal is refused).
+With ``networking.auth`` (option ``networking_auth``) callers must also send a Salad API key.
 
 Shared memory: a spec's ``shm_bytes`` (a pod's memory-backed emptyDir at ``/dev/shm``) becomes
 ``container.resources.shm_size`` in MB, rounded up, at most the container's ``memory`` (as the

@@ -26,6 +26,9 @@ per mapped container port and protocol: host ``public_ipaddr``, port ``HostPort`
 (Vast.ai has no TLS proxy). ``HostIp`` is Docker's bind address (``0.0.0.0``), not an address to
 dial. Every port Vast.ai maps is reported, including ones it adds itself (such as ``22/tcp`` for
 SSH). No ``public_ipaddr`` (or not an IP address) or no ``ports`` gives no entries.
+``public_ipaddr`` is whatever the (third-party) host reports: reported as it is, it is screened
+by the service (:mod:`providers.addresses`) before anything dials it or publishes it, and a
+private, metadata or in-cluster address is refused there with a Warning Event on the pod.
 
 Retries: timeouts, connection errors and 5xx are retried (except the rent, above) and a 429 is
 retried after its ``Retry-After`` when at most ``retry_after_cap`` seconds, as in the mock

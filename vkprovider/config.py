@@ -18,6 +18,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from providers.addresses import AddressPolicy
 from vkprovider.descheduler.fit import DEFAULT_HEALTH_TAINTS, parse_health_taint
 from vkprovider.errors import ConfigError
 from vkprovider.eventloop import EventLoopChoice
@@ -86,6 +87,35 @@ class PodSettings(_Frozen):
     # Labs only: a directory of address maps (vkprovider.probing.dialing) that probes dial
     # through instead of the network, as the test harness's simulated DNAT. None: direct.
     probe_address_map: str | None = None
+
+
+class EndpointSettings(_Frozen):
+    """Which addresses clouds publish are used (probed, written to EndpointSlices).
+
+    Every published address passes one filter (``providers/addresses.py``): private, CGNAT,
+    link-local, loopback, multicast, unspecified, reserved, ULA and cloud metadata addresses,
+    in-cluster names and IP literals posing as host names are refused; so are the cluster's own
+    pod and Service ranges listed here. Empty lists (the default) leave the fixed classes only,
+    which cover clusters on RFC 1918 or CGNAT ranges; list your ranges when the cluster uses
+    others. ``trusted_cidrs`` allows private, CGNAT or ULA ranges you route to on purpose (a
+    tunnel); never metadata, loopback, link-local or the cluster's own ranges.
+    """
+
+    pod_cidrs: tuple[str, ...] = ()
+    service_cidrs: tuple[str, ...] = ()
+    trusted_cidrs: tuple[str, ...] = ()
+    cluster_domain: str = "cluster.local"
+
+    @model_validator(mode="after")
+    def _parses(self) -> EndpointSettings:
+        self.policy()  # a bad CIDR or domain names its list
+        return self
+
+    def policy(self) -> AddressPolicy:
+        """The address filter these settings describe."""
+        return AddressPolicy.build(pod_cidrs=self.pod_cidrs, service_cidrs=self.service_cidrs,
+                                   trusted=self.trusted_cidrs,
+                                   cluster_domain=self.cluster_domain)
 
 
 class KubeletAPISettings(_Frozen):
@@ -206,6 +236,7 @@ class Settings(_Frozen):
     kubeconfig: str | None = None  # None: in-cluster, else the default kubeconfig
     node: NodeSettings = Field(default_factory=NodeSettings)
     pods: PodSettings = Field(default_factory=PodSettings)
+    endpoints: EndpointSettings = Field(default_factory=EndpointSettings)
     providers: tuple[ProviderSettings, ...] = ()
     metrics_port: int = Field(default=9464, ge=0, le=65535)  # 0: no metrics server
     tls_cert_file: str | None = None  # kubelet API serving cert; generated when absent

@@ -140,6 +140,16 @@ class Metrics:
             "vkprovider_endpointslice_hostname_only_endpoints",
             "Service+pod pairs with a Service port the cloud publishes only by hostname (or at "
             "an address slices refuse): not in any EndpointSlice.", registry=r)
+        self.endpoints_refused = Counter(
+            "vkprovider_endpoints_refused",
+            "Addresses a cloud published for a pod that were refused (never probed, never in "
+            "an EndpointSlice): once per pod and address, by provider and address class "
+            "(private, cgnat, metadata, link-local, pod-cidr, in-cluster-name, ...).",
+            ["provider", "reason"], registry=r)
+        self.probes_refused = Counter(
+            "vkprovider_probes_refused",
+            "Probes not sent because their target address is refused (a backstop: refused "
+            "addresses are screened out before probing, so this stays 0).", registry=r)
         self.endpointslice_writes = Counter(
             "vkprovider_endpointslice_writes",
             "Writes of provider-managed EndpointSlices by operation (create, update, delete) "

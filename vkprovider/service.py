@@ -24,6 +24,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from providers.addresses import refusal
 from providers.base import Provider
 from vkprovider import __version__
 from vkprovider.api import APIServers, listen_address
@@ -165,12 +166,17 @@ async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str,
     events = EventRecorder(client=client, component="vkprovider", host=settings.node.name,
                            qps=settings.node.event_qps, burst=settings.node.event_burst)
     metrics.events.source = events.counts
-    prober = Prober(dialer=_dialer(settings), max_concurrent=settings.pods.probe_concurrency)
+    # One address filter for everything a cloud publishes (providers/addresses.py): the pod
+    # controller screens instances with it; the prober and the slices apply it once more.
+    policy = settings.endpoints.policy()
+    prober = Prober(dialer=_dialer(settings), max_concurrent=settings.pods.probe_concurrency,
+                    refuse=lambda host: refusal(host, policy=policy))
+    prober.on_refused = metrics.probes_refused.inc
     slices = EndpointSliceController(client=client, node=settings.node.name, events=events,
-                                     metrics=metrics)
+                                     metrics=metrics, policy=policy)
     controller = PodController(client=client, settings=settings, providers=providers,
                                events=events, refs=KubeRefSource(client=client), metrics=metrics,
-                               prober=prober, endpoints=slices)
+                               prober=prober, endpoints=slices, policy=policy)
     prober.on_change = controller.queue.add  # a probe result changed: reconcile that pod
     agent = NodeAgent(client=client, settings=settings.node, capacity=controller.node_capacity,
                       version=f"v1.37.2-vkprovider-{__version__}")

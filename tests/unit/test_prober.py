@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from providers.addresses import refusal
 from vkprovider.probing.dialing import AddressMap, Route, publish_routes
 from vkprovider.probing.prober import Prober
 from vkprovider.probing.spec import ContainerProbes, Probe, ProbeSpecError, parse_probes
@@ -224,3 +225,46 @@ def test_parse_refuses_by_field(container: dict[str, object], field: str) -> Non
 def test_parse_ignores_exec_when_told() -> None:
     (c,) = parse_probes(_pod(readinessProbe={"exec": {"command": ["true"]}}), ignore_exec=True)
     assert not c.any
+
+
+class Recording:
+    """A dialer that records every address it is asked for, then resolves through ``inner``."""
+
+    def __init__(self, inner: AddressMap) -> None:
+        self.inner = inner
+        self.asked: list[tuple[str, int]] = []
+
+    def resolve(self, host: str, port: int) -> tuple[str, int]:
+        self.asked.append((host, port))
+        return self.inner.resolve(host, port)
+
+
+@pytest.mark.parametrize("hostile", ["10.0.0.5", "169.254.169.254"])
+async def test_a_refused_target_is_never_dialled(tmp_path: Path, server: Server,
+                                                 hostile: str) -> None:
+    # The lab routes the hostile address to a loopback canary: a dial would show as a hit
+    # (nothing ever goes to the address itself).
+    publish_routes(directory=tmp_path, owner="test",
+                   routes=[Route(host=hostile, port=30000, to_host="127.0.0.1",
+                                 to_port=server.port)])
+    dialer = Recording(AddressMap(tmp_path))
+    refused: list[None] = []
+    prober = Prober(dialer=dialer, refuse=lambda host: refusal(host))
+    prober.on_refused = lambda: refused.append(None)
+    prober.track("p", containers=[ContainerProbes(name="c", readiness=_http("/ready"),
+                                                  liveness=_http("/live"))],
+                 target=lambda port: (hostile, 30000), running_since=time.monotonic())
+    await until(lambda: prober.probes_refused >= 6)
+    state = prober.state("p")
+    assert state is not None and not state[0].ready
+    assert f"{hostile}:30000 refused" in (state[0].message or "")
+    assert dialer.asked == [] and server.hits == {}, "nothing was dialled"
+    assert prober.probes_run == 0 and len(refused) == prober.probes_refused
+    await prober.aclose()
+
+    # the same prober without the filter would have dialled it (the canary proves the route)
+    open_prober = Prober(dialer=dialer)
+    open_prober.track("p", containers=[ContainerProbes(name="c", readiness=_http("/ready"))],
+                      target=lambda port: (hostile, 30000), running_since=time.monotonic())
+    await until(lambda: server.hits.get("/ready", 0) >= 1)
+    await open_prober.aclose()

@@ -39,7 +39,10 @@ slices: FQDN EndpointSlices are deprecated (the API server warns on them) and ku
 them. Such a Service+pod pair is counted in ``vkprovider_endpointslice_hostname_only_endpoints``
 and told once with a Warning Event ``EndpointNotRoutable`` on the Service, pointing to the pod's
 ``vkprovider.io/ports`` annotation (where a gateway or mesh can read the hostname). Addresses the
-API server refuses (loopback, link-local, unspecified) are skipped the same way.
+API server refuses (loopback, link-local, unspecified) are skipped the same way, and so is any
+address the filter of ``providers/addresses.py`` refuses (private, CGNAT, metadata, the cluster's
+own ranges, ...): the pod controller screens instances before telling them here, and
+:func:`endpoints_for` applies the same filter again, so a refused address never reaches a slice.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from providers.addresses import DEFAULT_POLICY, AddressPolicy, refusal
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
 from vkprovider.kube.events import EventRecorder
@@ -246,9 +250,20 @@ def address_family(host: str) -> tuple[str, Family] | None:
     return str(ip), "IPv4"
 
 
-def endpoints_for(service: Body, pod: PodRecord) -> tuple[list[DesiredEndpoint],
-                                                          list[Unroutable]]:
-    """The slice endpoints one pod contributes to one Service, and its unroutable ports."""
+def _usable(target: EndpointTarget, policy: AddressPolicy) -> tuple[str, Family] | None:
+    """The slice address of an IP target the filter and the API server both accept."""
+    if target.kind != "ip" or refusal(target.host, kind="ip", policy=policy) is not None:
+        return None
+    return address_family(target.host)
+
+
+def endpoints_for(service: Body, pod: PodRecord, *, policy: AddressPolicy = DEFAULT_POLICY
+                  ) -> tuple[list[DesiredEndpoint], list[Unroutable]]:
+    """The slice endpoints one pod contributes to one Service, and its unroutable ports.
+
+    An address ``policy`` refuses (``providers/addresses.py``) is never an endpoint. The pod
+    controller screens instances before they get here; this is the last line, for any caller.
+    """
     spec = service.get("spec") or {}
     publish_not_ready = bool(spec.get("publishNotReadyAddresses"))
     by_address: dict[tuple[str, Family], list[tuple[SlicePort | None, EndpointTarget]]] = {}
@@ -264,11 +279,10 @@ def endpoints_for(service: Body, pod: PodRecord) -> tuple[list[DesiredEndpoint],
                    if t.container_port == number and (t.protocol or "TCP") == protocol]
         chosen: tuple[EndpointTarget, tuple[str, Family]] | None = None
         for target in targets:  # preferred first; the first usable IP wins
-            if target.kind == "ip":
-                addr = address_family(target.host)
-                if addr is not None:
-                    chosen = (target, addr)
-                    break
+            addr = _usable(target, policy)
+            if addr is not None:
+                chosen = (target, addr)
+                break
         if chosen is None:
             if targets:
                 first = targets[0]
@@ -284,7 +298,7 @@ def endpoints_for(service: Body, pod: PodRecord) -> tuple[list[DesiredEndpoint],
                        str(app_protocol) if app_protocol else None), target))
     if not service_ports:  # a headless Service without ports: the addresses alone
         for target in pod.endpoints:
-            addr = address_family(target.host) if target.kind == "ip" else None
+            addr = _usable(target, policy)
             if addr is not None:
                 by_address.setdefault(addr, []).append((None, target))
     out: list[DesiredEndpoint] = []
@@ -335,7 +349,8 @@ def slice_labels(service_name: str, node: str) -> dict[str, str]:
     return {SERVICE_NAME_LABEL: service_name, MANAGED_BY_LABEL: MANAGED_BY, NODE_LABEL: node}
 
 
-def build_slices(*, service: Body, node: str, pods: Iterable[PodRecord]
+def build_slices(*, service: Body, node: str, pods: Iterable[PodRecord],
+                 policy: AddressPolicy = DEFAULT_POLICY
                  ) -> tuple[dict[str, Body], list[Unroutable]]:
     """Every slice this node should hold for ``service`` (name -> body), and what cannot be."""
     meta = service.get("metadata") or {}
@@ -344,7 +359,7 @@ def build_slices(*, service: Body, node: str, pods: Iterable[PodRecord]
     endpoints: list[DesiredEndpoint] = []
     unroutable: list[Unroutable] = []
     for pod in pods:
-        eps, bad = endpoints_for(service, pod)
+        eps, bad = endpoints_for(service, pod, policy=policy)
         endpoints.extend(eps)
         unroutable.extend(bad)
     out: dict[str, Body] = {}
@@ -459,9 +474,11 @@ class EndpointSliceController:
         batch_seconds: float = 0.1,
         max_backoff: float = 30.0,
         pods_sync_timeout: float = 60.0,
+        policy: AddressPolicy = DEFAULT_POLICY,
     ) -> None:
         self.client = client
         self.node = node
+        self.policy = policy  # the address filter, applied again to every endpoint
         self.events = events
         self.metrics = metrics
         self.workers = workers
@@ -662,7 +679,7 @@ class EndpointSliceController:
                 if selector_matches(selector, self.pods[uid].label_map)]
         if not pods:
             return {}, []
-        return build_slices(service=svc, node=self.node, pods=pods)
+        return build_slices(service=svc, node=self.node, pods=pods, policy=self.policy)
 
     async def reconcile(self, key: str) -> None:
         ns = key.split("/", 1)[0]

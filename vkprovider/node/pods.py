@@ -45,6 +45,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from providers.addresses import AddressPolicy
 from providers.base import (
     TAG_NODE,
     TAG_UID,
@@ -75,6 +76,7 @@ from vkprovider.kube.watching import Informer, SharedSlim, object_key
 from vkprovider.logs import kv
 from vkprovider.metrics import Metrics
 from vkprovider.node import interruption, podstatus
+from vkprovider.node.addressscreen import AddressScreen
 from vkprovider.node.placements import InstanceKey, Placed, Placements
 from vkprovider.node.policygate import PolicyGate
 from vkprovider.node.providercaps import (
@@ -135,6 +137,7 @@ class PodController:
         clock: Callable[[], float] = time.monotonic,
         prober: ProberLike | None = None,
         endpoints: EndpointSink | None = None,
+        policy: AddressPolicy | None = None,
     ) -> None:
         self.client = client
         self.status_writer = PodStatusWriter(client)
@@ -197,6 +200,11 @@ class PodController:
         self.replicas = Replicas(prober=prober, sink=endpoints, clock=clock,
                                  drain_seconds=settings.pods.drain_seconds)
         self.told_unhealthy: set[str] = set()  # pods whose readiness failure was told
+        # Published addresses are untrusted: every instance from list() or create() is
+        # screened here first (node/addressscreen.py, providers/addresses.py).
+        self.addresses = AddressScreen(
+            policy=policy if policy is not None else settings.endpoints.policy(),
+            metrics=metrics)
         # called with (provider, operation, error or None) after each cloud call
         self.observer: Callable[[str, str, Exception | None], None] | None = None
 
@@ -499,8 +507,9 @@ class PodController:
                     if i.tags.get(TAG_UID) and i.tags.get(TAG_NODE) == self.node]
             self.spend.book.observe(provider=name, instances=ours, at=listed_at)
             cost = 0.0
-            for inst in ours:
-                uid = inst.tags[TAG_UID]
+            for listed in ours:
+                uid = listed.tags[TAG_UID]
+                inst = self.addresses.screen(uid=uid, provider=name, instance=listed)
                 cost += inst.price_per_hour
                 other = seen.get(uid)
                 if other is not None and other.instance.id != inst.id:
@@ -527,6 +536,7 @@ class PodController:
                 seen[uid] = placed
         before = self.placed.snapshot()
         self.placed.replace(seen)
+        self.addresses.keep_only(seen)
         for uid, (where, since) in list(self.unsure.items()):
             if uid in seen or (self.listed.get(where) and self.last_list[where] > since):
                 del self.unsure[uid]  # the list has spoken: it exists, or it never happened
@@ -687,6 +697,7 @@ class PodController:
         self.told_created.discard(uid)
         self.told_unhealthy.discard(uid)
         self.inherited.discard(uid)
+        self.addresses.forget(uid)
         self.replicas.forget(uid)
         if placed is None or self._delete_in_progress(placed):
             self.placed.pop(uid)
@@ -902,6 +913,7 @@ class PodController:
             finally:
                 self._release(name, provider, want)
             name = self._key_of(provider, name)  # retired while the call ran: its alias
+            inst = self.addresses.screen(uid=uid, provider=name, instance=inst)
             self._count(name, "create", None)
             self.unsure.pop(uid, None)
             self.told_no_capacity.pop(uid, None)
@@ -1023,6 +1035,9 @@ class PodController:
         if inst.state in _DONE_STATES and self._restarts_on_exit(pod, inst, placed.provider):
             await self._restart_exited(pod, uid, placed)
             return
+        for message in self.addresses.untold(uid):
+            await self.events.emit(obj=_pod_ref(pod), reason="EndpointRefused", type_="Warning",
+                                   message=message)
         probe = None
         if inst.state == InstanceState.RUNNING:
             self.running_seen.setdefault(uid, time.time())

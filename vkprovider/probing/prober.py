@@ -86,8 +86,10 @@ class Prober:
 
     def __init__(self, *, dialer: Dialer = DIRECT, max_concurrent: int = 64,
                  on_change: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic, jitter: float = 0.1) -> None:
+                 clock: Callable[[], float] = time.monotonic, jitter: float = 0.1,
+                 refuse: Callable[[str], str | None] | None = None) -> None:
         self._dialer = dialer
+        self._refuse = refuse
         self._sem = asyncio.Semaphore(max_concurrent)
         self.on_change = on_change
         self._clock = clock
@@ -100,6 +102,8 @@ class Prober:
         self._tls.verify_mode = ssl.CERT_NONE
         self.probes_run = 0
         self.probe_failures = 0
+        self.probes_refused = 0  # targets ``refuse`` turned down: never dialled
+        self.on_refused: Callable[[], None] | None = None
         self._closed = False
 
     def __len__(self) -> int:
@@ -241,6 +245,12 @@ class Prober:
             return False, f"port {probe.port} is not published (yet)"
         host, port = target[0], target[1]
         tls = len(target) > 2 and target[2] == "https"
+        why = self._refuse(host) if self._refuse is not None else None
+        if why is not None:  # never dialled: an untrusted address (providers/addresses.py)
+            self.probes_refused += 1
+            if self.on_refused is not None:
+                self.on_refused()
+            return False, f"probe target {host}:{port} refused: {why}"
         async with self._sem:
             self.probes_run += 1
             if probe.action == "http":
