@@ -418,7 +418,7 @@ class ListenerSet:
                 log.exception("mock cloud: cannot listen for %s:%d", record.id, container_port)
                 continue
             listener = Listener(record=record, run=record.restart_count,
-                                container_port=container_port, public_host=record.public_ip,
+                                container_port=container_port, public_host=record.reported_ip,
                                 public_port=public_port, sock=sock,
                                 port=sock.getsockname()[1])
             record.served.setdefault(container_port, [0, 0])

@@ -78,6 +78,7 @@ class Record:
     crashed: bool = False
     delete_fails: bool = False  # scenario fault: the pending delete comes to nothing
     public_block: int = 0  # which of the 16 public address blocks (see public_ip)
+    public_host: str | None = None  # scenario fault (published_hosts): reported instead
     temperature: float | None = None  # pinned GPU temperature (admin knob), else from the load
     # The container's current run (it restarts: POST /instances/{id}/restart); ``started`` is
     # the first start (billing, logs), ``run_started`` this run's (exit, load time).
@@ -108,6 +109,13 @@ class Record:
         so several mock clouds on one lab network (one address map) never share an address."""
         block = self.public_block * PUBLIC_BLOCK_NETS + (self.seq // 254) % PUBLIC_BLOCK_NETS
         return f"198.{18 + block // 256}.{block % 256}.{self.seq % 254 + 1}"
+
+    @property
+    def reported_ip(self) -> str:
+        """What the cloud reports as ``public_ip`` (and routes in the address map): the
+        instance's :attr:`public_ip`, or the address a scenario's ``published_hosts`` fault
+        chose for it."""
+        return self.public_ip if self.public_host is None else self.public_host
 
     def advance(self, *, now: float) -> None:
         """Apply every transition due by ``now``, at the time it was due."""

@@ -34,6 +34,7 @@ __all__ = [
     "Faults",
     "LostCreateResponses",
     "OfferSpec",
+    "PublishedHost",
     "RateLimitBurst",
     "Scenario",
     "ScenarioError",
@@ -175,6 +176,17 @@ class LostCreateResponses(_Strict):
     mode: Literal["504", "disconnect"] = "504"
 
 
+class PublishedHost(_Strict):
+    """A lying cloud: an instance created with every one of ``tags`` reports ``host`` as its
+    public address (``public_ip``) instead of its own 198.18.x.y, as a third-party host or a
+    compromised account could (``10.0.0.5``, ``169.254.169.254``, a name). The address map
+    routes ``host``'s ports to the instance's own listeners, so a test sees (in
+    ``GET /admin/traffic``) anything that dials it; nothing dials the address for real."""
+
+    tags: dict[str, str] = Field(min_length=1)
+    host: str = Field(min_length=1, max_length=253)
+
+
 class Faults(_Strict):
     """The fault profile; every fault is off by default."""
 
@@ -186,6 +198,8 @@ class Faults(_Strict):
     lost_create_responses: LostCreateResponses = Field(default_factory=LostCreateResponses)
     list_lag_seconds: float = Field(default=0.0, ge=0.0, le=MAX_DELAY_SECONDS,
                                     allow_inf_nan=False)
+    #: Instances created while this is in force report the first matching entry's host.
+    published_hosts: list[PublishedHost] = Field(default_factory=list)
 
     def for_endpoint(self, endpoint: str) -> EndpointFaults | None:
         """The endpoint's own faults, else the ``*`` entry, else None."""

@@ -620,6 +620,8 @@ class MockCloudState:
             ports=tuple(p.container_port for p in body.ports),
             published=publish_ports(body.ports),
             public_block=self.public_block,
+            public_host=next((f.host for f in self.scenario_faults.published_hosts
+                              if all(body.tags.get(k) == v for k, v in f.tags.items())), None),
             tags=dict(body.tags),
             created=now,
             boot_at=now + max(0.0, self.boot_delay),
@@ -707,7 +709,7 @@ class MockCloudState:
             "price_per_hour": r.price_per_hour,
             "ip": r.ip,
             "endpoints": endpoints,
-            "public_ip": r.public_ip,
+            "public_ip": r.reported_ip,
             "ports": [
                 {"container_port": port, "protocol": protocol, "public_port": public}
                 for port, protocol, public in r.published

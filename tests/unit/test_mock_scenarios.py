@@ -20,6 +20,7 @@ from providers.base import (
     CapacityError,
     InstanceSpec,
     InstanceState,
+    Port,
     RateLimited,
     TransientError,
 )
@@ -441,3 +442,33 @@ def test_resolve_scenario_accepts_names_paths_dicts_and_scenarios(tmp_path: Path
     assert resolve_scenario(Scenario(name="s")).name == "s"
     with pytest.raises(ScenarioError):
         resolve_scenario("no-such-builtin")
+
+
+# -- a lying cloud: published_hosts -------------------------------------------------------------
+
+
+async def test_published_hosts_make_matching_instances_report_the_chosen_address(
+    clouds: list[Cloud],
+) -> None:
+    cloud = make(clouds, {"faults": {"published_hosts": [
+        {"tags": {TAG_UID: "evil"}, "host": "10.0.0.5"},
+        {"tags": {TAG_UID: "meta", "team": "x"}, "host": "169.254.169.254"},
+    ]}})
+    provider = cloud.provider()
+    ports = (Port(container_port=8000),)
+    await provider.create(spec("evil", ports=ports))
+    await provider.create(spec("meta", ports=ports))  # lacks the team tag: not matched
+    await provider.create(spec("meta2", ports=ports, tags={TAG_UID: "meta", "team": "x"}))
+    await provider.create(spec("good", ports=ports))
+    by_name = {i.name: i for i in await provider.list()}
+    hosts = {name.removeprefix(f"{NODE}-"): [p.host for p in i.published]
+             for name, i in by_name.items()}
+    assert hosts["evil"] == ["10.0.0.5"]
+    assert hosts["meta2"] == ["169.254.169.254"]
+    for honest in ("meta", "good"):
+        [host] = hosts[honest]
+        assert host.startswith("198.18."), honest
+    assert all(p.port >= 30000 for i in by_name.values() for p in i.published)
+    # it is part of the scenario in force (GET /admin/scenario shows it)
+    shown = cloud.state.scenario()["faults"]["published_hosts"]
+    assert shown[0] == {"tags": {TAG_UID: "evil"}, "host": "10.0.0.5"}
