@@ -291,3 +291,19 @@ def test_ipv6_addresses_are_bracketed_in_the_message() -> None:
     assert cast(Any, s)._seen  # remembered until forgotten
     s.forget("u")
     assert not cast(Any, s)._seen
+
+
+def test_an_instance_listed_as_before_is_not_screened_again() -> None:
+    s = AddressScreen(policy=AddressPolicy(), metrics=Metrics())
+    bad = PublishedPort(container_port=8000, host="10.0.0.5", port=30000, kind="ip")
+    inst = Instance(id="i-1", name="n", provider="mock", state=InstanceState.RUNNING,
+                    published=(bad,))
+    first = s.screen(uid="u", provider="mock", instance=inst)
+    assert s.screen(uid="u", provider="mock", instance=inst) is first  # the same record
+    moved = Instance(id="i-1", name="n", provider="mock", state=InstanceState.RUNNING,
+                     published=(PublishedPort(container_port=8000, host="192.168.0.9",
+                                              port=30000, kind="ip"),))
+    assert s.screen(uid="u", provider="mock", instance=moved).published == ()
+    assert len(s.untold("u")) == 2, "a new address is told too"
+    s.keep_only([])
+    assert not cast(Any, s)._last

@@ -53,10 +53,22 @@ class AddressScreen:
         self._metrics = metrics
         self._seen: dict[str, set[_Key]] = {}  # uid -> refusals counted
         self._untold: dict[str, list[tuple[str, Instance, Refused]]] = {}
+        # uid -> (the adapter's instance, what screening it gave): adapters hand back the same
+        # Instance while nothing changed (providers/listcache.py), so a steady pod costs one
+        # identity check per sweep, and keeps its record (the sweep's "listed as before").
+        self._last: dict[str, tuple[Instance, Instance]] = {}
 
     def screen(self, *, uid: str, provider: str, instance: Instance) -> Instance:
         """``instance`` without the published entries the policy refuses (the same object
         when it refuses none)."""
+        last = self._last.get(uid)
+        if last is not None and last[0] is instance:
+            return last[1]
+        result = self._screen(uid=uid, provider=provider, instance=instance)
+        self._last[uid] = (instance, result)
+        return result
+
+    def _screen(self, *, uid: str, provider: str, instance: Instance) -> Instance:
         if not instance.published:
             return instance
         allowed, refused = screen(instance.published, policy=self.policy)
@@ -84,9 +96,10 @@ class AddressScreen:
     def forget(self, uid: str) -> None:
         self._seen.pop(uid, None)
         self._untold.pop(uid, None)
+        self._last.pop(uid, None)
 
     def keep_only(self, uids: Iterable[str]) -> None:
         """Forget pods not in ``uids`` (bounded memory across pod churn)."""
         live = set(uids)
-        for uid in [u for u in self._seen if u not in live]:
+        for uid in [u for u in (*self._seen, *self._last) if u not in live]:
             self.forget(uid)
