@@ -82,7 +82,13 @@ class _Entry:
 
 
 class Prober:
-    """Probes replicas registered with :meth:`track` until :meth:`forget`."""
+    """Probes replicas registered with :meth:`track` until :meth:`forget`.
+
+    ``refuse`` (the provider passes :func:`providers.addresses.refusal`) says why a target host
+    must not be dialled: such a probe fails without any connection (``probes_refused``,
+    ``on_refused``). A backstop: the pod controller already screens what clouds publish. The
+    fake kubelet, which probes the lab's pod IPs, passes none.
+    """
 
     def __init__(self, *, dialer: Dialer = DIRECT, max_concurrent: int = 64,
                  on_change: Callable[[str], None] | None = None,
