@@ -71,6 +71,10 @@ container registry credential (``/v2/registries``), whose id goes into the creat
 credentials come after a pod's pull Secrets in the kubelet). RunPod's credentials hold only a
 username and a password (no registry host; RunPod uses it for the pod's image), so both must be
 non-empty, else the pod is refused (InvalidSpec naming ``imagePullSecrets``) before any call.
+Because RunPod sends the credential to whatever registry the image names, ``registry_id`` goes
+only with images whose registry the option ``registry_hosts`` names
+(:mod:`providers.registryauth`); any other image is pulled anonymously. A pod's credential goes
+only with an image of its own registry, too.
 
 * Naming and reuse: the credential is named :meth:`RunPodProvider.registry_name`,
   ``vkp-<owner tag>-<digest>``: the owner tag is 8 hex digits of SHA-256(owner), the digest 24
@@ -118,6 +122,9 @@ naming the option):
 ``registry_id`` (str, default none)
     A RunPod container-registry credential id, for private images whose pod has no pull
     credential of its own (see "Private images"). Never deleted by the adapter.
+``registry_hosts`` (list of ``host[:port][/path]``, ``*.`` wildcards; required with
+``registry_id``)
+    The registries ``registry_id`` is for: it is sent only with images of these registries.
 ``allowed_cuda_versions`` (list of ``"major.minor"``, default ``[]``) or ``min_cuda_version``
 (``"major.minor"``, default none)
     CUDA constraints on the host, sent as ``gpu.allowedCudaVersions``/``gpu.minCudaVersion``;
@@ -194,7 +201,13 @@ from providers.http import (
     RetryPolicy,
     parse_retry_after,
 )
-from providers.registryauth import RegistrySecrets, refuse
+from providers.registryauth import (
+    RegistryScope,
+    RegistrySecrets,
+    node_scope,
+    pod_credential,
+    refuse,
+)
 
 __all__ = [
     "ANY_REGION",
@@ -253,6 +266,7 @@ _OPTION_KEYS = frozenset(
         "volume_gb",
         "volume_path",
         "registry_id",
+        "registry_hosts",
         "allowed_cuda_versions",
         "min_cuda_version",
         "cpu_flavor",
@@ -284,6 +298,7 @@ class _Options:
     volume_gb: int | None = None
     volume_path: str = "/workspace"
     registry_id: str | None = None
+    registry_scope: RegistryScope | None = None
     allowed_cuda_versions: tuple[str, ...] = ()
     min_cuda_version: str | None = None
     cpu_flavor: str | None = None
@@ -331,6 +346,7 @@ def _parse_options(raw: Mapping[str, Any] | None) -> _Options:
         volume_gb=opt.optional_integer(raw, "volume_gb", minimum=10),
         volume_path=opt.string(raw, "volume_path", default="/workspace"),
         registry_id=opt.optional_string(raw, "registry_id"),
+        registry_scope=node_scope(raw, credential="registry_id"),
         allowed_cuda_versions=cuda,
         min_cuda_version=min_cuda,
         cpu_flavor=opt.optional_string(raw, "cpu_flavor"),
@@ -525,7 +541,7 @@ class RunPodProvider(HTTPAdapter):
     async def create(self, spec: InstanceSpec) -> Instance:
         """Adopt this owner's live pod named ``spec.name``, or create it (list-before-create)."""
         body = self.create_body(spec)  # InvalidSpec before any HTTP call
-        auth = spec.registry_auth
+        auth = pod_credential(spec)
         self._registry_secrets.remember(auth)
         what = f"create pod {spec.name!r}"
 
@@ -882,14 +898,15 @@ class RunPodProvider(HTTPAdapter):
             body["dataCenterIds"] = data_centers
         if self._opts.disk_gb is not None:
             body["disk"] = self._opts.disk_gb
-        if spec.registry_auth is not None:
-            auth = spec.registry_auth
+        auth = pod_credential(spec)
+        if auth is not None:
             for what, value in (("username", auth.username), ("password", auth.password)):
                 if not value:
                     raise refuse(p, "RunPod", spec, auth, f"has an empty {what}; RunPod's "
                                  "registry credentials need a username and a password")
             # the credential's id is added by create (it needs a call to find or make it)
-        elif self._opts.registry_id is not None:
+        elif (self._opts.registry_id is not None and self._opts.registry_scope is not None
+              and self._opts.registry_scope.covers(spec.image)):
             body["registry"] = self._opts.registry_id
         return body
 

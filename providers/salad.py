@@ -87,6 +87,10 @@ a decimal string, seconds may be written ``"30s"``, and an unknown key or a bad 
     Passed as ``container.registry_authentication`` for private images whose pod has no pull
     credential of its own; any kind the spec lists (``basic``, ``docker_hub``, ``aws_ecr``,
     ``gcp_gar``, ``gcp_gcr``). Secret.
+``registry_hosts`` (list of ``host[:port][/path]``, ``*.`` wildcards; required with
+``registry_authentication``)
+    The registries ``registry_authentication`` is for: it is sent only with images of these
+    registries; other images are pulled anonymously (:mod:`providers.registryauth`).
 ``gpu_classes_ttl`` (float seconds, default 300)
     How long the GPU class list is cached.
 ``log_poll_interval`` (float seconds, default 2.0)
@@ -107,7 +111,9 @@ token as ``basic``). Those kinds are available through the option. The spec allo
 characters without a line break in each field; a credential outside that is refused
 (InvalidSpec naming ``imagePullSecrets``) before any call. Salad keeps the credential with the
 container group, which ``delete`` removes, so there is nothing else to clean up. Every password
-sent is scrubbed from the messages Salad sends back.
+sent is scrubbed from the messages Salad sends back. Salad sends the credential to whatever
+registry the image names, so a pod's credential goes only with an image of its own registry and
+the option only with images of its ``registry_hosts``.
 
 Not supported, and said so (InvalidSpec, before any HTTP call) rather than ignored: more than one
 GPU (one GPU per Salad node), ``args`` without ``command`` (Salad's ``command`` replaces the
@@ -153,7 +159,7 @@ from providers.base import (
     RegistryAuth,
 )
 from providers.http import MAX_SERVER_MESSAGE, Answer, HTTPAdapter, RetryPolicy
-from providers.registryauth import RegistrySecrets, refuse
+from providers.registryauth import RegistrySecrets, node_scope, pod_credential, refuse
 
 __all__ = ["META_ENV", "SaladProvider", "map_status", "salad_name"]
 
@@ -256,7 +262,8 @@ class _Conflict(ProviderError):
 _OPTION_KEYS = frozenset({
     "organization", "project", "gpu_types", "priority", "restart_policy", "default_cpu",
     "default_memory_mb", "storage_gb", "country_codes", "region", "networking_auth",
-    "check_availability", "registry_authentication", "gpu_classes_ttl", "log_poll_interval",
+    "check_availability", "registry_authentication", "registry_hosts", "gpu_classes_ttl",
+    "log_poll_interval",
     *opt.RETRY_KEYS,
 })  # fmt: skip
 
@@ -295,6 +302,7 @@ class _Options:
         self.networking_auth = opt.boolean(raw, "networking_auth", default=False)
         self.check_availability = opt.boolean(raw, "check_availability", default=True)
         self.registry_authentication = opt.mapping(raw, "registry_authentication", secret=True)
+        self.registry_scope = node_scope(raw, credential="registry_authentication")
         self.gpu_classes_ttl = opt.duration(raw, "gpu_classes_ttl", default=300.0, minimum=0)
         self.log_poll_interval = opt.duration(raw, "log_poll_interval", default=2.0, minimum=0)
         retry = opt.retry_options(raw)
@@ -352,7 +360,7 @@ class SaladProvider(HTTPAdapter):
         """Adopt the group named for ``spec.name``, or create (and start) it."""
         group_name = salad_name(spec.name)
         body = self._body(spec, group_name)  # InvalidSpec before any HTTP call
-        self._registry_secrets.remember(spec.registry_auth)
+        self._registry_secrets.remember(pod_credential(spec))
         found = await self._get_group(group_name)
         if found is not None:
             return await self._adopt(spec, found)
@@ -546,9 +554,11 @@ class SaladProvider(HTTPAdapter):
                     f"at most {_ARG_MAX} characters"
                 )
             container["command"] = command
-        if spec.registry_auth is not None:
-            container["registry_authentication"] = self._basic_auth(spec, spec.registry_auth)
-        elif self._opts.registry_authentication:
+        auth = pod_credential(spec)
+        if auth is not None:
+            container["registry_authentication"] = self._basic_auth(spec, auth)
+        elif (self._opts.registry_authentication and self._opts.registry_scope is not None
+              and self._opts.registry_scope.covers(spec.image)):
             container["registry_authentication"] = self._opts.registry_authentication
         body: dict[str, Any] = {
             "name": group_name,

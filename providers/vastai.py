@@ -80,8 +80,10 @@ is a ``ValueError`` naming the option):
     ``runtype: "ssh"``: the container then runs Vast.ai's SSH init, and the instance does not
     exit when the command does.
 ``image_login`` (str, default none)
-    Registry credentials for private images (``image_login``, Docker login flags), for every
-    instance whose pod has no pull credential of its own. Secret.
+    Registry credentials for private images (``image_login``, Docker login flags
+    ``-u <username> -p <password> <registry>``), for instances whose pod has no pull credential
+    of its own and whose image is on that registry (``docker.io``: Docker Hub); other images are
+    pulled without it (:mod:`providers.registryauth`). Secret.
 ``log_poll_attempts`` (int >= 1, default 10), ``log_poll_interval`` (float seconds, default 1.0)
     How long ``logs()`` waits for the log file Vast.ai uploads to ``result_url``.
 ``max_attempts`` (int >= 1, default 4), ``backoff_initial`` (default 0.1), ``backoff_max``
@@ -94,7 +96,9 @@ documents; ``docker.io`` for Docker Hub), and wins over the option ``image_login
 that string on spaces, so a username or password that is empty or holds whitespace, a quote or a
 backslash cannot be sent: such a pod is refused (InvalidSpec naming ``imagePullSecrets``) before
 any call. Vast.ai keeps nothing between rents, so there is nothing to clean up. Every password
-sent is scrubbed from the messages Vast.ai sends back.
+sent is scrubbed from the messages Vast.ai sends back. A pod's credential goes only with an
+image of its own registry; the option ``image_login`` only with an image of the registry it
+names, so a pod cannot pull the organisation's private images of another registry with it.
 
 Host name: a spec's ``hostname`` (the pod's ``hostnameOverride``, else ``hostname``) is sent as
 the docker create option ``-h NAME`` in ``env`` (Vast.ai documents three kinds of docker create
@@ -156,7 +160,13 @@ from providers.base import (
     Unsupported,
 )
 from providers.http import MAX_SERVER_MESSAGE, Answer, HTTPAdapter, RetryPolicy
-from providers.registryauth import RegistrySecrets, refuse
+from providers.registryauth import (
+    REGISTRY_HOSTS,
+    RegistrySecrets,
+    node_scope,
+    pod_credential,
+    refuse,
+)
 
 __all__ = ["LABEL_PREFIX", "VastAIProvider", "decode_label", "encode_label", "map_status"]
 
@@ -294,11 +304,28 @@ _OPTION_KEYS = frozenset({
 })  # fmt: skip
 
 
+def _login_server(image_login: str) -> str:
+    """The registry ``image_login`` logs in to: it must be ``-u <user> -p <password> <registry>``.
+
+    That is the form Vast.ai documents, and the registry it names is the only one the credential
+    is sent for. Anything else is an InvalidOption that never quotes the value (it holds the
+    password).
+    """
+    words = image_login.split()
+    if len(words) != 5 or words[0] != "-u" or words[2] != "-p" or words[4].startswith("-"):
+        raise opt.InvalidOption("image_login", "must be '-u <username> -p <password> "
+                                "<registry>' (the registry it is for, docker.io for Docker Hub)")
+    return words[4]
+
+
 class _Options:
     """The parsed, checked ``options``; a bad value is an :class:`~providers.options.InvalidOption`
     (a ValueError) naming the option."""
 
     def __init__(self, raw: Mapping[str, Any]) -> None:
+        if raw.get(REGISTRY_HOSTS) is not None:
+            raise opt.InvalidOption(REGISTRY_HOSTS, "is not a Vast.ai option: image_login "
+                                    "applies to the registry it names")
         opt.reject_unknown(raw, _OPTION_KEYS, cloud="Vast.ai")
         self.gpu_types: dict[str, tuple[str, ...]] = opt.name_map(raw, "gpu_types")
         regions = opt.strings(raw, "regions",
@@ -320,6 +347,9 @@ class _Options:
         self.command_mode = opt.choice(raw, "command_mode", choices=("reject", "onstart"),
                                        default="reject")
         self.image_login = opt.optional_string(raw, "image_login", secret=True)
+        self.image_login_scope = node_scope(
+            raw, credential="image_login",
+            default=[_login_server(self.image_login)] if self.image_login else None)
         self.log_poll_attempts = opt.integer(raw, "log_poll_attempts", default=10, minimum=1)
         self.log_poll_interval = opt.duration(raw, "log_poll_interval", default=1.0, minimum=0)
         retry = opt.retry_options(raw)
@@ -370,7 +400,7 @@ class VastAIProvider(HTTPAdapter):
     async def create(self, spec: InstanceSpec) -> Instance:
         """Adopt the instance labelled for ``spec.name``, or rent the cheapest matching offer."""
         body, label = self._rent_body(spec)  # InvalidSpec before any HTTP call
-        self._registry_secrets.remember(spec.registry_auth)
+        self._registry_secrets.remember(pod_credential(spec))
         kind = self._kind(spec)
         search = self._search_body(spec)
         existing = await self._list(select_filters={"label": {"eq": label}})
@@ -598,9 +628,11 @@ class VastAIProvider(HTTPAdapter):
             if spec.args is not None:
                 body["args"] = list(spec.args)
         body["env"] = self._env(spec)
-        if spec.registry_auth is not None:
-            body["image_login"] = self._image_login(spec, spec.registry_auth)
-        elif self._opts.image_login:
+        auth = pod_credential(spec)
+        if auth is not None:
+            body["image_login"] = self._image_login(spec, auth)
+        elif (self._opts.image_login and self._opts.image_login_scope is not None
+              and self._opts.image_login_scope.covers(spec.image)):
             body["image_login"] = self._opts.image_login
         return body, label
 

@@ -51,10 +51,12 @@ def adapter_options(spec: GPUProviderSpec) -> dict[str, Any]:
     return out
 
 
-#: The mock adapter's options: its retry knobs and regions (the others parse their own).
+#: The mock adapter's options: its retry knobs, regions and a node-wide pull credential
+#: (``registry_auth: {username, password}`` for the ``registry_hosts`` it names); the other
+#: adapters parse their own.
 _MOCK_OPTIONS: dict[str, Any] = {"max_attempts": int, "backoff_initial": float,
                                  "backoff_max": float, "retry_after_cap": float,
-                                 "regions": list}
+                                 "regions": list, "registry_auth": dict, "registry_hosts": list}
 
 
 def build_adapter(

@@ -22,12 +22,19 @@ Interruptible (spot) instances: ``capacity`` maps the cloud's ``interruptible`` 
 with ``interruptible`` is created with ``interruptible: true``; an instance reports
 ``interruptible``, ``interruption_at`` (a reclaim the cloud announced: the notice) and
 ``interrupted`` (reclaimed, state ``failed``), all mapped as they are.
+
+Private images: a spec's ``registry_auth`` (the pod's ``imagePullSecrets``) is sent with the
+create when it is for the image's registry. A node-wide credential (``registry_auth``:
+``{username, password}``, with ``registry_hosts`` naming the registries it is for) is sent only
+with images of those registries, as the real adapters do (:mod:`providers.registryauth`); any
+other image is created without a credential (an anonymous pull).
 """
 
 from __future__ import annotations
 
 import builtins
 from collections.abc import AsyncGenerator, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -47,6 +54,7 @@ from providers.base import (
     ProviderError,
     PublishedPort,
     QuotaError,
+    RegistryAuth,
 )
 from providers.http import (
     MAX_SERVER_MESSAGE,
@@ -56,6 +64,8 @@ from providers.http import (
     parse_retry_after,
 )
 from providers.listcache import ListingCache
+from providers.options import InvalidOption
+from providers.registryauth import node_scope, normalize_image, pod_credential
 
 __all__ = ["MockProvider"]
 
@@ -131,12 +141,24 @@ class MockProvider(HTTPAdapter):
         backoff_max: float = 2.0,
         retry_after_cap: float = 5.0,
         regions: Sequence[str] = (),
+        registry_auth: Mapping[str, Any] | None = None,
+        registry_hosts: Sequence[str] | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         if isinstance(regions, str) or not all(isinstance(r, str) and r for r in regions):
             raise ValueError("regions must be a list of region names")
         self.regions = tuple(regions)  # a GPUProvider's spec.regions: sell and create only there
+        self._node_scope = node_scope({"registry_auth": registry_auth,
+                                       "registry_hosts": registry_hosts},
+                                      credential="registry_auth")
+        self._node_auth: RegistryAuth | None = None  # repr hides the password
+        if registry_auth is not None:
+            username, password = registry_auth.get("username"), registry_auth.get("password")
+            if (set(registry_auth) - {"username", "password"} or not isinstance(username, str)
+                    or not isinstance(password, str) or not username or not password):
+                raise InvalidOption("registry_auth", "must be {username, password} (strings)")
+            self._node_auth = RegistryAuth(registry="", username=username, password=password)
         self._listed = ListingCache()  # instances listed unchanged are not parsed again
         super().__init__(
             name=name,
@@ -179,13 +201,24 @@ class MockProvider(HTTPAdapter):
             body["interruptible"] = True  # rent as spot: only offers with a spot price
         if self.regions and spec.region is None:
             body["regions"] = list(self.regions)
-        if spec.registry_auth is not None:
-            auth = spec.registry_auth
+        auth = self._credential(spec)
+        if auth is not None:
             body["registry_auth"] = {"registry": auth.registry, "username": auth.username,
                                      "password": auth.password}
         what = f"create instance {spec.name!r}"
         response = await self._request("POST", "/instances", what=what, json_body=body)
         return self._instance(self._json(response, what=what), what=what)
+
+    def _credential(self, spec: InstanceSpec) -> RegistryAuth | None:
+        """The pod's credential for its image, else the node-wide one if its registries cover
+        the image, else None: a credential never goes with an image of another registry."""
+        auth = pod_credential(spec)
+        if auth is not None or self._node_auth is None or self._node_scope is None:
+            return auth
+        normal = normalize_image(spec.image)
+        if normal is None or not self._node_scope.covers(spec.image):
+            return None
+        return replace(self._node_auth, registry=normal[0])
 
     async def list(self) -> list[Instance]:
         """Every live instance tagged with our owner, in one call."""

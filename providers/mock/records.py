@@ -90,6 +90,8 @@ class Record:
     interruptible: bool = False  # rented as spot: the cloud may reclaim it
     interruption_at: float | None = None  # announced (admin) reclaim time, on the clock
     interrupted: bool = False  # reclaimed: stopped by the cloud, not by its container
+    #: The pull credential the create carried, ``(registry, username)``; never its password.
+    registry_auth: tuple[str, str] | None = None
     #: Requests the container's listeners served, by container port: [traffic, probes].
     served: dict[int, list[int]] = field(default_factory=dict)
 

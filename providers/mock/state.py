@@ -629,6 +629,8 @@ class MockCloudState:
             run_exit_code=int(exit_code or 0),
             load=load,
             load_seconds=max(0.0, self.load_seconds) if load_seconds is None else load_seconds,
+            registry_auth=(body.registry_auth.registry, body.registry_auth.username)
+            if body.registry_auth is not None else None,
         )
         self._draw_crash(record, after=record.boot_at)
         record.advance(now=now)
@@ -949,6 +951,10 @@ class MockCloudState:
                     "started_at": self._iso(r.started),
                     "stopped_at": self._iso(r.released),
                     "cost": round(r.cost(now=now), 6),
+                    # what pull credential the create carried (never the password)
+                    "registry_auth": {"registry": r.registry_auth[0],
+                                      "username": r.registry_auth[1]}
+                    if r.registry_auth is not None else None,
                 }
             )
         total = round(sum(r.cost(now=now) for r in self._all), 6)

@@ -179,7 +179,7 @@ def test_pull_secret_names_pod_first_then_service_account_without_repeats() -> N
     ("localhost/app", ("localhost", "app")),
     ("localhost:5000/team/app:dev", ("localhost:5000", "team/app")),
     ("registry:5000/app", ("registry:5000", "app")),
-    ("Registry/app", ("Registry", "app")),
+    ("Registry/app", ("registry", "app")),  # a host; DNS names have no case
     ("registry-1.docker.io/acme/app", ("registry-1.docker.io", "acme/app")),
 ])
 def test_images_are_normalized_like_the_kubelet(image: str, normal: tuple[str, str]) -> None:
@@ -201,10 +201,36 @@ def test_docker_hub_images_use_docker_hub_credentials(location: str, image: str)
                                 secret="hub")
 
 
-def test_registry_1_docker_io_is_an_ordinary_host_as_in_the_kubelet() -> None:
+def test_registry_1_docker_io_is_docker_hub_too() -> None:
+    # The kubelet treats it as an ordinary host; it is Docker Hub's registry, so the credential
+    # goes to the same registry either way.
     secret = dockerconfigjson("s", {"registry-1.docker.io": basic("u")})
-    assert pick("busybox", secret) is None
+    assert pick("busybox", secret) is not None
     assert pick("registry-1.docker.io/acme/app", secret) is not None
+    assert pick("ghcr.io/acme/app", secret) is None
+
+
+def test_a_docker_hub_entry_beats_the_index_docker_io_fallback() -> None:
+    fallback = dockerconfigjson("fallback", {"https://index.docker.io/v1/": basic("legacy")})
+    direct = dockerconfigjson("direct", {"docker.io": basic("direct")})
+    auth = pick("acme/app", fallback, direct)
+    assert auth is not None and auth.username == "direct"
+
+
+def test_a_credential_never_goes_with_an_image_of_another_registry() -> None:
+    secret = dockerconfigjson("regcred", {"registry.example.com": basic("org")})
+    assert pick("attacker.example/x:1", secret) is None
+    assert pick("registry.example.com.attacker.example/x:1", secret) is None
+    assert pick("attacker.example/registry.example.com/x:1", secret) is None
+    assert pick("registry.example.com@attacker.example/x", secret) is None  # not a reference
+    auth = pick("registry.example.com/team/model:1", secret)
+    assert auth is not None and auth.registry == "registry.example.com"
+
+
+def test_hosts_match_without_regard_to_case() -> None:
+    secret = dockerconfigjson("s", {"Registry.Example.com": basic("u")})
+    auth = pick("REGISTRY.example.COM/team/model:1", secret)
+    assert auth is not None and auth.registry == "registry.example.com"
 
 
 def test_docker_hub_credentials_do_not_apply_to_other_registries() -> None:
@@ -310,9 +336,11 @@ def test_lookup_lists_every_match_most_specific_first() -> None:
         "quay.io/acme/app", "quay.io/acme", "quay.io", "*.io"]
 
 
-def test_no_secrets_or_no_image_means_no_credential() -> None:
+def test_no_secrets_or_no_valid_image_means_no_credential() -> None:
     assert pick("ghcr.io/acme/app") is None
-    assert pick("  ", dockerconfigjson("s", {"ghcr.io": basic("u")})) is None
+    secret = dockerconfigjson("s", {"ghcr.io": basic("u")})
+    for image in ("  ", " ghcr.io/acme/app", "https://ghcr.io/acme/app", "ghcr.io/Acme/app"):
+        assert pick(image, secret) is None, image
 
 
 def test_a_malformed_secret_fails_the_lookup() -> None:

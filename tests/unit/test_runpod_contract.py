@@ -181,6 +181,7 @@ async def test_create_maps_the_spec_onto_create_pod(
 ) -> None:
     fake.add_registry(name="made-by-hand", registry_id="reg-1")
     provider = make_provider(options={"disk_gb": 40, "registry_id": "reg-1",
+                                      "registry_hosts": ["ghcr.io/acme"],
                                       "allowed_cuda_versions": ["12.8", "12.6"]})
     inst = await provider.create(spec(
         args=("python", "train.py", "--name", "my run"),
@@ -938,12 +939,54 @@ async def test_a_pod_credential_wins_over_the_registry_id_option(
     fake: FakeRunPod, make_provider: MakeProvider
 ) -> None:
     fake.add_registry(name="node-wide", registry_id="reg-static")
-    provider = make_provider(options={"registry_id": "reg-static"})
+    provider = make_provider(options={"registry_id": "reg-static",
+                                      "registry_hosts": ["ghcr.io"]})
     await provider.create(spec("vk-gpu-burst-uid-1"))
     await provider.create(spec("vk-gpu-burst-uid-2", registry_auth=AUTH))
     first, second = posted(fake)
     assert first["registry"] == "reg-static"
     assert second["registry"] != "reg-static" and second["registry"] in fake.registries
+
+
+async def test_the_registry_id_option_goes_only_with_images_of_its_registry_hosts(
+    fake: FakeRunPod, make_provider: MakeProvider
+) -> None:
+    fake.add_registry(name="node-wide", registry_id="reg-org")
+    provider = make_provider(options={"registry_id": "reg-org",
+                                      "registry_hosts": ["registry.example.com"]})
+    await provider.create(spec("vk-gpu-burst-uid-1", image="attacker.example/x:1"))
+    await provider.create(spec("vk-gpu-burst-uid-2", image="registry.example.com/team/model:1"))
+    await provider.create(spec("vk-gpu-burst-uid-3", image="busybox"))
+    await provider.create(spec("vk-gpu-burst-uid-4",
+                               image="registry.example.com.attacker.example/team/model:1"))
+    attacker, ours, hub, lookalike = posted(fake)
+    assert "registry" not in attacker, "an image of another registry is pulled anonymously"
+    assert ours["registry"] == "reg-org"
+    assert "registry" not in hub and "registry" not in lookalike
+    assert sorted(str(p.get("registry")) for p in fake.pods.values()) == [
+        "None", "None", "None", "reg-org"]
+
+
+@pytest.mark.parametrize("options", [
+    {"registry_id": "reg-org"},
+    {"registry_hosts": ["registry.example.com"]},
+    {"registry_id": "reg-org", "registry_hosts": []},
+    {"registry_id": "reg-org", "registry_hosts": ["https://"]},
+])
+def test_registry_id_without_its_registry_hosts_is_refused(
+    make_provider: MakeProvider, options: dict[str, Any]
+) -> None:
+    with pytest.raises(ValueError, match=r"options\.registry_hosts"):
+        make_provider(options=options)
+
+
+async def test_a_pod_credential_never_goes_with_an_image_of_another_registry(
+    fake: FakeRunPod, provider: RunPodProvider
+) -> None:
+    await provider.create(spec(image="attacker.example/x:1", registry_auth=AUTH))
+    (body,) = posted(fake)
+    assert "registry" not in body
+    assert fake.calls("createRegistry") == [] and fake.registries == {}
 
 
 async def test_an_adopted_pod_needs_no_credential(
@@ -1003,9 +1046,11 @@ async def test_the_sweep_deletes_only_this_owners_unused_credentials(
 ) -> None:
     other_auth = RegistryAuth(registry="quay.io", username="q", password="other-pass")
     kept = await provider.create(spec("vk-gpu-burst-uid-1", registry_auth=AUTH))
-    gone = await provider.create(spec("vk-gpu-burst-uid-2", registry_auth=other_auth))
+    gone = await provider.create(spec("vk-gpu-burst-uid-2", image="quay.io/q/app:1",
+                                      registry_auth=other_auth))
     other_owner = make_provider(owner="vk-other-node")
-    await other_owner.create(spec("vk-other-node-uid-9", registry_auth=other_auth))
+    await other_owner.create(spec("vk-other-node-uid-9", image="quay.io/q/app:1",
+                                  registry_auth=other_auth))
     await other_owner.delete((await other_owner.list())[0].id)
     fake.add_registry(name="made-by-hand")
     assert len(fake.registries) == 4

@@ -302,6 +302,7 @@ async def test_options_shape_the_group(fake: FakeSalad, make_provider: MakeProvi
         "default_cpu": 4, "default_memory_mb": 16384, "country_codes": ["de", "fr"],
         "networking_auth": True,
         "registry_authentication": {"basic": {"username": "u", "password": "p"}},
+        "registry_hosts": ["ghcr.io"],
     })
     instance = await provider.create(spec(ports=(Port(container_port=80),)))
     (body,) = created(fake)
@@ -785,11 +786,50 @@ async def test_a_pull_credential_becomes_basic_registry_authentication(
     assert group
 
 
+async def test_the_registry_authentication_option_goes_only_with_its_registry_hosts(
+    fake: FakeSalad, make_provider: MakeProvider
+) -> None:
+    static = {"basic": {"username": "org", "password": PASSWORD}}
+    provider = make_provider(options={"registry_authentication": static,
+                                      "registry_hosts": ["registry.example.com"]})
+    await provider.create(spec("vk-gpu-burst-uid-1", image="attacker.example/x:1"))
+    await provider.create(spec("vk-gpu-burst-uid-2", image="registry.example.com/team/model:1"))
+    await provider.create(spec("vk-gpu-burst-uid-3", image="Registry.Example.com:5000/team/m"))
+    attacker, ours, other_port = created(fake)
+    assert "registry_authentication" not in attacker["container"]
+    assert ours["container"]["registry_authentication"] == static
+    assert "registry_authentication" not in other_port["container"]
+    sent = [r for r in fake.requests if PASSWORD in json.dumps(r.body)]
+    assert len(sent) == 1 and "registry.example.com" in json.dumps(sent[0].body)
+
+
+@pytest.mark.parametrize("options", [
+    {"registry_authentication": {"basic": {"username": "org", "password": PASSWORD}}},
+    {"registry_hosts": ["registry.example.com"]},
+])
+def test_registry_authentication_without_its_registry_hosts_is_refused(
+    make_provider: MakeProvider, options: dict[str, Any]
+) -> None:
+    with pytest.raises(ValueError, match=r"options\.registry_hosts") as info:
+        make_provider(options=options)
+    assert PASSWORD not in str(info.value)
+
+
+async def test_a_pod_credential_never_goes_with_an_image_of_another_registry(
+    fake: FakeSalad, provider: SaladProvider
+) -> None:
+    await provider.create(spec(image="attacker.example/x:1", registry_auth=AUTH))
+    (body,) = created(fake)
+    assert "registry_authentication" not in body["container"]
+    assert PASSWORD not in json.dumps([r.body for r in fake.requests])
+
+
 async def test_a_pod_credential_wins_over_the_registry_authentication_option(
     fake: FakeSalad, make_provider: MakeProvider
 ) -> None:
     static = {"gcp_gcr": {"service_key": '{"type": "service_account"}'}}
-    provider = make_provider(options={"registry_authentication": static})
+    provider = make_provider(options={"registry_authentication": static,
+                                      "registry_hosts": ["ghcr.io/acme/"]})
     await provider.create(spec("vk-gpu-burst-uid-1"))
     await provider.create(spec("vk-gpu-burst-uid-2", registry_auth=AUTH))
     first, second = created(fake)
@@ -811,7 +851,7 @@ async def test_a_credential_outside_the_specs_limits_is_refused_before_any_call(
     auth = RegistryAuth(registry="gcr.io", username=username, password=password,
                         secret="regcred")
     with pytest.raises(InvalidSpec, match="imagePullSecrets") as info:
-        await provider.create(spec(registry_auth=auth))
+        await provider.create(spec(image="gcr.io/acme/serve:1", registry_auth=auth))
     assert "'regcred'" in str(info.value) and "gcr.io" in str(info.value)
     if password:
         assert_never_shown(password, info.value)

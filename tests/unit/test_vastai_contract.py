@@ -917,15 +917,66 @@ async def test_a_pull_credential_becomes_the_rents_image_login(
     assert all("image_login" not in b for b in searches(fake))
 
 
-async def test_a_pod_credential_wins_over_the_image_login_option(
+async def test_the_image_login_option_goes_only_with_images_of_its_registry(
+    fake: FakeVastAI, make_provider: MakeProvider
+) -> None:
+    stock(fake)
+    login = f"-u org -p {PASSWORD} registry.example.com"
+    provider = make_provider(options={"image_login": login})
+    await provider.create(spec("vk-gpu-burst-uid-1", image="attacker.example/x:1"))
+    await provider.create(spec("vk-gpu-burst-uid-2", gpu_type="RTX4090",
+                               image="registry.example.com/team/model:1"))
+    attacker, ours = rents(fake)
+    assert "image_login" not in attacker, "another registry's image gets no login"
+    assert ours["image_login"] == login
+
+
+async def test_an_image_login_for_docker_io_is_for_docker_hub_images(
     fake: FakeVastAI, make_provider: MakeProvider
 ) -> None:
     stock(fake)
     provider = make_provider(options={"image_login": "-u node -p wide docker.io"})
+    await provider.create(spec("vk-gpu-burst-uid-1", image="acme/private:1"))
+    await provider.create(spec("vk-gpu-burst-uid-2", gpu_type="RTX4090"))  # ghcr.io
+    hub, ghcr = rents(fake)
+    assert hub["image_login"] == "-u node -p wide docker.io"
+    assert "image_login" not in ghcr
+
+
+@pytest.mark.parametrize(("options", "why"), [
+    ({"image_login": f"-u org -p {PASSWORD} a.example b.example"}, "must be '-u"),
+    ({"image_login": f"-u org --password-stdin {PASSWORD}"}, "must be '-u"),
+    ({"image_login": f"-u org -p {PASSWORD}"}, "the registry it is for"),
+    ({"image_login": f"-u org -p {PASSWORD} /nohost"}, "image_login"),
+    ({"image_login": f"-u org -p {PASSWORD} ghcr.io", "registry_hosts": ["ghcr.io"]},
+     "not a Vast.ai option"),
+])
+def test_an_image_login_whose_registry_is_unclear_is_refused(
+    make_provider: MakeProvider, options: dict[str, Any], why: str
+) -> None:
+    with pytest.raises(ValueError, match=why) as info:
+        make_provider(options=options)
+    assert PASSWORD not in str(info.value)
+
+
+async def test_a_pod_credential_never_goes_with_an_image_of_another_registry(
+    fake: FakeVastAI, provider: VastAIProvider
+) -> None:
+    stock(fake)
+    await provider.create(spec(image="attacker.example/x:1", registry_auth=AUTH))
+    (body,) = rents(fake)
+    assert "image_login" not in body
+
+
+async def test_a_pod_credential_wins_over_the_image_login_option(
+    fake: FakeVastAI, make_provider: MakeProvider
+) -> None:
+    stock(fake)
+    provider = make_provider(options={"image_login": "-u node -p wide ghcr.io"})
     await provider.create(spec("vk-gpu-burst-uid-1"))
     await provider.create(spec("vk-gpu-burst-uid-2", gpu_type="RTX4090", registry_auth=AUTH))
     first, second = rents(fake)
-    assert first["image_login"] == "-u node -p wide docker.io"
+    assert first["image_login"] == "-u node -p wide ghcr.io"
     assert second["image_login"] == f"-u acme-bot -p {PASSWORD} ghcr.io"
 
 

@@ -8,26 +8,26 @@ pulls the same way on a cloud, and one that would not, does not. The result is a
 :class:`providers.base.RegistryAuth` for ``InstanceSpec.registry_auth``; each adapter maps it
 onto its cloud (``docs/private-images.md``).
 
-How the choice is made (the kubelet's ``pkg/credentialprovider`` keyring, re-implemented):
+How the choice is made (the kubelet's ``pkg/credentialprovider`` keyring, re-implemented; the
+matching rule itself is :mod:`providers.registryauth`, shared with the adapters' node-wide
+credentials, so a credential reaches only the registry it is for):
 
-* The image is normalized first, as the kubelet does before its lookup: ``busybox`` is
-  ``docker.io/library/busybox``, ``acme/app:1`` is ``docker.io/acme/app``, ``index.docker.io/x``
-  is ``docker.io/x``; a first path component holding ``.`` or ``:`` (or ``localhost``, or an
-  upper-case letter) is the registry. Tag and digest do not take part.
-* Every entry of every Secret is indexed under its location with any ``http://``/``https://``
-  scheme and a leading ``/v1/`` or ``/v2/`` removed: ``https://index.docker.io/v1/`` becomes
-  ``index.docker.io``, ``quay.io/acme`` stays ``quay.io/acme``.
-* An entry matches the image when the ports are equal (``registry:5000`` never matches
-  ``registry``), the hosts have the same number of dot-separated parts, each part matches as a
-  glob (``*.example.com`` matches ``eu.example.com`` but not ``a.eu.example.com`` nor
-  ``example.com``), and the entry's path is a string prefix of the image's path.
+* The image is normalized first (:func:`providers.registryauth.normalize_image`): ``busybox`` is
+  ``docker.io/library/busybox``, ``acme/app:1`` is ``docker.io/acme/app``. Tag and digest do not
+  take part; an image that is not a valid reference gets no credential.
+* Every entry of every Secret is indexed under its location (its ``auths`` key) with any
+  ``http://``/``https://`` scheme and a leading ``/v1/`` or ``/v2/`` removed:
+  ``https://index.docker.io/v1/`` becomes ``index.docker.io``, ``quay.io/acme`` stays
+  ``quay.io/acme``.
+* An entry matches the image when the ports are equal, the hosts match part by part as globs
+  (``*.example.com`` matches ``eu.example.com`` only) without regard to case, and the entry's
+  path is a string prefix of the image's path. Docker Hub's names (``docker.io``,
+  ``index.docker.io``, ``registry-1.docker.io``) are one registry.
 * Matches come most specific first: the locations sorted in reverse (so ``quay.io/acme`` before
   ``quay.io``); credentials of one location in the order their Secrets were given. The pod's
   own ``imagePullSecrets`` come before its ServiceAccount's (:func:`pull_secret_names`).
-* With no match, an image on Docker Hub uses the entry for ``index.docker.io`` (written
-  ``https://index.docker.io/v1/`` by ``docker login``). An entry for ``docker.io`` matches Docker
-  Hub images directly. As in the kubelet, ``registry-1.docker.io`` is an ordinary host: it
-  matches only images that name it.
+* An entry for exactly ``index.docker.io`` (written ``https://index.docker.io/v1/`` by ``docker
+  login``) is used for a Docker Hub image only when nothing else matched, as in the kubelet.
 
 Where this differs from the kubelet, on purpose: the kubelet tries every matching credential in
 turn; a cloud takes one, so the first one holding a username or a password is used (entries with
@@ -47,12 +47,12 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from providers.base import RegistryAuth
+from providers.registryauth import DOCKER_HUB, keyring_location, location_matches, normalize_image
 from vkprovider.errors import VKError
 
 __all__ = [
@@ -76,8 +76,6 @@ TYPE_DOCKERCFG = "kubernetes.io/dockercfg"
 DOCKERCONFIGJSON_KEY = ".dockerconfigjson"
 DOCKERCFG_KEY = ".dockercfg"
 
-#: Docker Hub as image references name it once normalized, and as docker login names it.
-DOCKER_HUB = "docker.io"
 _LEGACY_DOCKER_HUB = "index.docker.io"  # the keyring's fallback location for Docker Hub images
 
 
@@ -231,7 +229,7 @@ def parse_pull_secret(secret: PullSecret) -> tuple[RegistryCredential, ...]:
             if decoded is None:
                 raise bad(f"{where}: auth is not base64 of 'username:password'")
             username, password = decoded
-        location = _location(str(place))
+        location = keyring_location(str(place))
         if location is None:
             continue  # the kubelet ignores an entry whose location it cannot parse
         found.append(RegistryCredential(location=location, username=username, password=password,
@@ -252,157 +250,7 @@ def _decode_auth(field_value: str) -> tuple[str, str] | None:
     return (username, password) if sep else None
 
 
-def _location(place: str) -> str | None:
-    """The keyring key of a Secret entry: ``host[:port][/path]``; None when it has no host.
-
-    Split by hand as Go's ``net/url`` does (a ``?`` or ``#`` ends the path; brackets may appear
-    in a host, where they are globs), since Python's parser refuses such hosts.
-    """
-    value = place
-    for scheme in ("https://", "http://"):
-        if value.startswith(scheme):
-            value = value[len(scheme):]
-            break
-    value = re.split(r"[?#]", value, maxsplit=1)[0]
-    authority, slash, path = value.partition("/")
-    host = authority.rpartition("@")[2]  # a URL's user info is not part of the host
-    if not host:
-        return None
-    if host.startswith("["):  # an IPv6 literal: "]" then nothing or ":port"
-        after = host.partition("]")[2]
-        if "]" not in host or not re.fullmatch(r"(:[0-9]*)?", after):
-            return None
-    path = slash + path
-    if path.startswith(("/v1/", "/v2/")):
-        path = path[3:]
-    return host + path if path not in ("", "/") else host
-
-
-# -- matching ----------------------------------------------------------------------------------
-
-
-def normalize_image(image: str) -> tuple[str, str]:
-    """``(registry, repository)`` of an image reference, as the kubelet normalizes it.
-
-    ``busybox:1.36`` -> ``("docker.io", "library/busybox")``, ``ghcr.io/acme/app@sha256:...`` ->
-    ``("ghcr.io", "acme/app")``, ``localhost:5000/x`` -> ``("localhost:5000", "x")``.
-    """
-    name = image.strip().partition("@")[0]
-    first, slash, rest = name.partition("/")
-    if not slash or (
-        not any(c in first for c in ".:") and first != "localhost" and first.lower() == first
-    ):
-        registry, path = DOCKER_HUB, name
-    else:
-        registry, path = first, rest
-    if registry == _LEGACY_DOCKER_HUB:
-        registry = DOCKER_HUB
-    if registry == DOCKER_HUB and "/" not in path:
-        path = "library/" + path
-    head, colon, tag = path.rpartition(":")
-    if colon and "/" not in tag:
-        path = head
-    return registry, path
-
-
-def _split_host(host: str) -> tuple[list[str], str]:
-    """The host's dot-separated parts and its port ("" when none), as Go's SplitHostPort."""
-    if host.startswith("["):
-        inside, bracket, after = host[1:].partition("]")
-        if bracket and after.startswith(":"):
-            return inside.split("."), after[1:]
-        return host.split("."), ""
-    if host.count(":") == 1:
-        name, _, port = host.partition(":")
-        return name.split("."), port
-    return host.split("."), ""
-
-
-_GLOB_CACHE: dict[str, re.Pattern[str] | None] = {}
-
-
-def _glob(pattern: str) -> re.Pattern[str] | None:
-    """``pattern`` (Go ``path/filepath.Match`` syntax) as a regex; None when malformed."""
-    if pattern in _GLOB_CACHE:
-        return _GLOB_CACHE[pattern]
-    out: list[str] = []
-    i, n = 0, len(pattern)
-    compiled: re.Pattern[str] | None = None
-    try:
-        while i < n:
-            c = pattern[i]
-            if c == "*":
-                out.append("[^/]*")
-            elif c == "?":
-                out.append("[^/]")
-            elif c == "\\":
-                i += 1
-                if i >= n:
-                    raise ValueError("trailing backslash")
-                out.append(re.escape(pattern[i]))
-            elif c == "[":
-                i += 1
-                negate = i < n and pattern[i] == "^"
-                if negate:
-                    i += 1
-                ranges: list[str] = []
-                while True:
-                    if i >= n:
-                        raise ValueError("unclosed class")
-                    if pattern[i] == "]" and ranges:
-                        break
-                    lo = pattern[i]
-                    if lo == "\\":
-                        i += 1
-                        if i >= n:
-                            raise ValueError("trailing backslash")
-                        lo = pattern[i]
-                    elif lo in "-]":
-                        raise ValueError("bad class")
-                    i += 1
-                    hi = lo
-                    if i < n and pattern[i] == "-":
-                        i += 1
-                        if i >= n:
-                            raise ValueError("unclosed range")
-                        hi = pattern[i]
-                        if hi == "\\":
-                            i += 1
-                            if i >= n:
-                                raise ValueError("trailing backslash")
-                            hi = pattern[i]
-                        elif hi in "-]":
-                            raise ValueError("bad range")
-                        i += 1
-                        if hi < lo:
-                            raise ValueError("bad range")
-                    ranges.append(re.escape(lo) + ("-" + re.escape(hi) if hi != lo else ""))
-                out.append(("[^/" if negate else "[") + "".join(ranges) + "]")
-            else:
-                out.append(re.escape(c))
-            i += 1
-        compiled = re.compile("".join(out), re.DOTALL)
-    except (ValueError, re.error):
-        compiled = None
-    _GLOB_CACHE[pattern] = compiled
-    return compiled
-
-
-def _matches(location: str, image_name: str) -> bool:
-    """Whether a keyring location (a glob in its host) covers a normalized image name."""
-    glob_host, _, glob_path = location.partition("/")
-    host, _, path = image_name.partition("/")
-    glob_parts, glob_port = _split_host(glob_host)
-    parts, port = _split_host(host)
-    if glob_port != port or len(glob_parts) != len(parts):
-        return False
-    if not ("/" + path).startswith("/" + glob_path if glob_path else ""):
-        return False
-    for pattern, part in zip(glob_parts, parts, strict=True):
-        regex = _glob(pattern)
-        if regex is None or regex.fullmatch(part) is None:
-            return False
-    return True
+# -- matching (providers.registryauth holds the rule) ------------------------------------------
 
 
 class Keyring:
@@ -420,13 +268,21 @@ class Keyring:
         return cls(credential for secret in secrets for credential in parse_pull_secret(secret))
 
     def lookup(self, image: str) -> list[RegistryCredential]:
-        """Every credential that applies to ``image``, most specific first."""
-        registry, path = normalize_image(image)
-        name = f"{registry}/{path}"
-        found = [c for location in self._index if _matches(location, name)
+        """Every credential that applies to ``image``, most specific first (none if invalid).
+
+        As in the kubelet, an entry for exactly ``index.docker.io`` (what ``docker login``
+        writes) is the fallback for Docker Hub images that nothing else matched.
+        """
+        normal = normalize_image(image)
+        if normal is None:
+            return []
+        registry, path = normal
+        found = [c for location in self._index if location.lower() != _LEGACY_DOCKER_HUB
+                 and location_matches(location, registry=registry, path=path)
                  for c in self._by_location[location]]
         if not found and registry == DOCKER_HUB:
-            found = list(self._by_location.get(_LEGACY_DOCKER_HUB, ()))
+            found = [c for location in self._index if location.lower() == _LEGACY_DOCKER_HUB
+                     for c in self._by_location[location]]
         return found
 
 
@@ -438,7 +294,8 @@ def registry_auth_for_image(image: str, secrets: Sequence[PullSecret]) -> Regist
     credential with a username or a password wins (see the module docstring). Raises
     :class:`MalformedPullSecret` when a Secret cannot be parsed.
     """
-    if not image.strip():
+    normal = normalize_image(image)
+    if normal is None:
         return None
     unique: dict[str, PullSecret] = {}
     for secret in secrets:
@@ -446,7 +303,7 @@ def registry_auth_for_image(image: str, secrets: Sequence[PullSecret]) -> Regist
     for credential in Keyring.of(unique.values()).lookup(image):
         if credential.username or credential.password:
             return RegistryAuth(
-                registry=normalize_image(image)[0],
+                registry=normal[0],
                 username=credential.username,
                 password=credential.password,
                 secret=credential.secret,
