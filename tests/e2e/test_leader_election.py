@@ -27,8 +27,10 @@ import httpx
 import pytest
 import pytest_asyncio
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from vkprovider.kube import KubeClient
+from vkprovider.metrics import LEADER, Metrics, StandbyMetrics
 from vkprovider.testing.cluster import LocalCluster
 from vkprovider.testing.harness import MockCloudProcess, ProviderProcess
 from vkprovider.testing.proxy import BlackHoleProxy
@@ -130,7 +132,22 @@ async def test_one_replica_acts_and_the_standby_takes_over_after_kill_9(
     assert await lease_holder(kube, node) == f"{node}-a"
     async with httpx.AsyncClient() as http:  # both replicas Ready: a standby is healthy too
         health = await http.get(f"http://127.0.0.1:{second.metrics_port}/healthz")
+        scrapes = {name: await http.get(f"http://127.0.0.1:{proc.metrics_port}/metrics")
+                   for name, proc in (("leader", first), ("standby", second))}
     assert health.status_code == 200 and "standby" in health.text
+    # both are scraped (no target down); the names each serves are its registry's, which
+    # tests/unit/test_alerts.py holds the alerts against
+    families = {name: {f.name: f for f in text_string_to_metric_families(answer.text)}
+                for name, answer in scrapes.items()}
+    for name, answer in scrapes.items():
+        assert answer.status_code == 200, (name, answer.status_code)
+        (leading,) = families[name][LEADER].samples
+        assert leading.labels == {"virtual_node": node}
+        assert leading.value == (1 if name == "leader" else 0), name
+    for name, registry in (("leader", Metrics().registry),
+                           ("standby", StandbyMetrics(node=node).registry)):
+        served = {n for n in families[name] if not n.endswith("_created")}  # parsed apart
+        assert served == {f.name for f in registry.collect()}, name
 
     await asyncio.gather(*(kube.create(f"/api/v1/namespaces/{namespace}/pods", {
         "apiVersion": "v1", "kind": "Pod",
