@@ -3,6 +3,12 @@
 Why it exists: operators alert on queue depth, provider errors and spend, and benchmarks read the
 latency histograms; a registry per process (not prometheus_client's global) keeps tests isolated.
 Names follow Prometheus conventions with the ``vkprovider_`` prefix; see docs/operations.md.
+
+Every replica is scraped, a standby too (the chart's ServiceMonitor selects them all, and a target
+that answers 404 is a target down that pages by itself): a standby serves
+:class:`StandbyMetrics`, ``vkprovider_leader`` at 0 plus the process's own figures, and the
+acting replica :class:`Metrics`, everything with ``vkprovider_leader`` at 1. The per-node figures
+come from the acting replica alone, so an alert's ``sum`` never counts a standby.
 """
 
 from __future__ import annotations
@@ -10,7 +16,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -87,10 +100,46 @@ class EventFamilies(Collector):
                                   "queue.", value=dropped)
 
 
+#: The gauge that tells the acting replica from a standby (1 and 0). Its ``virtual_node`` label
+#: is set by the process itself, so ``VKProviderDown`` works whatever scrape configuration reads
+#: it (docs/operations.md); the ServiceMonitors add the same label to every other series.
+LEADER = "vkprovider_leader"
+LEADER_HELP = ("1 on the replica of `vkprovider run` that acts for the virtual node (the leader, "
+               "or the only replica without leader election), 0 on a standby.")
+
+
+def leader_gauge(registry: CollectorRegistry) -> Gauge:
+    """:data:`LEADER` in ``registry``: one child per node name (``.labels(node).set(...)``)."""
+    return Gauge(LEADER, LEADER_HELP, ["virtual_node"], registry=registry)
+
+
+def process_collector(registry: CollectorRegistry) -> None:
+    """The ``process_*`` figures (CPU seconds, resident memory, open files, start time) read from
+    /proc at each scrape: how a standby is seen to be alive and what each replica costs."""
+    ProcessCollector(registry=registry)
+
+
+class StandbyMetrics:
+    """What a standby replica of ``vkprovider run`` exports: ``vkprovider_leader`` 0 and the
+    ``process_*`` figures; nothing per node (only the acting replica knows those)."""
+
+    def __init__(self, *, node: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        process_collector(self.registry)
+        self.leader = leader_gauge(self.registry)
+        self.leader.labels(node).set(0)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        process_collector(r)
+        # set by service.py: 1 while this replica acts for its node
+        self.leader = leader_gauge(r)
         self.pods = Gauge("vkprovider_pods", "Pods on the virtual node by phase and provider.",
                           ["phase", "provider"], registry=r)
         self.create_latency = Histogram(

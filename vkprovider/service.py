@@ -6,8 +6,10 @@ settings, runs them in one TaskGroup and shuts them down cleanly on SIGTERM.
 With ``leader_election.enabled`` (two replicas for HA), a replica first waits for the Lease;
 only the leader builds anything that acts (node registration, pod controller, cloud calls,
 kubelet API): a standby runs nothing but the elector, and answers ``/healthz`` (200, "standby")
-on the metrics port, so both replicas are Ready when healthy and ``kubectl rollout status``
-completes (readiness must not mean "is the leader"). The leader takes the port over.
+and ``/metrics`` (``vkprovider_leader`` 0 and the process's figures) on the metrics port, so
+both replicas are Ready when healthy, ``kubectl rollout status`` completes (readiness must not
+mean "is the leader") and a Prometheus scraping every replica sees no target down. The leader
+takes the port over.
 
 A leader that cannot renew in time exits at once with status 1, before another replica can take
 over (renew deadline < lease duration), so two replicas never act together; the Deployment
@@ -21,8 +23,11 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from providers.addresses import refusal
 from providers.base import Provider
@@ -37,7 +42,7 @@ from vkprovider.kube.leader import LeaderElector
 from vkprovider.kube.refs import KubeRefSource
 from vkprovider.logs import kv
 from vkprovider.looplag import sample_lag
-from vkprovider.metrics import Metrics
+from vkprovider.metrics import Metrics, StandbyMetrics
 from vkprovider.node.endpointslices import EndpointSliceController
 from vkprovider.node.gpuhealth import GPUHealthWatch
 from vkprovider.node.pods import PodController
@@ -131,25 +136,41 @@ async def _elect_and_serve(*, settings: Settings, client: KubeClient,
                 await standby
 
 
-async def _standby_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """A standby's metrics port: ``/healthz`` says it is alive and waiting; nothing else."""
-    if scope["type"] != "http":
-        return
-    found = scope.get("path") == "/healthz"
-    body = b"ok: standby, waiting for the leader Lease\n" if found else b"not found\n"
-    await send({"type": "http.response.start", "status": 200 if found else 404,
-                "headers": [(b"content-type", b"text/plain; charset=utf-8")]})
-    await send({"type": "http.response.body", "body": body})
+ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
+
+
+def standby_app(*, metrics: StandbyMetrics) -> ASGIApp:
+    """A standby's metrics port: ``/healthz`` says it is alive and waiting, ``/metrics`` says
+    it is a standby (``vkprovider_leader`` 0) and what the process costs; 404 otherwise."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        path = scope.get("path")
+        status, ctype = 200, b"text/plain; charset=utf-8"
+        if path == "/healthz":
+            body = b"ok: standby, waiting for the leader Lease\n"
+        elif path == "/metrics":
+            body, ctype = metrics.render(), CONTENT_TYPE_LATEST.encode()
+        else:
+            status, body = 404, b"not found\n"
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", ctype)]})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
 
 
 def _serve_standby_health(settings: Settings) -> asyncio.Task[None] | None:
-    """Serve ``/healthz`` on the metrics port while this replica stands by (None: no port)."""
+    """Serve ``/healthz`` and ``/metrics`` on the metrics port while this replica stands by
+    (None: no port)."""
     if not settings.metrics_port:
         return None
     sock = bind(host=listen_address(bind_address=settings.kubelet_api.bind_address,
                                     internal_ip=settings.node.internal_ip),
                 port=settings.metrics_port)
-    return asyncio.create_task(serve(app=_standby_app, sock=sock, name="standby-health"),
+    app = standby_app(metrics=StandbyMetrics(node=settings.node.name))
+    return asyncio.create_task(serve(app=app, sock=sock, name="standby-health"),
                                name="standby-health")
 
 
@@ -163,6 +184,7 @@ async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str,
                  stop: asyncio.Event, lost: asyncio.Event | None) -> int:
     """Run the virtual node until ``stop`` (returns 0) or ``lost`` (returns 1) is set."""
     metrics = Metrics()
+    metrics.leader.labels(settings.node.name).set(1)  # this replica acts from here on
     events = EventRecorder(client=client, component="vkprovider", host=settings.node.name,
                            qps=settings.node.event_qps, burst=settings.node.event_burst)
     metrics.events.source = events.counts

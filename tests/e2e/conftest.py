@@ -28,7 +28,8 @@ from vkprovider.testing.kueue import kueue  # noqa: F401 - the session's real Ku
 @pytest.fixture(scope="session")
 def provider_kubeconfig(local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
                         ) -> Path:
-    """A kubeconfig with the token of the ServiceAccount in manifests/base/rbac.yaml."""
+    """A kubeconfig with the token of the provider's ServiceAccount (manifests/base/
+    serviceaccount.yaml), bound by manifests/base/rbac.yaml."""
     path = tmp_path_factory.mktemp("rbac") / "provider.kubeconfig"
 
     async def install() -> Path:

@@ -4,7 +4,8 @@ helm is built from tools/helm by its build.sh (warm: instant; cold: ~2.5 min, so
 may wait for it; a failed build fails the tests, never skips them). `kubectl` is not used: every
 object goes through the project's KubeClient.
 
-* `helm lint --strict` is clean, with the default values and with every optional part on;
+* `helm lint --strict` is clean, with the default values and with every optional part on, and
+  as a subchart's values (`global` set);
 * `helm template` output, every optional part on, passes the API server's validation and
   admission as a server-side apply with dryRun=All (the Prometheus Operator's CRDs are not
   installed here: stand-ins that accept any spec make their kinds known, so only group, kind,
@@ -16,12 +17,15 @@ object goes through the project's KubeClient.
   processes run as local subprocesses on the chart's ServiceAccounts' tokens, the chart's args
   and the chart's settings files (only loopback ports, the kubelet address, the client CA path,
   the mock cloud's URL and the kubeconfig are rewritten), an unschedulable GPU pod that an
-  OverflowPolicy selects is admitted and runs on the virtual node in the mock cloud.
+  OverflowPolicy selects is admitted and runs on the virtual node in the mock cloud, and the
+  `helm test` pod's check, run against those processes, passes (and fails for another node).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
 import subprocess
 import sys
 import uuid
@@ -57,6 +61,14 @@ FULL_VALUES: Obj = {
     "serviceMonitor": {"enabled": True},
     "prometheusRule": {"enabled": True},
     "dashboard": {"enabled": True},
+    "networkPolicy": {"enabled": True,
+                      "metricsFrom": [{"namespaceSelector": {"matchLabels": {
+                          "kubernetes.io/metadata.name": "monitoring"}}}],
+                      "kubeletAPIFrom": [{"ipBlock": {"cidr": "10.0.0.0/24"}}],
+                      "egress": [{}]},
+    "kubeletAPI": {"tls": {"secretName": "vkprovider-serving"}},  # a cert-manager Secret
+    "helmTest": {"enabled": True},
+    "global": {"imageRegistry": "example.com"},  # as an umbrella chart passes it
     "providers": [{"name": "my-runpod", "type": "runpod", "url": "https://api.runpod.io",
                    "apiKeySecret": {"name": "runpod-credentials"}}],
     "gpuProviders": [{"name": "PLACEHOLDER", "type": "vastai",
@@ -197,7 +209,7 @@ async def test_rendered_chart_passes_server_side_dry_run(
     assert kinds >= {"CustomResourceDefinition", "ServiceAccount", "ClusterRole",
                      "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap", "Service",
                      "Deployment", "PodDisruptionBudget", "GPUProvider", "ServiceMonitor",
-                     "PrometheusRule"}, kinds
+                     "PrometheusRule", "NetworkPolicy", "Pod"}, kinds
     resources = Resources(kube)
     for obj in objs:
         try:
@@ -232,17 +244,18 @@ async def test_restricted_pod_security_admits_the_rendered_pods(
         deployments = [o for o in objs if o["kind"] == "Deployment"]
         assert {d["metadata"]["labels"]["app.kubernetes.io/component"] for d in deployments} == {
             "virtual-kubelet", "companion", "mock-cloud"}
-        for dep in deployments:
-            template = dep["spec"]["template"]
+        (test_pod,) = [o for o in objs if o["kind"] == "Pod"]  # the `helm test` hook
+        pods = [(dep["metadata"]["name"], dep["spec"]["template"]) for dep in deployments]
+        for name, template in [*pods, (test_pod["metadata"]["name"], test_pod)]:
             pod = {"apiVersion": "v1", "kind": "Pod",
-                   "metadata": {"name": f"{dep['metadata']['name']}-psa", "namespace": ns,
+                   "metadata": {"name": f"{name}-psa", "namespace": ns,
                                 "labels": template["metadata"]["labels"]},
                    "spec": template["spec"]}
             try:
                 await kube.request("POST", f"/api/v1/namespaces/{ns}/pods",
                                    params={"dryRun": "All"}, body=pod)
             except APIError as exc:
-                raise AssertionError(f"{dep['metadata']['name']}: {exc}") from exc
+                raise AssertionError(f"{name}: {exc}") from exc
 
         # the same pod without its securityContext is refused: the level is enforced here
         bare = yaml.safe_load(yaml.safe_dump(deployments[0]["spec"]["template"]["spec"]))
@@ -275,6 +288,15 @@ async def healthz(port: int) -> int:
             return (await http.get(f"http://127.0.0.1:{port}/healthz")).status_code
         except httpx.TransportError:
             return 0
+
+
+async def helm_test_check(pod: Obj, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The `helm test` pod's container run here: its command with this Python, its args, env."""
+    (container,) = pod["spec"]["containers"]
+    assert container["command"][0] == "python", container["command"]
+    argv = [sys.executable, *container["command"][1:], *container["args"]]
+    return await asyncio.to_thread(subprocess.run, argv, env={**os.environ, **env},
+                                   capture_output=True, text=True, timeout=120, check=False)
 
 
 async def test_installed_chart_bursts_an_unschedulable_gpu_pod(
@@ -371,6 +393,22 @@ async def test_installed_chart_bursts_an_unschedulable_gpu_pod(
             return 0
 
         await eventually(gpus, timeout=60, what=f"node {node} with GPUs from the mock cloud")
+
+        # `helm test`: the hook pod's own check, pointed at these processes' ports
+        (test_pod,) = [o for o in objs if o["kind"] == "Pod"]
+        assert test_pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+        check_env = {e["name"]: e["value"] for e in test_pod["spec"]["containers"][0]["env"]}
+        assert check_env["NODE"] == node
+        check_env.update(PROVIDER_URL=f"http://127.0.0.1:{provider_metrics}",
+                         COMPANION_URL=f"http://127.0.0.1:{companion_metrics}",
+                         TIMEOUT_SECONDS="60")
+        passed = await helm_test_check(test_pod, check_env)
+        assert passed.returncode == 0, passed.stdout + passed.stderr
+        assert f"ok: the provider leads for {node}" in passed.stdout
+        failed = await helm_test_check(test_pod, {**check_env, "NODE": "not-this-node",
+                                                  "TIMEOUT_SECONDS": "3"})
+        assert failed.returncode == 1, failed.stdout + failed.stderr
+        assert "no provider replica answered as the leader of not-this-node" in failed.stdout
 
         # one overflow: nothing inside fits (no node of this pool but the virtual one)
         policy = f"chart-{tag}"

@@ -27,8 +27,10 @@ import httpx
 import pytest
 import pytest_asyncio
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from vkprovider.kube import KubeClient
+from vkprovider.metrics import LEADER, Metrics, StandbyMetrics
 from vkprovider.testing.cluster import LocalCluster
 from vkprovider.testing.harness import MockCloudProcess, ProviderProcess
 from vkprovider.testing.proxy import BlackHoleProxy
@@ -94,6 +96,15 @@ async def kubelet_port(kube: KubeClient, node: str) -> int | None:
     return int(port) if ready and port else None
 
 
+async def standby_health(port: int) -> str:
+    """``/healthz`` of a replica's metrics port ("" while it does not answer)."""
+    async with httpx.AsyncClient(timeout=5) as http:
+        try:
+            return (await http.get(f"http://127.0.0.1:{port}/healthz")).text
+        except httpx.TransportError:
+            return ""
+
+
 async def pods(kube: KubeClient, ns: str) -> list[dict[str, Any]]:
     return list((await kube.get(f"/api/v1/namespaces/{ns}/pods"))["items"])
 
@@ -124,13 +135,32 @@ async def test_one_replica_acts_and_the_standby_takes_over_after_kill_9(
     assert await eventually(lambda: kubelet_port(kube, node),
                             until=lambda p: p == first.kubelet_port, timeout=60,
                             what="the node registered by the leader (its kubelet port)")
+    await eventually(lambda: standby_health(second.metrics_port), timeout=60,
+                     until=lambda text: "standby" in text,
+                     what="replica b up and standing by")  # a loaded machine starts it slowly
     await asyncio.sleep(2)
     assert "waiting for leadership" in second.log_text()
     assert '"msg":"starting"' not in second.log_text(), "the standby must not act"
     assert await lease_holder(kube, node) == f"{node}-a"
     async with httpx.AsyncClient() as http:  # both replicas Ready: a standby is healthy too
         health = await http.get(f"http://127.0.0.1:{second.metrics_port}/healthz")
+        scrapes = {name: await http.get(f"http://127.0.0.1:{proc.metrics_port}/metrics")
+                   for name, proc in (("leader", first), ("standby", second))}
     assert health.status_code == 200 and "standby" in health.text
+    # both are scraped (no target down); the names each serves are its registry's, which
+    # tests/unit/test_alerts.py holds the alerts against
+    for name, answer in scrapes.items():
+        assert answer.status_code == 200, (name, answer.status_code)  # no target down
+    families = {name: {f.name: f for f in text_string_to_metric_families(answer.text)}
+                for name, answer in scrapes.items()}
+    for name in scrapes:
+        (leading,) = families[name][LEADER].samples
+        assert leading.labels == {"virtual_node": node}
+        assert leading.value == (1 if name == "leader" else 0), name
+    for name, registry in (("leader", Metrics().registry),
+                           ("standby", StandbyMetrics(node=node).registry)):
+        served = {n for n in families[name] if not n.endswith("_created")}  # parsed apart
+        assert served == {f.name for f in registry.collect()}, name
 
     await asyncio.gather(*(kube.create(f"/api/v1/namespaces/{namespace}/pods", {
         "apiVersion": "v1", "kind": "Pod",

@@ -11,11 +11,17 @@ tools/helm/render-manifests.sh.
 They also check what the chart promises besides: its CRDs and dashboard are manifests/'s, its
 version is the project's, its alerts are docs/operations.md's verbatim, its settings files load
 with the service's own settings models, the release namespace and node name are each set in one
-place, and no default provider points at something the install does not create.
+place, no default provider points at something the install does not create, the values table of
+docs/install.md is values.yaml's, the support matrix there is Chart.yaml's (and what is tested),
+and the values an umbrella chart or a GitOps setup needs (global, image digest, ServiceAccount,
+pod labels, security contexts, extra volumes, NetworkPolicy, serving certificate, helm test)
+render as documented.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import tomllib
 from functools import cache
@@ -60,6 +66,11 @@ def template(*sets: str, release: str = RELEASE, namespace: str = NAMESPACE,
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, f"helm template failed:\n{done.stderr}"
     return [o for o in yaml.safe_load_all(done.stdout) if o]
+
+
+def installed(objs: list[Obj]) -> list[Obj]:
+    """What an install creates: not Helm's hooks (the `helm test` pod), which kustomize lacks."""
+    return [o for o in objs if "helm.sh/hook" not in (o["metadata"].get("annotations") or {})]
 
 
 def key(obj: Obj) -> Key:
@@ -159,7 +170,7 @@ def assert_same(kust: dict[Key, Obj], chart: dict[Key, Obj]) -> None:
 
 def test_kustomize_install_is_the_chart_with_default_values() -> None:
     kust = kustomize(MANIFESTS)
-    assert_same(service_objects(kust), by_key(template()))
+    assert_same(service_objects(kust), by_key(installed(template())))
     assert ("Namespace", "", NAMESPACE) in kust
     crds = {k[2] for k in kust if k[0] == "CustomResourceDefinition"}
     assert crds == {"gpuproviders.vkprovider.io", "overflowpolicies.vkprovider.io"}
@@ -167,7 +178,7 @@ def test_kustomize_install_is_the_chart_with_default_values() -> None:
 
 def test_mock_cloud_component_is_the_chart_with_mock_cloud_enabled() -> None:
     kust = kustomize(MANIFESTS, components=(MANIFESTS / "mock-cloud",))
-    assert_same(service_objects(kust), by_key(template("mockCloud.enabled=true")))
+    assert_same(service_objects(kust), by_key(installed(template("mockCloud.enabled=true"))))
 
 
 def test_every_kind_the_chart_can_render_has_a_namespace_or_none(full_values_file: Path) -> None:
@@ -199,6 +210,8 @@ def full_values() -> Obj:
         "serviceMonitor": {"enabled": True},
         "prometheusRule": {"enabled": True},
         "dashboard": {"enabled": True},
+        "networkPolicy": {"enabled": True, "egress": [{}]},
+        "kubeletAPI": {"tls": {"secretName": "vk-full-serving"}},
         "providers": [{"name": "my-runpod", "type": "runpod", "url": "https://api.runpod.io",
                        "apiKeySecret": {"name": "runpod-credentials"},
                        "options": {"cloud": "SECURE"}}],
@@ -385,6 +398,292 @@ def test_prometheus_rule_is_the_documented_one() -> None:
 
 def test_optional_parts_are_off_by_default() -> None:
     kinds = {o["kind"] for o in template()}
-    assert not kinds & {"ServiceMonitor", "PrometheusRule", "GPUProvider"}
+    assert not kinds & {"ServiceMonitor", "PrometheusRule", "GPUProvider", "NetworkPolicy"}
     names = {o["metadata"]["name"] for o in template()}
     assert not any("mock-cloud" in n or "dashboard" in n for n in names)
+
+
+# -- monitoring: every replica scraped, every release told apart, the rule on its own ---------
+
+
+def test_service_monitors_label_every_series_with_the_virtual_node() -> None:
+    """Several releases share the job "vkprovider": the label virtual_node (node.name) tells them
+    apart, on both processes' series; the leader gauge's own copy is not kept twice."""
+    monitors = [o for o in template("serviceMonitor.enabled=true", "node.name=vk-eu")
+                if o["kind"] == "ServiceMonitor"]
+    assert len(monitors) == 2
+    for monitor in monitors:
+        (endpoint,) = monitor["spec"]["endpoints"]
+        assert {"targetLabel": "virtual_node", "replacement": "vk-eu"} in endpoint["relabelings"]
+        assert {"action": "labeldrop", "regex": "exported_virtual_node"} in endpoint[
+            "metricRelabelings"]
+
+
+def test_prometheus_rule_needs_no_service_monitor_and_selects_its_node() -> None:
+    objs = template("prometheusRule.enabled=true", "node.name=vk-eu")
+    assert not [o for o in objs if o["kind"] == "ServiceMonitor"]
+    (rule,) = [o for o in objs if o["kind"] == "PrometheusRule"]
+    (group,) = rule["spec"]["groups"]
+    alerts = {r["alert"]: r for r in group["rules"]}
+    down = alerts["VKProviderDown"]["expr"]
+    assert down == 'absent(vkprovider_leader{virtual_node="vk-eu"} == 1)'
+    for name, alert in alerts.items():
+        # every selector of the release's series names its node, never another release's
+        found = re.findall(r'(?:virtual_node|\bnode)="([^"]*)"', alert["expr"])
+        assert found and set(found) == {"vk-eu"}, (name, alert["expr"])
+        assert "vk-gpu-burst" not in yaml.safe_dump(alert), name
+
+
+# -- the values table of docs/install.md is values.yaml's --------------------------------------
+
+
+def _leaves(values: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted paths of values.yaml: mappings are walked, anything else (lists, scalars, empty
+    mappings) is a leaf."""
+    if isinstance(values, dict) and values:
+        out: dict[str, Any] = {}
+        for k, v in values.items():
+            out.update(_leaves(v, f"{prefix}{k}."))
+        return out
+    return {prefix.rstrip("."): values}
+
+
+def _documented_values() -> dict[str, str]:
+    """value path -> its default cell, from the table under "### Values" in docs/install.md.
+    A cell `a.b`, `.c` names a.b and a.c."""
+    text = (REPO / "docs" / "install.md").read_text()
+    section = text.split("\n### Values\n", 1)[1].split("\n#", 1)[0]
+    out: dict[str, str] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if not line.startswith("| `") or len(cells) < 3:
+            continue
+        names = re.findall(r"`([^`]+)`", cells[0])
+        parent = names[0].rsplit(".", 1)[0] if "." in names[0] else ""
+        for name in names:
+            path = f"{parent}{name}" if name.startswith(".") else name
+            assert path not in out, f"docs/install.md documents {path} twice"
+            out[path] = cells[1]
+    assert out, "no values table under ### Values in docs/install.md"
+    return out
+
+
+def test_values_table_documents_every_value_with_its_default() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    leaves = _leaves(values)
+    documented = _documented_values()
+    unknown = sorted(d for d in documented
+                     if not any(p == d or p.startswith(d + ".") for p in leaves))
+    assert not unknown, f"docs/install.md documents values values.yaml lacks: {unknown}"
+    missing = sorted(p for p in leaves
+                     if not any(p == d or p.startswith(d + ".") for d in documented))
+    assert not missing, f"values.yaml has values docs/install.md does not document: {missing}"
+    wrong = []
+    for path, cell in documented.items():
+        literal = re.fullmatch(r"`([^`]*)`", cell)
+        if literal is None:
+            continue  # prose (e.g. "requests 200m / 256Mi, limit 1Gi"): not a literal default
+        default: Any = values
+        for part in path.split("."):
+            default = default[part]
+        if yaml.safe_load(literal.group(1) or '""') != default:
+            wrong.append(f"{path}: docs say {cell}, values.yaml has {default!r}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_values_schema_knows_every_value_and_accepts_global() -> None:
+    """A key values.yaml has but the schema lacks is refused (additionalProperties: false)."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+
+    def known(path: str) -> bool:
+        node = schema
+        for part in path.split("."):
+            props = node.get("properties")
+            if props is None:
+                return (node.get("type") == "object"
+                        and node.get("additionalProperties") is not False)
+            if part not in props:
+                return False
+            node = props[part]
+        return True
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert not [p for p in _leaves(values) if not known(p)]
+    assert "global" in schema["properties"] and schema["additionalProperties"] is False
+    objs = template("global.imageRegistry=example.com", "global.anything.nested=1")
+    assert {o["kind"] for o in objs} >= {"Deployment", "ConfigMap"}
+
+
+# -- the support matrix -----------------------------------------------------------------------
+
+
+def _matrix() -> dict[str, tuple[str, str]]:
+    """component -> (supported, tested) from "## Supported versions" in docs/install.md."""
+    text = (REPO / "docs" / "install.md").read_text()
+    section = text.split("\n## Supported versions\n", 1)[1].split("\n## ", 1)[0]
+    out = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) == 3 and cells[1].startswith("`"):
+            out[cells[0].split()[0].lower()] = (cells[1].strip("`"), cells[2].strip("`"))
+    return out
+
+
+def test_support_matrix_is_the_charts_and_what_is_tested() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    notes = chart["annotations"]
+    matrix = _matrix()
+    assert set(matrix) == {"kubernetes", "kueue", "python"}, matrix
+    for component, (supported, tested) in matrix.items():
+        assert notes[f"vkprovider.io/{component}-versions"] == supported, component
+        assert notes[f"vkprovider.io/{component}-tested"] == tested, component
+    floor = re.fullmatch(r">=(\d+)\.(\d+)", matrix["kubernetes"][0])
+    assert floor and chart["kubeVersion"] == f">={floor[1]}.{floor[2]}.0-0", chart["kubeVersion"]
+
+    # tested: the versions the repository's tests build and run
+    k8s = re.search(r"^K8S=(v[\d.]+)$", (REPO / "tools" / "controlplane" / "build.sh").read_text(),
+                    re.M)
+    assert k8s and matrix["kubernetes"][1] == k8s[1]
+    kueue = re.search(r"sigs\.k8s\.io/kueue (v[\d.]+)", (REPO / "tools" / "kueue" / "go.mod")
+                      .read_text())
+    assert kueue and matrix["kueue"][1] == kueue[1]
+    image = re.search(r"python:(\d+\.\d+)", (REPO / "Dockerfile").read_text())
+    assert image and matrix["python"][1] == image[1]
+    requires = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert matrix["python"][0] == requires
+
+    # supported: no lower than what the code needs
+    def version(text: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in re.findall(r"\d+", text)[:2])
+
+    crds = "".join(p.read_text() for p in (MANIFESTS / "crds").glob("*.yaml"))
+    if re.search(r"^\s+(reason|fieldPath): ", crds, re.M):  # CEL rule fields of 1.28
+        assert version(matrix["kubernetes"][0]) >= (1, 28)
+    companion = "".join(p.read_text() for p in (REPO / "vkprovider" / "descheduler").glob("*.py"))
+    if "kueue.x-k8s.io/v1beta2" in companion:  # Kueue's v1beta2 API: v0.15 and later
+        assert version(matrix["kueue"][0]) >= (0, 15)
+
+
+# -- values for umbrella charts and GitOps ----------------------------------------------------
+
+
+def pod_spec(objs: list[Obj], component: str) -> Obj:
+    spec: Obj = deployment(objs, component)["spec"]["template"]["spec"]
+    return spec
+
+
+def test_image_digest_service_account_labels_and_security_contexts(tmp_path: Path) -> None:
+    digest = "sha256:" + "ab" * 32
+    values = tmp_path / "v.yaml"
+    values.write_text(yaml.safe_dump({
+        "image": {"digest": digest},
+        "serviceAccount": {"name": "burst", "annotations": {"iam.example.com/role": "r"}},
+        "podLabels": {"team": "gpu", "app.kubernetes.io/component": "not-mine"},
+        "podSecurityContext": {"fsGroup": 65532},
+        "securityContext": {"readOnlyRootFilesystem": None, "runAsUser": 1000},
+        "mockCloud": {"enabled": True},
+        "provider": {"extraVolumes": [{"name": "keys", "secret": {"secretName": "k"}}],
+                     "extraVolumeMounts": [{"name": "keys", "mountPath": "/keys"}]},
+        "companion": {"extraVolumes": [{"name": "c", "emptyDir": {}}],
+                      "extraVolumeMounts": [{"name": "c", "mountPath": "/c"}]},
+    }))
+    objs = template(values=values)
+    accounts = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ServiceAccount"}
+    assert set(accounts) == {"burst", "burst-companion"}
+    for account in accounts.values():
+        assert account["metadata"]["annotations"] == {"iam.example.com/role": "r"}
+    subjects = {s["name"] for o in objs for s in o.get("subjects") or []}
+    assert subjects == {"burst", "burst-companion"}
+    for component, account in (("virtual-kubelet", "burst"), ("companion", "burst-companion"),
+                               ("mock-cloud", None)):
+        dep = deployment(objs, component)
+        spec = dep["spec"]["template"]["spec"]
+        labels = dep["spec"]["template"]["metadata"]["labels"]
+        assert labels["team"] == "gpu" and labels["app.kubernetes.io/component"] == component
+        assert spec.get("serviceAccountName") == account
+        assert spec["securityContext"] == {"fsGroup": 65532}
+        for container in spec["containers"]:
+            assert container["image"] == f"ghcr.io/vkprovider/vkprovider@{digest}"
+            assert container["securityContext"]["runAsUser"] == 1000
+            assert "readOnlyRootFilesystem" not in container["securityContext"]
+    provider, companion = pod_spec(objs, "virtual-kubelet"), pod_spec(objs, "companion")
+    assert {"name": "keys", "secret": {"secretName": "k"}} in provider["volumes"]
+    assert {"name": "keys", "mountPath": "/keys"} in provider["containers"][0]["volumeMounts"]
+    assert {"name": "c", "emptyDir": {}} in companion["volumes"]
+    assert {"name": "c", "mountPath": "/c"} in companion["containers"][0]["volumeMounts"]
+
+    bring_your_own = template("serviceAccount.create=false")
+    assert not [o for o in bring_your_own if o["kind"] == "ServiceAccount"]
+    assert pod_spec(bring_your_own, "virtual-kubelet")["serviceAccountName"] == "vkprovider"
+
+
+def test_serving_certificate_comes_from_the_secret(tmp_path: Path) -> None:
+    """kubeletAPI.tls.secretName: the Secret mounted as a directory (a renewal reaches the pod;
+    a subPath would not), its tls.crt/tls.key set as the files the provider loads and re-reads."""
+    objs = template("kubeletAPI.tls.secretName=vk-serving")
+    provider, _ = settings_files(objs, tmp_path)
+    spec = pod_spec(objs, "virtual-kubelet")
+    (volume,) = [v for v in spec["volumes"] if v.get("secret", {}).get("secretName") ==
+                 "vk-serving"]
+    (mount,) = [m for m in spec["containers"][0]["volumeMounts"] if m["name"] == volume["name"]]
+    assert "subPath" not in mount and mount["readOnly"] is True
+    assert provider.tls_cert_file == f"{mount['mountPath']}/tls.crt"
+    assert provider.tls_key_file == f"{mount['mountPath']}/tls.key"
+    default, _ = settings_files(template(), tmp_path)
+    assert default.tls_cert_file is None and default.tls_key_file is None
+
+
+def test_network_policies_open_only_the_ports_each_process_serves(tmp_path: Path) -> None:
+    values = tmp_path / "v.yaml"
+    monitoring = {"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "monitoring"}}}
+    apiserver = {"ipBlock": {"cidr": "10.0.0.0/24"}}
+    values.write_text(yaml.safe_dump({"networkPolicy": {
+        "enabled": True, "metricsFrom": [monitoring], "kubeletAPIFrom": [apiserver]}}))
+    objs = template(values=values)
+    policies = {o["metadata"]["name"]: o["spec"] for o in objs if o["kind"] == "NetworkPolicy"}
+    assert set(policies) == {"vkprovider", "vkprovider-companion"}
+    for name, component in (("vkprovider", "virtual-kubelet"),
+                            ("vkprovider-companion", "companion")):
+        assert policies[name]["podSelector"] == deployment(objs, component)["spec"]["selector"]
+        assert policies[name]["policyTypes"] == ["Ingress"], "egress open by default"
+    test_pod = next(o for o in objs if o["kind"] == "Pod")
+    tester = {"podSelector": {"matchLabels": {
+        k: v for k, v in test_pod["metadata"]["labels"].items()
+        if k in ("app.kubernetes.io/name", "app.kubernetes.io/instance",
+                 "app.kubernetes.io/component")}}}
+    kubelet, metrics = policies["vkprovider"]["ingress"]
+    assert kubelet == {"ports": [{"protocol": "TCP", "port": 10250}], "from": [apiserver]}
+    assert metrics == {"ports": [{"protocol": "TCP", "port": 9464}],
+                       "from": [tester, monitoring]}
+    (companion,) = policies["vkprovider-companion"]["ingress"]
+    assert companion == {"ports": [{"protocol": "TCP", "port": 9465}],
+                         "from": [tester, monitoring]}
+
+    egress = [{"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]}]
+    values.write_text(yaml.safe_dump({"networkPolicy": {"enabled": True, "egress": egress}}))
+    for policy in (o for o in template(values=values) if o["kind"] == "NetworkPolicy"):
+        assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+        assert policy["spec"]["egress"] == egress
+
+
+def test_helm_test_pod_checks_the_release_through_its_services() -> None:
+    objs = template("node.name=vk-eu", release="acme", namespace="burst")
+    (pod,) = [o for o in objs if o["kind"] == "Pod"]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    (container,) = pod["spec"]["containers"]
+    assert container["command"] == ["python", "-c"]
+    assert container["args"] == [(CHART / "files" / "helm-test.py").read_text()]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    services = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Service"}
+    assert env["NODE"] == "vk-eu"
+    assert env["PROVIDER_URL"] == "http://acme-vkprovider.burst.svc:9464"
+    assert env["COMPANION_URL"] == "http://acme-vkprovider-companion.burst.svc:9465"
+    assert {"acme-vkprovider", "acme-vkprovider-companion"} <= set(services)
+    assert container["securityContext"] == deployment(objs, "virtual-kubelet")["spec"][
+        "template"]["spec"]["containers"][0]["securityContext"]
+    assert not [o for o in template("helmTest.enabled=false") if o["kind"] == "Pod"]
+    assert not [o for o in template("provider.metricsPort=0", "provider.probes=false")
+                if o["kind"] == "Pod"]

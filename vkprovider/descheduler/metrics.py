@@ -1,18 +1,27 @@
 """Prometheus metrics of the companion (overflow admission and move-back).
 
 Why it exists: platform teams alert on failed moves and on replicas dipping during a move; the
-companion runs in its own process, so it has its own registry and port.
+companion runs in its own process, so it has its own registry and port. Every replica serves it,
+a standby too: ``vkprovider_companion_leader`` says which one acts, and the decision and move
+figures only move on that one.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from vkprovider.metrics import process_collector
+
 
 class CompanionMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        process_collector(r)
+        self.leader = Gauge(
+            "vkprovider_companion_leader",
+            "1 on the companion replica that acts (the leader, or the only replica without "
+            "leader election), 0 on a standby.", registry=r)
         self.admissions = Counter("vkprovider_overflow_decisions_total",
                                   "Overflow admission decisions by policy and decision.",
                                   ["policy", "decision"], registry=r)
@@ -25,8 +34,10 @@ class CompanionMetrics:
                                       registry=r)
         self.min_ready_ratio = Gauge(
             "vkprovider_moveback_min_ready_ratio",
-            "Lowest ready/desired replicas seen during the last move (below 1 means a dip).",
+            "Lowest ready/desired replicas seen during the last move (below 1 means a dip); 1 "
+            "before the first move, so a standby or a fresh leader never reads as a dip.",
             registry=r)
+        self.min_ready_ratio.set(1.0)
         self.skipped = Counter("vkprovider_moveback_skipped_total",
                                "Pods on the virtual node not moved back, by reason.", ["reason"],
                                registry=r)

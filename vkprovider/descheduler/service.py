@@ -181,6 +181,7 @@ async def run_companion(
                     return 0
                 lost = leading.result()
                 health.standby = False  # now judged by its loops (informers synced, alive)
+            metrics.leader.set(1)  # acting from here on (a standby's stays 0)
             async with asyncio.TaskGroup() as tg:
                 tasks = [tg.create_task(admission.run()), tg.create_task(moveback.run()),
                          tg.create_task(prewarm.run()),

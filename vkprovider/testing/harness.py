@@ -74,6 +74,7 @@ async def service_account_kubeconfig(
 
 async def install_provider_rbac(*, kube: KubeClient, cluster: LocalCluster, path: Path) -> Path:
     await apply_file(kube, MANIFESTS / "base" / "namespace.yaml")
+    await apply_file(kube, MANIFESTS / "base" / "serviceaccount.yaml")  # both processes'
     await apply_file(kube, MANIFESTS / "base" / "rbac.yaml")
     await apply_file(kube, MANIFESTS / "base" / "rbac-policies.yaml")
     return await service_account_kubeconfig(kube=kube, cluster=cluster,

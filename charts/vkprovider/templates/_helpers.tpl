@@ -31,22 +31,71 @@ app.kubernetes.io/instance: {{ .ctx.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
+{{/* The image: repository@digest when image.digest is set (pinned; the tag is then only a
+label), else repository:tag (tag default: the chart's appVersion). */}}
 {{- define "vkprovider.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
+{{- end -}}
 
-{{/* The container securityContext of every process: the restricted Pod Security level. */}}
+{{/* Labels of a pod template: the component's labels plus podLabels (which cannot override
+the selector labels). (dict "ctx" $ "component" "...") */}}
+{{- define "vkprovider.podLabels" -}}
+{{- $own := include "vkprovider.labels" . -}}
+{{- $ownKeys := $own | fromYaml -}}
+{{ $own }}
+{{- range $k, $v := .ctx.Values.podLabels }}
+{{- if not (hasKey $ownKeys $k) }}
+{{ $k }}: {{ $v | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The ServiceAccount of `vkprovider run` (serviceAccount.name, default <name>) and of the
+companion (<that>-companion). */}}
+{{- define "vkprovider.serviceAccountName" -}}
+{{- .Values.serviceAccount.name | default (include "vkprovider.fullname" .) -}}
+{{- end -}}
+{{- define "vkprovider.companionServiceAccountName" -}}
+{{- printf "%s-companion" (include "vkprovider.serviceAccountName" .) -}}
+{{- end -}}
+
+{{/* The pod-level securityContext of every pod (podSecurityContext), when not empty. */}}
+{{- define "vkprovider.podSecurityContext" -}}
+{{- with .Values.podSecurityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The container securityContext of every process (securityContext; the default is the
+restricted Pod Security level). */}}
 {{- define "vkprovider.securityContext" -}}
-runAsNonRoot: true
-runAsUser: 65532  # the image's USER
-allowPrivilegeEscalation: false
-readOnlyRootFilesystem: true
-capabilities: {drop: ["ALL"]}
-seccompProfile: {type: RuntimeDefault}
+{{- toYaml .Values.securityContext -}}
+{{- end -}}
+
+{{/* The label virtual_node (node.name) on every series a ServiceMonitor scrapes; the same label
+that vkprovider_leader carries from the process is dropped from its exported_ copy. */}}
+{{- define "vkprovider.virtualNodeLabel" -}}
+relabelings:
+  - targetLabel: virtual_node
+    replacement: {{ .Values.node.name | quote }}
+metricRelabelings:
+  - action: labeldrop
+    regex: exported_virtual_node
+{{- end -}}
+
+{{/* Where the kubelet API's serving certificate is mounted (kubeletAPI.tls.secretName). */}}
+{{- define "vkprovider.servingCertDir" -}}
+/etc/vkprovider/serving
 {{- end -}}
 
 {{/* Pod placement shared by the Deployments; (dict "ctx" $ "component" "..." "values" ...) */}}
 {{- define "vkprovider.placement" -}}
+{{- include "vkprovider.podSecurityContext" .ctx }}
 {{- with .values.priorityClassName }}
 priorityClassName: {{ . }}
 {{- end }}
@@ -128,6 +177,11 @@ true
       "kubelet_api" (dict "client_ca_file" "/etc/vkprovider/cluster-ca/ca.crt")
       "leader_election" (dict "enabled" .Values.leaderElection.enabled "namespace" $ns)
       "gpu_providers" (dict "enabled" true) -}}
+{{- if .Values.kubeletAPI.tls.secretName -}}
+{{- $dir := include "vkprovider.servingCertDir" . -}}
+{{- $_ := set $provider "tls_cert_file" (printf "%s/tls.crt" $dir) -}}
+{{- $_ := set $provider "tls_key_file" (printf "%s/tls.key" $dir) -}}
+{{- end -}}
 {{- $provider = mustMergeOverwrite $provider (include "vkprovider.providers" . | fromYaml) -}}
 {{- $provider = mustMergeOverwrite $provider (deepCopy .Values.provider.settings) -}}
 {{- toYaml $provider -}}
