@@ -7,16 +7,20 @@ preemption fast path (descheduler/preemption.py) admits sooner.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from vkprovider.descheduler.preemption import event_from_scheduler
 from vkprovider.kube import KubeClient
+from vkprovider.semantics.timefmt import parse_time
+from vkprovider.testing.cluster import free_port
+from vkprovider.testing.harness import CompanionProcess
 from vkprovider.testing.plugin import GPUNodeFactory
 from vkprovider.testing.waiting import eventually
 
@@ -24,6 +28,14 @@ from .conftest import Cluster, System
 from .test_overflow import POLICIES, PRIORITY, gpu_deployment, policy, tolerates
 
 pytestmark = pytest.mark.cluster
+
+
+async def healthz(port: int) -> int:
+    async with httpx.AsyncClient(timeout=5) as http:
+        try:
+            return (await http.get(f"http://127.0.0.1:{port}/healthz")).status_code
+        except httpx.TransportError:
+            return 0
 
 
 def _iso(at: float) -> str:
@@ -60,7 +72,15 @@ async def test_a_forged_preempted_event_does_not_skip_overflow_after(
 ) -> None:
     internal = await gpu_nodes.create(count=1, gpus=1)
     await system.start(clouds=1, node_labels={"vkprovider.io/pool": namespace})
-    system.start_companion(kubeconfig=companion_kubeconfig)
+    port = free_port()
+    system.companion = CompanionProcess(work_dir=system.work_dir, kubeconfig=companion_kubeconfig,
+                                        node_name=system.node_name, interval=0.5,
+                                        extra_args=("--metrics-port", str(port)))
+    system.companion.start()
+    # every watch of the companion listed (its /healthz): it sees the preemption as it happens
+    # (a companion that was not running then gives no credit, by design)
+    await eventually(lambda: healthz(port), until=lambda code: code == 200, timeout=60,
+                     what="the companion's watches synced")
     tag = uuid.uuid4().hex[:6]
     low, high = f"web-{tag}", f"train-{tag}"
     for name, value in ((low, 100), (high, 1000)):
@@ -83,6 +103,11 @@ async def test_a_forged_preempted_event_does_not_skip_overflow_after(
     waiting = next(p for p in ps if unschedulable(p))
     running = next(p for p in ps if p is not waiting)
     target = waiting["metadata"]["name"]
+    # A credit goes to a pod of the victim's controller made after the preemption (a second's
+    # slack): let the waiting pod be clearly older than the preemption below, so that only a
+    # forged Event could admit it.
+    made = parse_time(waiting["metadata"]["creationTimestamp"]).timestamp()
+    await asyncio.sleep(max(0.0, made + 3 - time.time()))
 
     # The forgeries: an Event naming the waiting replica, and one naming a pod that does not
     # exist by a name its ReplicaSet could generate; both claim to be the scheduler's, both
@@ -112,6 +137,7 @@ async def test_a_forged_preempted_event_does_not_skip_overflow_after(
     admitted = [d for d in fast if d["decision"] == "Admitted"]
     assert len(admitted) == 1, admitted
     assert running["metadata"]["name"] in admitted[0]["reason"], admitted
+    assert target not in admitted[0]["pod"], "the replacement, made after the preemption"
     await eventually(lambda: web_pods(kube, namespace), timeout=90,
                      what="the replacement Running on the virtual node",
                      until=lambda ps: any(p["spec"].get("nodeName") == system.node_name
@@ -120,7 +146,7 @@ async def test_a_forged_preempted_event_does_not_skip_overflow_after(
     # The real Event is the scheduler's by the field the companion checks.
     real = [e for e in (await kube.get(events, params={"fieldSelector": "reason=Preempted"}))[
         "items"] if e["involvedObject"]["name"] == running["metadata"]["name"]]
-    assert real and all(event_from_scheduler(e, {"default-scheduler"}) for e in real), real
+    assert real and all(e.get("reportingComponent") == "default-scheduler" for e in real), real
     print(f"\nthe scheduler's Preempted event: reportingComponent="
           f"{real[0].get('reportingComponent')!r} source={real[0].get('source')!r}")
 
