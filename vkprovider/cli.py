@@ -450,6 +450,22 @@ def _descheduler(args: argparse.Namespace) -> int:
             gpu_health_taints=settings.gpu_health_taints)), choice=settings.event_loop)
 
 
+def _decommission(args: argparse.Namespace) -> int:
+    from vkprovider.config import Settings, load_model
+    from vkprovider.decommission import run_decommission
+
+    settings = load_model(Settings, args.config, overrides={
+        "kubeconfig": args.kubeconfig, "api_server_timeout_seconds": args.api_server_timeout})
+    source = "--kubeconfig" if args.kubeconfig else f"{args.config}: kubeconfig"
+    client = _kube_client(kubeconfig=settings.kubeconfig, source=source,
+                          user_agent=f"vkprovider-decommission/{__version__}")
+    named = _credentials_name(kubeconfig=settings.kubeconfig, source=source)
+    return asyncio.run(_checked_start(
+        client=client, timeout=settings.api_server_timeout_seconds, named=named,
+        start=lambda: run_decommission(settings=settings, timeout=args.timeout,
+                                       provider_grace=args.provider_grace, out=sys.stdout)))
+
+
 def _demo(args: argparse.Namespace) -> int:
     from vkprovider.demo import run_demo
 
@@ -549,6 +565,24 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--event-loop", choices=eventloop.CHOICES,
                       help="auto: uvloop when installed (default); uvloop; asyncio")
     comp.set_defaults(func=_descheduler, takes_kubeconfig=True)
+
+    dec = sub.add_parser(
+        "decommission", parents=[with_kube],
+        help="take the virtual node of a settings file out of service before uninstalling: "
+             "cordon it, delete its pods, wait until every cloud account lists no instance of "
+             "it (deleting them directly if the provider is not running), delete the Node; "
+             "exit 1 naming what remains if --timeout passes first")
+    dec.add_argument("--config", required=True,
+                     help="the provider's settings YAML (its node name and cloud accounts)")
+    dec.add_argument("--timeout", type=_positive_seconds, default=300.0,
+                     help="seconds to wait for every account to list no instance (default 300)")
+    dec.add_argument("--provider-grace", type=_non_negative_seconds, default=120.0,
+                     help="seconds a running provider gets to delete the instances itself "
+                          "before they are deleted directly (default 120)")
+    dec.add_argument("--api-server-timeout", type=_positive_seconds,
+                     help="seconds to wait for the API server at start, then exit 1 "
+                          "(default: the file's api_server_timeout_seconds, else 60)")
+    dec.set_defaults(func=_decommission, takes_kubeconfig=True)
 
     demo = sub.add_parser("demo", help="play the burst story on a local cluster, narrated",
                           parents=[without_kube])

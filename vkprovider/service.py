@@ -47,7 +47,7 @@ from vkprovider.node.endpointslices import EndpointSliceController
 from vkprovider.node.gpuhealth import GPUHealthWatch
 from vkprovider.node.pods import PodController
 from vkprovider.node.providerset import ProviderSource
-from vkprovider.node.virtualnode import NodeAgent
+from vkprovider.node.virtualnode import NodeAgent, decommission_marker_path
 from vkprovider.probing.dialing import DIRECT, AddressMap, Dialer
 from vkprovider.probing.prober import Prober
 from vkprovider.registry import build_providers
@@ -201,7 +201,10 @@ async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str,
                                prober=prober, endpoints=slices, policy=policy)
     prober.on_change = controller.queue.add  # a probe result changed: reconcile that pod
     agent = NodeAgent(client=client, settings=settings.node, capacity=controller.node_capacity,
-                      version=f"v1.37.2-vkprovider-{__version__}")
+                      version=f"v1.37.2-vkprovider-{__version__}",
+                      decommission_marker=decommission_marker_path(
+                          namespace=settings.leader_election.namespace,
+                          node=settings.node.name))
     source = (ProviderSource(client=client, controller=controller, settings=settings,
                              on_change=agent.node.notify_changed)
               if settings.gpu_providers.enabled else None)

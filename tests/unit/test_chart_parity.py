@@ -57,8 +57,12 @@ def helm() -> Path:
 
 
 def template(*sets: str, release: str = RELEASE, namespace: str = NAMESPACE,
-             values: Path | None = None) -> list[Obj]:
+             values: Path | None = None, hooks: bool = False) -> list[Obj]:
+    """The release's objects; ``hooks``: also the Helm hooks (objects that exist only during
+    `helm uninstall`; manifests/ leaves them out)."""
     argv = [str(helm()), "template", release, str(CHART), "--namespace", namespace]
+    if not hooks:
+        argv.append("--no-hooks")
     for item in sets:
         argv += ["--set", item]
     if values is not None:
@@ -640,7 +644,7 @@ def test_network_policies_open_only_the_ports_each_process_serves(tmp_path: Path
     apiserver = {"ipBlock": {"cidr": "10.0.0.0/24"}}
     values.write_text(yaml.safe_dump({"networkPolicy": {
         "enabled": True, "metricsFrom": [monitoring], "kubeletAPIFrom": [apiserver]}}))
-    objs = template(values=values)
+    objs = template(values=values, hooks=True)  # with the `helm test` pod
     policies = {o["metadata"]["name"]: o["spec"] for o in objs if o["kind"] == "NetworkPolicy"}
     assert set(policies) == {"vkprovider", "vkprovider-companion"}
     for name, component in (("vkprovider", "virtual-kubelet"),
@@ -668,7 +672,7 @@ def test_network_policies_open_only_the_ports_each_process_serves(tmp_path: Path
 
 
 def test_helm_test_pod_checks_the_release_through_its_services() -> None:
-    objs = template("node.name=vk-eu", release="acme", namespace="burst")
+    objs = template("node.name=vk-eu", release="acme", namespace="burst", hooks=True)
     (pod,) = [o for o in objs if o["kind"] == "Pod"]
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     assert pod["spec"]["restartPolicy"] == "Never"
@@ -684,6 +688,56 @@ def test_helm_test_pod_checks_the_release_through_its_services() -> None:
     assert {"acme-vkprovider", "acme-vkprovider-companion"} <= set(services)
     assert container["securityContext"] == deployment(objs, "virtual-kubelet")["spec"][
         "template"]["spec"]["containers"][0]["securityContext"]
-    assert not [o for o in template("helmTest.enabled=false") if o["kind"] == "Pod"]
-    assert not [o for o in template("provider.metricsPort=0", "provider.probes=false")
+    assert not [o for o in template("helmTest.enabled=false", hooks=True) if o["kind"] == "Pod"]
+    assert not [o for o in template("provider.metricsPort=0", "provider.probes=false", hooks=True)
                 if o["kind"] == "Pod"]
+
+
+def test_uninstall_runs_decommission_first_with_the_release_config(full_values_file: Path,
+                                                                 tmp_path: Path) -> None:
+    """The pre-delete hook Job runs `vkprovider decommission` on the provider's config.yaml
+    (same node, same accounts and their key env), as its own ServiceAccount; its RBAC is bound
+    to that account; every hook object is a pre-delete hook deleted once it succeeded; and
+    decommissionOnUninstall: false renders none of it."""
+    objs = template(values=full_values_file, release="acme", namespace="acme-burst", hooks=True)
+    hooks = [o for o in objs  # every hook but the `helm test` pod
+             if (o["metadata"].get("annotations") or {}).get("helm.sh/hook") not in (None, "test")]
+    assert {o["kind"] for o in hooks} == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+                                          "Role", "RoleBinding", "Job"}
+    for obj in hooks:
+        ann = obj["metadata"]["annotations"]
+        assert ann["helm.sh/hook"] == "pre-delete", key(obj)
+        assert set(ann["helm.sh/hook-delete-policy"].split(",")) == {"before-hook-creation",
+                                                                     "hook-succeeded"}
+        assert obj["metadata"]["name"] == "acme-vkprovider-decommission", key(obj)
+        # RBAC and the account first, the Job last
+        assert int(ann["helm.sh/hook-weight"]) < 0 or obj["kind"] == "Job", key(obj)
+        for subject in obj.get("subjects") or []:
+            assert subject == {"kind": "ServiceAccount", "name": "acme-vkprovider-decommission",
+                               "namespace": "acme-burst"}
+    (job,) = [o for o in hooks if o["kind"] == "Job"]
+    assert job["metadata"]["namespace"] == "acme-burst"
+    spec = job["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "acme-vkprovider-decommission"
+    (container,) = spec["containers"]
+    args = container["args"]
+    assert args[args.index("decommission") + 1:] == ["--config=/etc/vkprovider/config.yaml",
+                                                     "--timeout=240"]
+    timeout = 240
+    assert job["spec"]["activeDeadlineSeconds"] > timeout
+    # the provider's own config.yaml, from the release's ConfigMap, and the same key env
+    provider = deployment(objs, "virtual-kubelet")["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    config = volumes[mounts["/etc/vkprovider/config.yaml"]["name"]]["configMap"]["name"]
+    assert config == "acme-vkprovider"
+    key_env = {e["name"]: e for e in provider["containers"][0]["env"] if "secretKeyRef" in str(e)}
+    assert key_env and all(e in container["env"] for e in key_env.values())
+    (provider_settings, _) = settings_files(objs, tmp_path)
+    assert provider_settings.node.name == "vk-full"
+    # the marker Lease lives in the namespace the provider reads it from
+    (role,) = [o for o in hooks if o["kind"] == "Role"]
+    assert role["metadata"]["namespace"] == provider_settings.leader_election.namespace
+    off = template("decommissionOnUninstall=false", hooks=True)
+    assert not [o for o in off if (o["metadata"].get("annotations") or {}).get("helm.sh/hook")
+                == "pre-delete"]

@@ -303,3 +303,43 @@ def test_micro_time_format() -> None:
 def test_gpu_count_is_a_string_quantity(gpus: int) -> None:
     status = build_status(settings=SETTINGS, capacity=NodeCapacity(gpus=gpus), version="v1", now=T0)
     assert status["allocatable"][GPU_RESOURCE] == str(gpus)
+
+
+class _Marker:
+    """The one GET the decommission check makes: the marker Lease, or 404."""
+
+    def __init__(self, renew: str | None) -> None:
+        self.renew = renew
+        self.paths: list[str] = []
+
+    async def get(self, path: str) -> dict[str, Any]:
+        from vkprovider.kube.errors import NotFoundError
+        self.paths.append(path)
+        if self.renew is None:
+            raise NotFoundError("not found", status=404)
+        return {"spec": {"renewTime": self.renew}}
+
+
+@pytest.mark.parametrize(("written", "counts"), [
+    (None, False),  # no marker: register as always
+    (30.0, True),  # written while this process ran
+    (-30.0, True),  # just before it started: within the clock slack
+    (-3600.0, False),  # an old uninstall's marker: a process started later registers
+])
+async def test_a_decommission_marker_counts_only_if_written_while_this_process_ran(
+        written: float | None, counts: bool) -> None:
+    from vkprovider.node.virtualnode import decommission_marker_path
+
+    path = decommission_marker_path(namespace="ns", node="vk-test")
+    node = VirtualNode(client=None, settings=SETTINGS,  # type: ignore[arg-type]
+                       capacity=_no_capacity, version="v", decommission_marker=path)
+    at = None if written is None else datetime.fromtimestamp(node._started + written, UTC)
+    client = _Marker(None if at is None else format_micro_time(at))
+    node._client = client  # type: ignore[assignment]
+    assert await node._was_decommissioned() is counts
+    assert client.paths == [
+        "/apis/coordination.k8s.io/v1/namespaces/ns/leases/vkprovider-decommissioned-vk-test"]
+
+
+async def _no_capacity() -> NodeCapacity:
+    raise AssertionError("not called")

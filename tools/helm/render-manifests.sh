@@ -11,6 +11,9 @@
 #   charts/vkprovider/crds/      copies of manifests/crds (a chart cannot read outside itself)
 #   charts/vkprovider/dashboards copy of manifests/dashboards/vkprovider.json
 #
+# Helm hooks (templates/decommission-hook.yaml: objects that exist only during `helm uninstall`)
+# are left out (--no-hooks): kustomize users run `vkprovider decommission` themselves.
+#
 # Edit the chart (or manifests/crds, manifests/dashboards), run this, commit the result.
 # tests/unit/test_chart_parity.py fails when the files and a fresh `helm template` differ.
 set -euo pipefail
@@ -28,9 +31,9 @@ cp "$repo/manifests/dashboards/vkprovider.json" "$chart/dashboards/vkprovider.js
 
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-# --skip-tests: the `helm test` pod is Helm's, not part of the install
-"$helm" template "$RELEASE" "$chart" --namespace "$NAMESPACE" --skip-tests > "$tmp/default.yaml"
-"$helm" template "$RELEASE" "$chart" --namespace "$NAMESPACE" --skip-tests \
+# --no-hooks: the uninstall hook and the `helm test` pod are Helm's, not part of the install
+"$helm" template "$RELEASE" "$chart" --namespace "$NAMESPACE" --no-hooks --skip-tests > "$tmp/default.yaml"
+"$helm" template "$RELEASE" "$chart" --namespace "$NAMESPACE" --no-hooks --skip-tests \
   --set mockCloud.enabled=true > "$tmp/mock.yaml"
 
 python="${PYTHON:-$repo/.venv/bin/python}"

@@ -614,11 +614,13 @@ class OverflowAdmission:
                 refusals.append((policy.name, "spec.nodes names no virtual node this companion "
                                               f"serves ({', '.join(self.node_names)})"))
                 continue
+            if credit is not None and self.preemptions is not None \
+                    and not await self.preemptions.claim(credit, replacement=key):
+                return None  # the credit could not be marked spent: a later pass tries again
             if await self._admit(pod, policy):
                 self._refused.pop(meta["uid"], None)
                 why = f"Unschedulable for {int(now - since)}s"
                 if credit is not None and self.preemptions is not None:
-                    self.preemptions.use(pod, credit)
                     self.metrics.preemption_fast_path.inc()
                     why = (f"replaces {credit.victim}, preempted by the scheduler: admitted "
                            f"without waiting overflowAfter")

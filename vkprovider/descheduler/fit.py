@@ -93,7 +93,14 @@ def slim_pod(obj: Body) -> Body:
                    # the cloud announced an interruption (node/interruption.py), None when unset
                    "interruptionPlanned": next((c.get("status") for c in (obj.get(
                        "status") or {}).get("conditions") or []
-                       if c.get("type") == CONDITION_PLANNED), None)},
+                       if c.get("type") == CONDITION_PLANNED), None),
+                   # who is disrupting it (descheduler/preemption.py reads the scheduler's
+                   # PreemptionByScheduler here), None when unset
+                   "disruptionTarget": next(({"reason": c.get("reason"),
+                                              "at": c.get("lastTransitionTime")}
+                                             for c in (obj.get("status") or {}).get(
+                       "conditions") or [] if c.get("type") == "DisruptionTarget"
+                       and c.get("status") == "True"), None)},
     }
 
 

@@ -131,8 +131,11 @@ class MoveBack:
         metrics: CompanionMetrics | None = None,
         clock: Callable[[], float] = time.time,
         health_taints: Sequence[str] = DEFAULT_HEALTH_TAINTS,
+        on_pod: Callable[[str, Body], None] | None = None,
     ) -> None:
         self.metrics = metrics or CompanionMetrics()
+        # also told of every pod change (the preemption fast path reads its victims here)
+        self.on_pod = on_pod
         self.client = client
         self.events = events
         self.virtual = frozenset(node_names)  # the virtual nodes served (every one is "outside")
@@ -146,7 +149,7 @@ class MoveBack:
         self.nodes = Informer(client=client, path="/api/v1/nodes", name="nodes",
                               transform=functools.partial(slim_node, health_taints=health))
         self.pods = Informer(client=client, path="/api/v1/pods", name="all-pods",
-                             transform=slim_pod, handler=self._poke)
+                             transform=slim_pod, handler=self._on_pod)
         self.replicasets = Informer(client=client, path="/apis/apps/v1/replicasets",
                                     name="replicasets", transform=_slim_owned)
         self.deployments = Informer(client=client, path="/apis/apps/v1/deployments",
@@ -176,6 +179,11 @@ class MoveBack:
 
     def _poke(self, _event: str, _obj: Body) -> None:
         self.changed.set()
+
+    def _on_pod(self, event: str, obj: Body) -> None:
+        self.changed.set()
+        if self.on_pod is not None:
+            self.on_pod(event, obj)
 
     async def _changed(self, timeout: float) -> None:
         """Wait until a watched Deployment or pod changes, or ``timeout``."""

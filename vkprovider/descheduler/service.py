@@ -138,12 +138,15 @@ async def run_companion(
                                         user_agent=f"vkprovider-companion/{__version__}")
     events = EventRecorder(client=client, component="vkprovider-companion")
     metrics = CompanionMetrics()
+    preemptions = PreemptionTracker(client=client) if preemption_fast_path else None
     admission = OverflowAdmission(
         client=client, events=events, node_names=nodes, interval=interval, metrics=metrics,
-        preemptions=PreemptionTracker(client=client) if preemption_fast_path else None)
+        preemptions=preemptions)
     moveback = MoveBack(client=client, events=events, node_names=nodes, admission=admission,
                         interval=move_back_interval, headroom_gpus=headroom_gpus,
-                        metrics=metrics, health_taints=gpu_health_taints)
+                        metrics=metrics, health_taints=gpu_health_taints,
+                        # the victims of preemptions, from the one watch of every pod
+                        on_pod=preemptions.observe_pod if preemptions is not None else None)
     prewarm = Prewarm(client=client, events=events, node_names=nodes, admission=admission,
                       moveback=moveback, metrics=metrics)
     sock = (bind(host="0.0.0.0", port=metrics_port, what=f"--metrics-port {metrics_port}")

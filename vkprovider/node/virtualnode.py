@@ -25,7 +25,15 @@ status says where its kubelet API listens. This module keeps that Node object tr
   so the node-lifecycle controller marks the node NotReady after its grace period. A short flap
   therefore costs nothing, a real outage shows.
 
-A Node deleted while we run is registered again (with a new UID, which the Lease picks up).
+A Node deleted while we run is registered again (with a new UID, which the Lease picks up),
+unless ``vkprovider decommission`` took it out of service: it first writes the Lease
+``vkprovider-decommissioned-<node>`` (:func:`decommission_marker_path`, in the provider's
+namespace) with the time in ``spec.renewTime``. A marker written after this process started (a
+minute's slack for clocks) means the node was taken out of service on purpose, while this
+process ran: it does not register the node, neither again nor for the first time (a standby
+that becomes the leader during an uninstall), the node and its Lease stop (``decommissioned``
+is set) and the process stays idle until it is stopped. A process started later registers the
+node as usual.
 
 The rules for the bodies are pure functions (``build_status``, ``merge_taints``,
 ``metadata_patch``, ``node_labels``), tested without a cluster.
@@ -49,7 +57,7 @@ from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
 from vkprovider.logs import kv
 from vkprovider.node.lease import MAX_BACKOFF_SECONDS, MIN_BACKOFF_SECONDS, LeaseKeeper
 from vkprovider.semantics.gpus import GPU_RESOURCE
-from vkprovider.semantics.timefmt import format_time
+from vkprovider.semantics.timefmt import TimeFormatError, format_time, parse_time
 
 __all__ = [
     "GPU_PRODUCTS_ANNOTATION",
@@ -61,6 +69,7 @@ __all__ = [
     "NodeCapacity",
     "VirtualNode",
     "build_status",
+    "decommission_marker_path",
     "merge_taints",
     "metadata_patch",
     "node_labels",
@@ -72,6 +81,16 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 TAINT_KEY = "virtual-kubelet.io/provider"
+#: How much older than this process a decommission marker may be and still count (clock skew).
+_MARKER_SLACK = 60.0
+#: When this process started (this module is imported at start-up).
+_PROCESS_STARTED = time.time()
+
+
+def decommission_marker_path(*, namespace: str, node: str) -> str:
+    """The Lease ``vkprovider decommission`` writes before it deletes ``node``."""
+    return (f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/"
+            f"vkprovider-decommissioned-{node}")
 TAINT_VALUE = "vkprovider"
 TAINT_EFFECT = "NoSchedule"
 #: Comma-separated, sorted GPU products the clouds offer right now (informational).
@@ -286,8 +305,12 @@ class VirtualNode:
         healthy: Callable[[], bool] | None = None,
         capacity_timeout_seconds: float = 60.0,
         first_capacity_wait_seconds: float = 5.0,
+        decommission_marker: str | None = None,
     ) -> None:
         self._client = client
+        self._marker = decommission_marker  # the Lease path (see decommission_marker_path)
+        self._started = _PROCESS_STARTED
+        self.decommissioned = asyncio.Event()
         self.settings = settings
         self._capacity_fn = capacity
         self.version = version
@@ -319,10 +342,17 @@ class VirtualNode:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._first_capacity_wait):
                 await self.refresh_capacity()
+        if await self._was_decommissioned():
+            log.warning("node taken out of service by vkprovider decommission while this "
+                        "process ran; not registering it (a restart registers it)",
+                        extra=kv(node=self.name))
+            self.decommissioned.set()
+            return
         await self._register_until_done()
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(self._capacity_loop(), name=f"node-capacity-{self.name}")
-            tg.create_task(self._status_loop(), name=f"node-status-{self.name}")
+            capacity = tg.create_task(self._capacity_loop(), name=f"node-capacity-{self.name}")
+            await tg.create_task(self._status_loop(), name=f"node-status-{self.name}")
+            capacity.cancel()  # the status loop only ends when the node was decommissioned
 
     # ---- registration --------------------------------------------------------------------------
 
@@ -390,6 +420,21 @@ class VirtualNode:
             )
             return node
         raise ConflictError(f"PATCH {self.path}: still conflicting after {_CONFLICT_RETRIES} tries")
+
+    async def _was_decommissioned(self) -> bool:
+        """A decommission marker written since this process started (unreadable: no)."""
+        if self._marker is None:
+            return False
+        try:
+            lease = await self._client.get(self._marker)
+        except APIError:
+            return False
+        raw = (lease.get("spec") or {}).get("renewTime")
+        try:
+            at = parse_time(raw).timestamp() if isinstance(raw, str) else None
+        except TimeFormatError:
+            return False
+        return at is not None and at >= self._started - _MARKER_SLACK
 
     def _set_uid(self, node: Mapping[str, Any]) -> None:
         uid = str((node.get("metadata") or {}).get("uid") or "") or None
@@ -511,6 +556,11 @@ class VirtualNode:
                 try:
                     last_sent = await self.push_status()
                 except NotFoundError:
+                    if await self._was_decommissioned():
+                        log.warning("node deleted by vkprovider decommission; not registering "
+                                    "it again (a restart registers it)", extra=kv(node=self.name))
+                        self.decommissioned.set()
+                        return
                     log.warning("node was deleted; registering it again", extra=kv(node=self.name))
                     await self._register_until_done()
                     last_sent = None
@@ -548,9 +598,11 @@ class NodeAgent:
         capacity: CapacityFn,
         version: str,
         healthy: Callable[[], bool] | None = None,
+        decommission_marker: str | None = None,
     ) -> None:
         self.node = VirtualNode(
-            client=client, settings=settings, capacity=capacity, version=version, healthy=healthy
+            client=client, settings=settings, capacity=capacity, version=version, healthy=healthy,
+            decommission_marker=decommission_marker,
         )
         self.lease = LeaseKeeper(
             client=client,
@@ -564,8 +616,9 @@ class NodeAgent:
     async def run(self) -> None:
         """Run both until cancelled; the Lease starts once the Node is registered."""
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(self.node.run(), name=f"virtual-node-{self.node.name}")
-            tg.create_task(self._lease(), name=f"node-lease-{self.node.name}")
+            lease = tg.create_task(self._lease(), name=f"node-lease-{self.node.name}")
+            await tg.create_task(self.node.run(), name=f"virtual-node-{self.node.name}")
+            lease.cancel()  # decommissioned: no heartbeat for a node that is gone
 
     async def _lease(self) -> None:
         await self.node.registered.wait()
