@@ -203,3 +203,10 @@ def test_pod_requests_sum_containers_and_take_the_largest_init_container() -> No
         == (0, 0)
     assert allocatable(pods=10, cpu="1000", memory="8Ti", gpus=None) == Allocatable(
         pods=10, cpu_millis=1_000_000, memory_bytes=8 * 2**40)
+
+
+def test_gpus_outside_counts_claims_not_yet_placed() -> None:
+    book = BudgetBook()
+    book.put("placed", claim(gpus=2))
+    book.put("in-flight", claim(gpus=3))
+    assert book.gpus_outside({"placed"}) == 3

@@ -20,7 +20,7 @@ Totals are kept incrementally: O(1) per claim, check or drop, whatever the numbe
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -121,12 +121,19 @@ def pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
 
 
 class BudgetBook:
-    """Pod UID -> :class:`Claim`, with running totals per policy and for the node."""
+    """Pod UID -> :class:`Claim`, with running totals per policy and for the node.
+
+    Totals are plain counters updated in place (a create checks and reserves in microseconds,
+    whatever the number of pods: bench figures in docs/operations.md).
+    """
 
     def __init__(self) -> None:
         self._claims: dict[str, Claim] = {}
-        self._by_policy: dict[str, Usage] = {}
-        self._node = NodeUse()
+        self._by_policy: dict[str, list[float]] = {}  # policy -> [pods, gpus, $/h]
+        self._pods = 0
+        self._gpus = 0
+        self._cpu = 0
+        self._memory = 0
 
     # ---- reads ---------------------------------------------------------------------------------
 
@@ -139,14 +146,24 @@ class BudgetBook:
     def __len__(self) -> int:
         return len(self._claims)
 
+    def gpus_outside(self, uids: Container[str]) -> int:
+        """GPUs of the claims whose pod is not in ``uids`` (creates in flight or in doubt, when
+        ``uids`` are the placed pods). O(claims): for the periodic capacity read, not a create."""
+        return sum(c.gpus for uid, c in self._claims.items() if uid not in uids)
+
     def usage(self, policy: str) -> Usage:
-        return self._by_policy.get(policy, Usage())
+        t = self._by_policy.get(policy)
+        if t is None:
+            return Usage()
+        return Usage(pods=int(t[0]), gpus=int(t[1]),
+                     price_per_hour=t[2] if t[2] > _DOLLAR_EPSILON else 0.0)
 
     def usage_by_policy(self) -> dict[str, Usage]:
-        return dict(self._by_policy)
+        return {name: self.usage(name) for name in self._by_policy}
 
     def node(self) -> NodeUse:
-        return self._node
+        return NodeUse(pods=self._pods, gpus=self._gpus, cpu_millis=self._cpu,
+                       memory_bytes=self._memory)
 
     def refusal(self, uid: str, claim: Claim, *, limits: Limits | None,
                 node: Allocatable) -> Refusal | None:
@@ -156,22 +173,23 @@ class BudgetBook:
         The pod's own claim (an earlier try whose outcome is unknown) is not counted twice.
         """
         own = self._claims.get(uid)
-        used = self._node
+        pods, gpus, cpu, memory = self._pods, self._gpus, self._cpu, self._memory
         if own is not None:
-            used = NodeUse(pods=used.pods - 1, gpus=used.gpus - own.gpus,
-                           cpu_millis=used.cpu_millis - own.cpu_millis,
-                           memory_bytes=used.memory_bytes - own.memory_bytes)
+            pods, gpus = pods - 1, gpus - own.gpus
+            cpu, memory = cpu - own.cpu_millis, memory - own.memory_bytes
         for name, want, have, cap in (
-            ("pods", 1, used.pods, node.pods),
-            ("cpu", claim.cpu_millis, used.cpu_millis, node.cpu_millis),
-            ("memory", claim.memory_bytes, used.memory_bytes, node.memory_bytes),
-            ("nvidia.com/gpu", claim.gpus, used.gpus, node.gpus),
+            ("pods", 1, pods, node.pods),
+            ("cpu", claim.cpu_millis, cpu, node.cpu_millis),
+            ("memory", claim.memory_bytes, memory, node.memory_bytes),
+            ("nvidia.com/gpu", claim.gpus, gpus, node.gpus),
         ):
             if cap is not None and want > 0 and have + want > cap:
                 return Refusal(node=True, budget=name, message=(
                     f"Node didn't have enough resource: {name}, requested: {want}, "
                     f"used: {have}, capacity: {cap}"))
-        if limits is None or claim.policy is None:
+        if limits is None or claim.policy is None or (
+                limits.max_pods is None and limits.max_gpus is None
+                and limits.max_price_per_hour is None):
             return None
         usage = self.usage(claim.policy)
         if own is not None and own.policy == claim.policy:
@@ -223,19 +241,17 @@ class BudgetBook:
         return claim
 
     def _add(self, claim: Claim, sign: int) -> None:
-        n = self._node
-        self._node = NodeUse(pods=n.pods + sign, gpus=n.gpus + sign * claim.gpus,
-                             cpu_millis=n.cpu_millis + sign * claim.cpu_millis,
-                             memory_bytes=n.memory_bytes + sign * claim.memory_bytes)
+        self._pods += sign
+        self._gpus += sign * claim.gpus
+        self._cpu += sign * claim.cpu_millis
+        self._memory += sign * claim.memory_bytes
         if claim.policy is None:
             return
-        u = self._by_policy.get(claim.policy, Usage())
-        left = Usage(pods=u.pods + sign, gpus=u.gpus + sign * claim.gpus,
-                     price_per_hour=u.price_per_hour + sign * claim.price_per_hour)
-        if left.pods <= 0:
-            self._by_policy.pop(claim.policy, None)
-        else:
-            self._by_policy[claim.policy] = Usage(
-                pods=left.pods, gpus=left.gpus,
-                price_per_hour=left.price_per_hour if left.price_per_hour > _DOLLAR_EPSILON
-                else 0.0)
+        t = self._by_policy.get(claim.policy)
+        if t is None:
+            t = self._by_policy[claim.policy] = [0, 0, 0.0]
+        t[0] += sign
+        t[1] += sign * claim.gpus
+        t[2] += sign * claim.price_per_hour
+        if t[0] <= 0:
+            del self._by_policy[claim.policy]

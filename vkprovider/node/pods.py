@@ -244,7 +244,8 @@ class PodController:
             if size > self.largest_offer.get(offer.gpu_type, 0):
                 self.largest_offer[offer.gpu_type] = size
         free = fold_capacity(offers, caps=self.caps, held=self.held_by_provider())
-        held = self.placed.total_gpus()
+        # held: every placed instance, plus creates in flight (the budgets count them already)
+        held = self.placed.total_gpus() + self.book.gpus_outside(self.placed)
         budget = self.gate.budget_gpus(offers=offers, usage=self.policy_usage(),
                                        providers=self.providers)
         if budget is not None:
@@ -406,12 +407,16 @@ class PodController:
                      price_per_hour=instance.price_per_hour, cpu_millis=cpu,
                      memory_bytes=memory)
 
-    def _claim_adopted(self) -> None:
-        """Rebuild the book from the instances the first sweep found (before any worker)."""
-        for uid, placed in self.placed.items():
+    def _claim_listed(self, uids: list[str]) -> None:
+        """Count instances a list shows that the book does not (after a restart, or a provider
+        listed late): before any create may race past them. O(uids): a sweep passes only the
+        instances whose record is new."""
+        for uid in uids:
+            placed = self.placed.get(uid)
             key = self.pod_keys.get(uid)
             pod = self.informer.store.get(key) if key else None
-            if (pod is not None and uid not in self.book
+            if (pod is not None and placed is not None and uid not in self.book
+                    and not pod["metadata"].get("deletionTimestamp")
                     and (pod.get("status") or {}).get("phase") not in _TERMINAL
                     and placed.instance.state != InstanceState.TERMINATING
                     and self.placed.deleting_since(placed.key) is None):
@@ -444,7 +449,6 @@ class PodController:
             self.inherited = set(self.pod_keys)  # a predecessor may have created for these
             await self.spend.load()  # before the first sweep counts anything
             await self.sweep()  # adopt what exists before any worker may create
-            self._claim_adopted()  # and count it against budgets before any create
             self._publish_running()  # endpoints of adopted replicas, before slices are pruned
             log.info("pods synced and instances adopted; starting workers",
                      extra=kv(pods=len(self.pod_keys), instances=len(self.placed),
@@ -521,6 +525,7 @@ class PodController:
     async def _sweep(self) -> None:
         now = self.clock()
         seen: dict[str, Placed] = {}
+        fresh: list[str] = []  # pods whose instance record is new in this sweep
         for name, provider in list(self.providers.items()):
             listed_at = datetime.now(UTC)  # before the call: never count what was not billed
             try:
@@ -555,6 +560,7 @@ class PodController:
                     seen[uid] = prev
                 else:
                     seen[uid] = Placed(provider=name, instance=inst, seen_at=now)
+                    fresh.append(uid)
             self.metrics.instances.labels(name).set(len(ours))
             self.metrics.cost.labels(name).set(round(cost, 6))
         # Keep what we created since the list began (lists may lag behind creates), and what
@@ -566,6 +572,7 @@ class PodController:
                 seen[uid] = placed
         before = self.placed.snapshot()
         self.placed.replace(seen)
+        self._claim_listed(fresh)  # counted against budgets before any worker creates more
         for uid, (where, since) in list(self.unsure.items()):
             if uid in seen or (self.listed.get(where) and self.last_list[where] > since):
                 del self.unsure[uid]  # the list has spoken: it exists, or it never happened
