@@ -1087,9 +1087,10 @@ class PodController:
                                                               budget=over.budget))
             await self.events.emit(obj=_pod_ref(pod), reason="BudgetExceeded", type_="Warning",
                                    message=f"{message}; waiting for the budget to free up")
-        tries = self.unplaced_tries.get(uid, 0)
-        self.unplaced_tries[uid] = tries + 1
-        delay = min(10.0, 1.0 * 2 ** min(tries, 8))  # a check costs no cloud call: look often
+        # A check costs no cloud call: look again soon, less often the longer the pod waits
+        # (1 s, up to 10 s).
+        waited = self.clock() - self.first_seen.get(uid, self.clock())
+        delay = min(10.0, max(1.0, waited / 2))
         raise Retry("over the policy's budget",
                     after=max(0.5, min(delay, self._until_create_deadline(meta) + 0.1)))
 
