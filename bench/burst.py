@@ -189,6 +189,7 @@ class Ours:
                                               "orphan_grace_seconds": 30},
                                         # the product's defaults, not the tests' short ones
                                         node={"capacity_refresh_seconds": 30,
+                                              "pods": max(1000, 2 * n),  # OutOfpods past it
                                               **({} if event_qps is None
                                                  else {"event_qps": event_qps})},
                                         kubelet_api={"gpu_metrics_interval_seconds": 15},

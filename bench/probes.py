@@ -80,7 +80,7 @@ PORT = 8000
 PROBE_PATH = "/ready"
 SETTINGS: dict[str, Any] = {
     "pods": {"status_interval_seconds": 5, "workers": 20, "orphan_grace_seconds": 30},
-    "node": {"capacity_refresh_seconds": 30},
+    "node": {"capacity_refresh_seconds": 30, "pods": 20000},  # thousands on one node
     "kubelet_api": {"gpu_metrics_interval_seconds": 15},
 }
 

@@ -73,7 +73,9 @@ SETTLE_SECONDS = 10.0
 CREATE_CONCURRENCY = 32
 SETTINGS: dict[str, Any] = {
     "pods": {"status_interval_seconds": 5, "workers": 64, "orphan_grace_seconds": 30},
-    "node": {"capacity_refresh_seconds": 30},
+    # thousands of pods on one node: its allocatable pods must hold them (the provider refuses
+    # past it, OutOfpods, as a kubelet does)
+    "node": {"capacity_refresh_seconds": 30, "pods": 20000},
 }
 
 

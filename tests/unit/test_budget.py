@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from vkprovider.descheduler.admission import (
@@ -9,7 +10,9 @@ from vkprovider.descheduler.admission import (
     tolerates_virtual_node,
     unschedulable_since,
 )
+from vkprovider.node.budgetbook import Allocatable, BudgetBook, Claim, allocatable, pod_requests
 from vkprovider.placement.budget import Usage, budget_refusal, pod_gpus, usage_by_policy
+from vkprovider.placement.policy import Limits
 
 
 def pod(*, policy: str | None = None, gpus: int = 1, price: str | None = None,
@@ -99,3 +102,111 @@ def test_tolerations_follow_the_taints_of_the_nodes_a_policy_may_use() -> None:
     assert len(same) == 1, "one toleration per distinct taint"
     pod = {"spec": {"tolerations": tols}}
     assert tolerates_virtual_node(pod, [eu]) and not tolerates_virtual_node(pod, [us])
+
+
+# ---- the provider's own book (node/budgetbook.py): the last gate before money is spent -------
+
+NODE = Allocatable(pods=1000, cpu_millis=1_000_000, memory_bytes=2**43)
+
+
+def claim(policy: str | None = "p", *, gpus: int = 1, price: float = 0.0, cpu: int = 0,
+          memory: int = 0) -> Claim:
+    return Claim(policy=policy, gpus=gpus, price_per_hour=price, cpu_millis=cpu,
+                 memory_bytes=memory)
+
+
+def test_the_book_gives_the_last_slot_once_and_frees_it_on_drop() -> None:
+    book = BudgetBook()
+    limits = Limits(max_pods=2)
+    assert book.reserve("a", claim(), limits=limits, node=NODE)[0] is None
+    assert book.reserve("b", claim(), limits=limits, node=NODE)[0] is None
+    refused, before = book.reserve("c", claim(), limits=limits, node=NODE)
+    assert refused is not None and before is None and "c" not in book
+    assert refused.budget == "maxPods" and not refused.node
+    assert "OverflowPolicy p: maxPods 2 reached" in refused.message
+    assert book.usage("p") == Usage(pods=2, gpus=2)
+    book.drop("a")
+    assert book.reserve("c", claim(), limits=limits, node=NODE)[0] is None
+    assert book.usage("p").pods == 2 and book.node().pods == 2
+
+
+async def test_parallel_workers_racing_for_the_last_slot_get_it_once() -> None:
+    """Workers interleave at every await; check and reserve are one step between two."""
+    book = BudgetBook()
+    limits = Limits(max_pods=3)
+    won: list[str] = []
+
+    async def worker(uid: str) -> None:
+        await asyncio.sleep(0)  # everyone reaches the gate before anyone creates
+        refused, _ = book.reserve(uid, claim(), limits=limits, node=NODE)
+        if refused is None:
+            await asyncio.sleep(0.01)  # the cloud call
+            won.append(uid)
+
+    await asyncio.gather(*(worker(f"u{i}") for i in range(20)))
+    assert len(won) == 3 and book.usage("p").pods == 3
+
+
+def test_a_retried_create_is_not_counted_twice_and_a_refused_one_keeps_its_claim() -> None:
+    book = BudgetBook()
+    limits = Limits(max_pods=1, max_gpus=2)
+    assert book.reserve("a", claim(gpus=2), limits=limits, node=NODE)[0] is None
+    refused, before = book.reserve("a", claim(gpus=2), limits=limits, node=NODE)
+    assert refused is None and before == claim(gpus=2), "its own earlier try"
+    refused, _ = book.reserve("b", claim(gpus=1), limits=Limits(max_gpus=2), node=NODE)
+    assert refused is not None and refused.budget == "maxGPUs"
+    book.restore("a", None)
+    assert "a" not in book and book.usage("p") == Usage()
+
+
+def test_the_offer_price_counts_against_max_price_per_hour() -> None:
+    book = BudgetBook()
+    limits = Limits(max_price_per_hour=5.0)
+    for uid in ("a", "b"):
+        assert book.reserve(uid, claim(price=2.0), limits=limits, node=NODE)[0] is None
+    refused, _ = book.reserve("c", claim(price=2.0), limits=limits, node=NODE)
+    assert refused is not None and refused.budget == "maxPricePerHour"
+    assert book.reserve("c", claim(price=1.0), limits=limits, node=NODE)[0] is None, \
+        "a cheaper offer fits"
+    book.priced("c", 1.5)  # the cloud's price replaces the offer's
+    assert book.usage("p").price_per_hour == 5.5
+    # float dollars: 3 x 1.10 is within $3.30
+    cents = BudgetBook()
+    for uid in "xyz":
+        assert cents.reserve(uid, claim(price=1.1), limits=Limits(max_price_per_hour=3.3),
+                             node=NODE)[0] is None
+
+
+def test_the_node_allocatable_is_checked_for_every_pod_policy_or_not() -> None:
+    book = BudgetBook()
+    node = Allocatable(pods=2, cpu_millis=4000, memory_bytes=10, gpus=3)
+    assert book.reserve("a", claim(None, gpus=2, cpu=3000), limits=None, node=node)[0] is None
+    refused, _ = book.reserve("b", claim(None, gpus=0, cpu=2000), limits=None, node=node)
+    assert refused is not None and refused.node and refused.budget == "cpu"
+    assert refused.message == ("Node didn't have enough resource: cpu, requested: 2000, "
+                               "used: 3000, capacity: 4000")
+    refused, _ = book.reserve("b", claim("p", gpus=2), limits=Limits(), node=node)
+    assert refused is not None and refused.budget == "nvidia.com/gpu"
+    assert book.reserve("b", claim("p", gpus=1), limits=Limits(), node=node)[0] is None
+    refused, _ = book.reserve("c", claim(None, gpus=0), limits=None, node=node)
+    assert refused is not None and refused.budget == "pods"
+    assert book.refusal("c", claim(None, gpus=9), limits=None, node=Allocatable()) is None, \
+        "None: not checked"
+
+
+def test_pod_requests_sum_containers_and_take_the_largest_init_container() -> None:
+    p = {"spec": {"containers": [{"resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}},
+                                 {"resources": {"requests": {"cpu": "1"}}}],
+                  "initContainers": [{"resources": {"requests": {"cpu": "2", "memory": "1Ki"}}}]}}
+    assert pod_requests(p) == (2000, 2**30)
+    assert pod_requests({"spec": {"containers": [{"resources": {"requests": {"cpu": "x"}}}]}}) \
+        == (0, 0)
+    assert allocatable(pods=10, cpu="1000", memory="8Ti", gpus=None) == Allocatable(
+        pods=10, cpu_millis=1_000_000, memory_bytes=8 * 2**40)
+
+
+def test_gpus_outside_counts_claims_not_yet_placed() -> None:
+    book = BudgetBook()
+    book.put("placed", claim(gpus=2))
+    book.put("in-flight", claim(gpus=3))
+    assert book.gpus_outside({"placed"}) == 3

@@ -160,6 +160,10 @@ class Informer:
         self._transform_update = transform_update
         self._missing_ok = missing_ok  # a 404 (CRD not installed) means "none" and retries later
         self.missing = False
+        #: A 404 was seen and no answer since had anything in it (a list with items, or a watch
+        #: event): the resource is being re-established, and its emptiness is not an answer.
+        #: Callers that must fail closed (node/policygate.py) keep what they knew before.
+        self.recovering = False
 
     def _emit(self, event: str, obj: Body) -> None:
         if self._handler is not None:
@@ -209,6 +213,8 @@ class Informer:
                         items, rv = await self._client.list_all(self._path,
                                                                 params=self._params, page=PAGE)
                         self.relists += 1
+                        if items:
+                            self.recovering = False
                         await self._replace(items)
                         del items
                     self.missing = False
@@ -228,6 +234,7 @@ class Informer:
                     log.info("resource not served (CRD not installed?); treating as empty",
                              extra=kv(informer=self.name))
                 self.missing = True
+                self.recovering = True
                 self.resource_version = ""
                 await self._replace([])
                 self.synced.set()
@@ -281,6 +288,7 @@ class Informer:
             return
         key = object_key(obj)
         self.changes += 1
+        self.recovering = False  # the server tells of a change: an answer again
         if kind == "DELETED":
             self.store.pop(key, None)
             self._emit("DELETED", obj)

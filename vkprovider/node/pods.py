@@ -77,6 +77,16 @@ from vkprovider.logs import kv
 from vkprovider.metrics import Metrics
 from vkprovider.node import interruption, podstatus
 from vkprovider.node.addressscreen import AddressScreen
+from vkprovider.node.budgetbook import (
+    OUT_OF_REASONS,
+    TAG_POLICY,
+    Allocatable,
+    BudgetBook,
+    Claim,
+    Refusal,
+    allocatable,
+    pod_requests,
+)
 from vkprovider.node.placements import InstanceKey, Placed, Placements
 from vkprovider.node.policygate import PolicyGate
 from vkprovider.node.providercaps import (
@@ -94,7 +104,7 @@ from vkprovider.node.workqueue import ShutDown, WorkQueue
 from vkprovider.placement import policy as pol
 from vkprovider.placement import spot
 from vkprovider.placement.blocks import ANY_TYPE, Blocks
-from vkprovider.placement.budget import Usage, pod_policy
+from vkprovider.placement.budget import Usage, pod_gpus
 from vkprovider.semantics.timefmt import TimeFormatError, parse_time
 
 POLICIES_PATH = "/apis/vkprovider.io/v1alpha1/overflowpolicies"
@@ -192,6 +202,12 @@ class PodController:
         self.caps: dict[str, ProviderCaps] = {}  # per-account spend caps
         self.reserved: dict[str, Held] = {}  # creates in flight, counted against the caps
         self.inflight: dict[str, int] = {}  # provider -> creates in flight
+        # What this provider committed per policy and on the node (node/budgetbook.py): the
+        # last gate on a policy's limits and the node's allocatable, never an annotation.
+        self.book = BudgetBook()
+        self.advertised_gpus: int | None = None  # nvidia.com/gpu allocatable last computed
+        self._static_allocatable: Allocatable | None = None
+        self.told_budget: dict[str, str] = {}  # uid -> the BudgetExceeded message last told
         self.spend = SpendRecorder(client=client, node=self.node, metrics=metrics,
                                    namespace=settings.leader_election.namespace,
                                    blocks=self.blocks,
@@ -236,11 +252,13 @@ class PodController:
             if size > self.largest_offer.get(offer.gpu_type, 0):
                 self.largest_offer[offer.gpu_type] = size
         free = fold_capacity(offers, caps=self.caps, held=self.held_by_provider())
-        held = self.placed.total_gpus()
+        # held: every placed instance, plus creates in flight (the budgets count them already)
+        held = self.placed.total_gpus() + self.book.gpus_outside(self.placed)
         budget = self.gate.budget_gpus(offers=offers, usage=self.policy_usage(),
                                        providers=self.providers)
         if budget is not None:
             free = min(free, budget)
+        self.advertised_gpus = free + held
         return NodeCapacity(gpus=free + held,
                             gpu_products=tuple(sorted({o.gpu_type for o in offers})))
 
@@ -376,16 +394,41 @@ class PodController:
         return self.gate.parsed()
 
     def policy_usage(self) -> dict[str, Usage]:
-        """GPUs and $/h this node runs per policy (from the pods' policy annotations)."""
-        usage: dict[str, Usage] = {}
-        for uid, placed in self.placed.items():
+        """Pods, GPUs and $/h this node has committed per policy (node/budgetbook.py: the
+        policy the provider resolved at create, never the pod's annotation)."""
+        return self.book.usage_by_policy()
+
+    def allocatable(self) -> Allocatable:
+        """The node's allocatable as published: pods, cpu, memory from the settings (parsed
+        once), ``nvidia.com/gpu`` as last computed by :meth:`node_capacity`."""
+        if self._static_allocatable is None:
+            node = self.settings.node
+            self._static_allocatable = allocatable(pods=node.pods, cpu=node.cpu,
+                                                   memory=node.memory, gpus=None)
+        return dataclasses.replace(self._static_allocatable, gpus=self.advertised_gpus)
+
+    def claim_of(self, pod: Body, instance: Instance) -> Claim:
+        """A claim for an instance found in a list (adopted after a restart): its policy from
+        the tags the provider wrote at create."""
+        cpu, memory = pod_requests(pod)
+        return Claim(policy=instance.tags.get(TAG_POLICY) or None, gpus=instance.gpu_count,
+                     price_per_hour=instance.price_per_hour, cpu_millis=cpu,
+                     memory_bytes=memory)
+
+    def _claim_listed(self, uids: list[str]) -> None:
+        """Count instances a list shows that the book does not (after a restart, or a provider
+        listed late): before any create may race past them. O(uids): a sweep passes only the
+        instances whose record is new."""
+        for uid in uids:
+            placed = self.placed.get(uid)
             key = self.pod_keys.get(uid)
             pod = self.informer.store.get(key) if key else None
-            name = pod_policy(pod) if pod else None
-            if name:
-                usage[name] = usage.get(name, Usage()).plus(
-                    gpus=placed.instance.gpu_count, price_per_hour=placed.instance.price_per_hour)
-        return usage
+            if (pod is not None and placed is not None and uid not in self.book
+                    and not pod["metadata"].get("deletionTimestamp")
+                    and (pod.get("status") or {}).get("phase") not in _TERMINAL
+                    and placed.instance.state != InstanceState.TERMINATING
+                    and self.placed.deleting_since(placed.key) is None):
+                self.book.put(uid, self.claim_of(pod, placed.instance))
 
     def _unrunnable(self, spec: InstanceSpec) -> str | None:
         """Why no configured cloud could ever run ``spec`` (checked before any create call)."""
@@ -490,6 +533,7 @@ class PodController:
     async def _sweep(self) -> None:
         now = self.clock()
         seen: dict[str, Placed] = {}
+        fresh: list[str] = []  # pods whose instance record is new in this sweep
         for name, provider in list(self.providers.items()):
             listed_at = datetime.now(UTC)  # before the call: never count what was not billed
             try:
@@ -525,6 +569,7 @@ class PodController:
                     seen[uid] = prev
                 else:
                     seen[uid] = Placed(provider=name, instance=inst, seen_at=now)
+                    fresh.append(uid)
             self.metrics.instances.labels(name).set(len(ours))
             self.metrics.cost.labels(name).set(round(cost, 6))
         # Keep what we created since the list began (lists may lag behind creates), and what
@@ -537,6 +582,7 @@ class PodController:
         before = self.placed.snapshot()
         self.placed.replace(seen)
         self.addresses.keep_only(seen)
+        self._claim_listed(fresh)  # counted against budgets before any worker creates more
         for uid, (where, since) in list(self.unsure.items()):
             if uid in seen or (self.listed.get(where) and self.last_list[where] > since):
                 del self.unsure[uid]  # the list has spoken: it exists, or it never happened
@@ -671,6 +717,8 @@ class PodController:
             return
         phase = (pod.get("status") or {}).get("phase")
         if phase in _TERMINAL:
+            self.book.drop(uid)
+            self.told_budget.pop(uid, None)
             if placed is not None:
                 await self._stop_spend(placed)
             return
@@ -688,6 +736,8 @@ class PodController:
         ):
             raise Retry("instance delete failed")
         self.queue.remove(uid)
+        self.book.drop(uid)
+        self.told_budget.pop(uid, None)
         self.first_seen.pop(uid, None)
         self.unsure.pop(uid, None)
         self.running_seen.pop(uid, None)
@@ -733,6 +783,7 @@ class PodController:
                 # Past the grace period: let the pod go; the orphan collector keeps deleting.
         if uid in self.unsure:
             raise Retry("a create may be in flight", after=1.0)
+        self.book.drop(uid)  # its instance is being deleted: its slot is free
         if meta.get("deletionGracePeriodSeconds") == 0 and not meta.get("finalizers"):
             return  # deleted with grace 0: the API server removes it itself (a DELETE: a 404)
         try:
@@ -750,6 +801,19 @@ class PodController:
         if refusal:
             await self._reject(pod, reason="NotAdmitted",
                                message=f"not sent to any cloud: {refusal}")
+            return
+        if uid not in self.unsure:
+            self.book.drop(uid)  # no instance, no create in doubt: an old claim is stale
+        policy = self._sticky_policy(uid, policy)
+        # Budgets and the node's allocatable before anything else (no Secret read, no cloud
+        # call); checked again, and reserved, right before each create below.
+        cpu, memory = pod_requests(pod)
+        claim = Claim(policy=policy.name if policy is not None else None, gpus=pod_gpus(pod),
+                      cpu_millis=cpu, memory_bytes=memory)
+        early = self.book.refusal(uid, claim, limits=policy.spec.limits if policy else None,
+                                  node=Allocatable())
+        if early is not None:
+            await self._refuse_over(pod, meta, early)
             return
         blind = self.blind_to(uid)
         if blind:
@@ -785,6 +849,15 @@ class PodController:
             await self.events.emit(obj=_pod_ref(pod), reason="Failed", type_="Warning",
                                    message=f"Error: {exc.message} ({exc.field})")
             raise Retry("waiting for a Secret/ConfigMap") from None
+        if policy is not None:  # a restart counts the instance under the policy it was made for
+            spec = dataclasses.replace(spec, tags={**spec.tags, TAG_POLICY: policy.name})
+        # The kubelet's admission: the pods the node runs must fit its allocatable (a pod bound
+        # by hand skipped the scheduler's check). GPUs are checked per offer below.
+        unfit = self.book.refusal(uid, claim, limits=None,
+                                  node=dataclasses.replace(self.allocatable(), gpus=None))
+        if unfit is not None:
+            await self._refuse_over(pod, meta, unfit)
+            return
 
         if not self.offers_read:
             await self.node_capacity()
@@ -832,6 +905,7 @@ class PodController:
         order = plan if pinned is None else [
             (pinned, next((k for n, k in plan if n == pinned), False))]
         reasons: list[str] = []
+        over_budget: list[Refusal] = []  # candidates the policy's limits refuse (their price)
         refused: list[str] = []
         pull_denied: list[ImagePullError] = []
         unlisted: list[str] = []
@@ -863,6 +937,31 @@ class PodController:
             if over is not None and not sticky:
                 reasons.append(f"{name}: blocked (provider budget: {over})")
                 continue
+            # The policy's limits and the node's allocatable, at this offer's price: checked and
+            # reserved with no await in between, so parallel workers never share the last slot.
+            claim = dataclasses.replace(claim, gpus=spec.gpu_count,
+                                        price_per_hour=want.price_per_hour)
+            budget_over, before = self.book.reserve(
+                uid, claim, limits=policy.spec.limits if policy else None,
+                node=self.allocatable())
+            if budget_over is None and (policy is not None and spec.gpu_count > 0
+                                        and policy.spec.limits.max_price_per_hour is not None
+                                        and want.price_per_hour <= 0):
+                self.book.restore(uid, before)  # a price cap and no price known: fail closed
+                budget_over = Refusal(node=False, budget="maxPricePerHour", message=(
+                    f"OverflowPolicy {policy.name}: maxPricePerHour "
+                    f"${policy.spec.limits.max_price_per_hour:.2f} and {name} quotes no price "
+                    f"for {spec.gpu_type or 'this GPU'}"))
+            if budget_over is not None:
+                if budget_over.node and budget_over.budget != "nvidia.com/gpu":
+                    await self._refuse_over(pod, meta, budget_over)  # pods, cpu, memory
+                    return
+                if budget_over.node:
+                    reasons.append(f"{name}: {budget_over.message} (node allocatable)")
+                else:
+                    over_budget.append(budget_over)
+                continue
+            kept = False  # True once the claim stands: created, or the outcome is unknown
             self.reserved[name] = self.reserved.get(name, Held()).plus(
                 gpus=want.gpus, price_per_hour=want.price_per_hour)
             self.inflight[name] = self.inflight.get(name, 0) + 1
@@ -900,6 +999,7 @@ class PodController:
                 refused.append(text if text.startswith(f"{name}:") else f"{name}: {text}")
                 continue
             except ProviderError as exc:  # transient or rate limited: outcome unknown
+                kept = True  # the instance may exist: its claim stays until a list tells
                 self._count(name, "create", exc)
                 if isinstance(exc, RateLimited) and exc.retry_after:
                     self.cooldown[name] = self.clock() + exc.retry_after
@@ -910,13 +1010,19 @@ class PodController:
                     return
                 after = exc.retry_after if isinstance(exc, RateLimited) else None
                 raise Retry(f"{name}: {exc}", after=after) from exc
+            else:
+                kept = True
             finally:
                 self._release(name, provider, want)
+                if not kept:
+                    self.book.restore(uid, before)
+            self.book.priced(uid, inst.price_per_hour)  # the cloud's price, not the offer's
             name = self._key_of(provider, name)  # retired while the call ran: its alias
             inst = self.addresses.screen(uid=uid, provider=name, instance=inst)
             self._count(name, "create", None)
             self.unsure.pop(uid, None)
             self.told_no_capacity.pop(uid, None)
+            self.told_budget.pop(uid, None)
             self.unplaced_tries.pop(uid, None)
             self.placed.set(uid, Placed(provider=name, instance=inst, seen_at=self.clock(),
                                         listed=False))
@@ -929,6 +1035,10 @@ class PodController:
             await self._sync(pod, uid, self.placed[uid])
             return
 
+        if over_budget and not (reasons or refused or pull_denied or cooling or unlisted):
+            await self._refuse_over(pod, meta, over_budget[0])  # every offer breaks the budget
+            return
+        reasons += [f"{o.message} (policy budget)" for o in over_budget]
         if pull_denied and not self._past_create_deadline(meta):
             await self._image_pull_backoff(pod, spec, pull_denied)
         if cooling and not self._past_create_deadline(meta):
@@ -960,6 +1070,41 @@ class PodController:
         await self.events.emit(obj=_pod_ref(pod), reason="Failed", type_="Warning",
                                message=f"Failed to pull image {spec.image!r}: {message}")
         raise Retry("image pull refused")  # rate-limited backoff, up to max_backoff_seconds
+
+    def _sticky_policy(self, uid: str, policy: pol.OverflowPolicy | None
+                       ) -> pol.OverflowPolicy | None:
+        """A create retried after an unknown outcome keeps the policy of its claim (while that
+        policy exists): the same tags, so the same instance if the first try did happen."""
+        claim = self.book.get(uid)
+        if claim is None or claim.policy is None or policy is None \
+                or claim.policy == policy.name:
+            return policy
+        return self.gate.parsed().get(claim.policy, policy)
+
+    async def _refuse_over(self, pod: Body, meta: Body, over: Refusal) -> None:
+        """Not created: the node's allocatable (pods, cpu, memory) fails the pod as the kubelet
+        does (``OutOf<resource>``); a policy's budget keeps it waiting, told once per reason
+        (Warning ``BudgetExceeded``), and fails it at the create deadline."""
+        if over.node:
+            await self._reject(pod, reason=OUT_OF_REASONS[over.budget], message=over.message)
+            return
+        message = f"not sent to any cloud: {over.message}"
+        if self._past_create_deadline(meta):
+            await self._reject(pod, reason="BudgetExceeded", message=message)
+            return
+        uid = str(meta.get("uid"))
+        if self.told_budget.get(uid) != over.message:
+            self.told_budget[uid] = over.message
+            log.info("pod over its policy's budget", extra=kv(pod=object_key(pod), uid=uid,
+                                                              budget=over.budget))
+            await self.events.emit(obj=_pod_ref(pod), reason="BudgetExceeded", type_="Warning",
+                                   message=f"{message}; waiting for the budget to free up")
+        # A check costs no cloud call: look again soon, less often the longer the pod waits
+        # (1 s, up to 10 s).
+        waited = self.clock() - self.first_seen.get(uid, self.clock())
+        delay = min(10.0, max(1.0, waited / 2))
+        raise Retry("over the policy's budget",
+                    after=max(0.5, min(delay, self._until_create_deadline(meta) + 0.1)))
 
     def _release(self, name: str, provider: Provider, want: Held) -> None:
         """Undo the reservation of one create (under the name it is served by now)."""
@@ -1019,6 +1164,9 @@ class PodController:
 
     async def _sync(self, pod: Body, uid: str, placed: Placed) -> None:
         inst = placed.instance
+        if (uid not in self.book and inst.state != InstanceState.TERMINATING
+                and self.placed.deleting_since(placed.key) is None):
+            self.book.put(uid, self.claim_of(pod, inst))  # listed later than the first sweep
         if not placed.listed and inst.state == InstanceState.PENDING:
             # Just created, booting as far as we know: the next list tells its state, and
             # writing "booting" now would often cost a write that "Running" replaces seconds

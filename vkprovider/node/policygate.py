@@ -7,6 +7,12 @@ node (``spec.nodes``) and selects the pod (namespaces, namespaceSelector, podSel
 minPriority). It also tells the node how many GPUs the policies that may use it could still buy
 (the node's ``nvidia.com/gpu`` allocatable is capped by that).
 
+Fail closed: once policies have been served, a 404 (the CRD being re-established) or the empty
+list that follows it is not "no policies" (which would let every pod be created with none, past
+every budget): the last policies served stay in force until the server answers with policies
+again or tells of a change. Only a provider that never saw a policy reads a 404 as "none" (set
+``pods.require_policy`` to refuse even then).
+
 Parsed policies are cached by ``resourceVersion``: a burst of thousands of creates parses each
 policy once, not once per create. Namespace labels (for namespaceSelector) are read with one GET
 per namespace, cached for ``NS_LABELS_TTL`` seconds.
@@ -42,9 +48,33 @@ class PolicyGate:
         self._clock = clock
         self._parsed: dict[str, tuple[str, pol.OverflowPolicy | None]] = {}  # name -> (rv, p)
         self._ns_labels: dict[str, tuple[float, dict[str, str]]] = {}  # ns -> (read at, labels)
+        self._last_served: dict[str, pol.OverflowPolicy] | None = None  # the last non-empty view
+        self.held_over = False  # True while the last served policies stand in (fail closed)
 
     def parsed(self) -> dict[str, pol.OverflowPolicy]:
-        """Every valid policy by name (an invalid one is logged once per resourceVersion)."""
+        """Every valid policy by name (an invalid one is logged once per resourceVersion).
+
+        While the policies cannot be read (404, or the empty list of a re-established CRD) after
+        some were served, the last ones served: see the module docstring.
+        """
+        in_doubt = self.policies.missing or self.policies.recovering
+        if in_doubt and self._last_served is not None:
+            if not self.held_over:
+                self.held_over = True
+                log.warning("OverflowPolicies cannot be read; the last ones served stay in force",
+                            extra=kv(policies=",".join(sorted(self._last_served))))
+            return self._last_served
+        out = self._parse_store()
+        if self.held_over and not in_doubt:
+            self.held_over = False
+            log.info("OverflowPolicies served again", extra=kv(policies=len(out)))
+        if out:
+            # Never forgotten, even when a watch empties the store: the CRD's deletion deletes
+            # every policy (watch events) before the 404; fail closed is the safe side then.
+            self._last_served = out
+        return out
+
+    def _parse_store(self) -> dict[str, pol.OverflowPolicy]:
         out: dict[str, pol.OverflowPolicy] = {}
         seen: set[str] = set()
         for obj in self.policies.store.values():

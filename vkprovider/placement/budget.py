@@ -18,6 +18,7 @@ from vkprovider.semantics import gpus
 POLICY_ANNOTATION = "vkprovider.io/overflow-policy"
 PRICE_ANNOTATION = "vkprovider.io/price-per-hour"
 GPU = gpus.GPU_RESOURCE
+_EPSILON = 1e-9  # float dollars: 3 x $1.10 must not exceed a cap of $3.30
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,14 +79,18 @@ def budget_refusal(
     gpus: int,
     expected_price_per_hour: float = 0.0,
 ) -> str | None:
-    """Why one more pod of ``gpus`` GPUs would break a limit, or None if it fits."""
+    """Why one more pod of ``gpus`` GPUs would break a limit, or None if it fits.
+
+    The one rule both gates apply: the companion before it admits a pod, the provider before it
+    spends (node/budgetbook.py). A message starts with the name of the limit that binds.
+    """
     if max_pods is not None and usage.pods + 1 > max_pods:
         return f"maxPods {max_pods} reached ({usage.pods} external pods)"
     if max_gpus is not None and usage.gpus + gpus > max_gpus:
         return f"maxGPUs {max_gpus} would be exceeded ({usage.gpus} in use + {gpus})"
     if max_price_per_hour is not None and (
-        usage.price_per_hour >= max_price_per_hour
-        or usage.price_per_hour + expected_price_per_hour > max_price_per_hour
+        usage.price_per_hour >= max_price_per_hour - _EPSILON
+        or usage.price_per_hour + expected_price_per_hour > max_price_per_hour + _EPSILON
     ):
         return (f"maxPricePerHour ${max_price_per_hour:.2f} reached "
                 f"(${usage.price_per_hour:.2f}/h in use)")
