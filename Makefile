@@ -1,10 +1,15 @@
 # The two commands a newcomer needs: `make demo` (the whole story on a local cluster) and
-# `make test` (every test, against a real control plane). Both set themselves up from scratch.
+# `make test` (every test, against a real control plane). Both set themselves up from scratch
+# through tools/setup.sh (Debian packages when missing, .venv, the Go-built binaries, the image's
+# root filesystem; each step cached and narrated), which is also what CI runs: .ci/run is
+# `make lint` + `make test`.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+DIST := dist
 
-.PHONY: demo test lint controlplane kueue venv clean
+.PHONY: demo test setup lint controlplane kueue venv release clean
 
 $(BIN)/vkprovider: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -14,18 +19,24 @@ $(BIN)/vkprovider: pyproject.toml
 
 venv: $(BIN)/vkprovider
 
+# every step, printing the exports the tests read (eval "$(bash tools/setup.sh)" in a shell)
+setup:
+	@bash tools/setup.sh
+
 controlplane:
-	@bash tools/controlplane/build.sh >/dev/null
+	@bash tools/setup.sh controlplane >/dev/null
 
 kueue:
-	@bash tools/kueue/build.sh >/dev/null
+	@bash tools/setup.sh kueue >/dev/null
 
 # the demo's way out goes through Kueue with the pre-warm check (vkprovider demo --no-kueue: not)
-demo: venv controlplane kueue
-	VKP_KUEUE_BIN=$$(bash tools/kueue/build.sh) $(BIN)/vkprovider demo
+demo:
+	@env=$$(bash tools/setup.sh system venv controlplane kueue) && eval "$$env" \
+	  && $(BIN)/vkprovider demo
 
-test: venv controlplane
-	$(BIN)/python -m pytest
+# PYTEST_ARGS picks tests: make test PYTEST_ARGS='tests/image -k entrypoint'
+test:
+	@env=$$(bash tools/setup.sh) && eval "$$env" && $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: venv
 	bash tools/image/lint.sh
@@ -33,5 +44,9 @@ lint: venv
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# the chart package and the image's root filesystem, versions checked to agree (docs/releasing.md)
+release:
+	@bash tools/release.sh $(DIST)
+
 clean:
-	rm -rf $(VENV) .artifacts .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .artifacts .mypy_cache .ruff_cache .pytest_cache $(DIST)
