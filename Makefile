@@ -9,11 +9,14 @@ BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 DIST := dist
 
-.PHONY: demo test setup lint controlplane kueue venv release clean
+.PHONY: demo test setup lint controlplane kueue venv lock release clean
 
-$(BIN)/vkprovider: pyproject.toml
+# the runtime dependencies exactly as the image has them (requirements/runtime.lock, hash-checked),
+# then the project and its dev tools
+$(BIN)/vkprovider: pyproject.toml requirements/runtime.lock
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q --require-hashes -r requirements/runtime.lock
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
@@ -43,6 +46,14 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+# requirements/runtime.lock from pyproject.toml's dependencies: every version pinned, every file
+# hashed, for Python 3.11 on any platform (uv, pinned, installed into the venv)
+UV_VERSION := 0.13.9
+lock: venv
+	$(BIN)/pip install -q 'uv==$(UV_VERSION)'
+	$(BIN)/uv pip compile pyproject.toml --quiet --generate-hashes --universal --python-version 3.11 \
+	  --custom-compile-command 'make lock' -o requirements/runtime.lock
 
 # the chart package and the image's root filesystem, versions checked to agree (docs/releasing.md)
 release:
