@@ -291,12 +291,27 @@ def _api_problem(exc: Exception, *, host: str, namespace: str, service: str) -> 
     return f"the API server at {host} answered {exc}"
 
 
+def _recorded_address_map(kubeconfig: str | None) -> str | None:
+    """The address map ``dev up --kubeconfig-out`` recorded in the kubeconfig in use."""
+    from vkprovider.devenv import address_map_of
+
+    paths = [kubeconfig] if kubeconfig else [
+        p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    for path in paths:
+        found = address_map_of(Path(path).expanduser())
+        if found:
+            return found
+    return None
+
+
 def _dev_curl(args: argparse.Namespace) -> int:
     from vkprovider.devcurl import DevCurlError, address_map_dir, curl_service, parse_target
     from vkprovider.kube.errors import APIError
 
     target = parse_target(args.target)  # what was typed wrong: one line, exit 2
-    network = address_map_dir(flag=args.address_map, env=os.environ.get("VKP_ADDRESS_MAP"))
+    network = address_map_dir(flag=args.address_map,
+                              env=os.environ.get("VKP_ADDRESS_MAP") or _recorded_address_map(
+                                  args.kubeconfig))
     client = _kube_client(kubeconfig=args.kubeconfig, source="--kubeconfig",
                           user_agent=f"vkprovider-dev-curl/{__version__}")
 
@@ -641,7 +656,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "port's name or number; default its only port)")
     curl.add_argument("--address-map", metavar="DIR",
                       help="the lab network's address map (default: $VKP_ADDRESS_MAP, which "
-                           "dev up prints)")
+                           "dev up prints, else the one dev up --kubeconfig-out recorded in "
+                           "the kubeconfig)")
     curl.add_argument("--timeout", type=_positive_seconds, default=10.0,
                       help="seconds the request may take (default 10)")
     curl.set_defaults(func=_dev_curl, takes_kubeconfig=True)

@@ -470,6 +470,8 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
     try:
         n.chapter("A real control plane: etcd, kube-apiserver, controller-manager, scheduler"
                   + (", and Kueue" if with_kueue else ""))
+        n.say("starting etcd, kube-apiserver, kube-controller-manager and kube-scheduler on "
+              "loopback (a few seconds) ...")
         await cluster.start()
         cluster.start_fake_kubelet(start_delay=1, address_map_dir=network)
         n.say(f"API server at {cluster.server}; logs in {cluster.log_dir}")
@@ -491,9 +493,15 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
                 from vkprovider.testing.kueue import KUEUE_VERSION, KueueManager
 
                 kueue = KueueManager(cluster=cluster, home=kueue_home)  # cluster.stop() ends it
+                # the longest quiet step of the story: say what it waits for
+                n.say(f"starting Kueue {KUEUE_VERSION}: installing its CRDs, starting its "
+                      f"manager, then waiting until its webhooks admit and convert objects "
+                      f"(about 20-30 s on 2 cores) ...")
+                began = time.monotonic()
                 await kueue.start()
-                n.say(f"Kueue {KUEUE_VERSION}: its CRDs, the manager, its webhooks at "
-                      f"{kueue.url} (signed by the cluster CA)")
+                n.say(f"Kueue {KUEUE_VERSION} ready in {time.monotonic() - began:.0f}s: its "
+                      f"CRDs, the manager, its webhooks at {kueue.url} (signed by the cluster "
+                      f"CA)")
 
             n.chapter("Two mock GPU clouds, the virtual kubelet and the companion")
             for cloud in clouds:
@@ -741,6 +749,8 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
                 result.leaks += live
                 result.dollars += spent
             result.dollars = round(result.dollars, 4)
+            n.say("reading the provider's own count of the spend (its Lease), once every "
+                  "instance is closed in it (up to 15 s) ...")
             result.counted_dollars = await _counted_spend(kube)
             n.say("\n" + table(summary_rows(result)))
             judged = ("every chapter must fail none, the way out included (pre-warmed)"

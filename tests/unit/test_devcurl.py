@@ -179,3 +179,24 @@ def test_api_errors_read_as_what_went_wrong(error: Exception, words: list[str]) 
     assert "\n" not in said
     for word in words:
         assert word in said, said
+
+
+def test_dev_up_records_the_address_map_in_its_kubeconfig_for_dev_curl(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``dev up --kubeconfig-out``, ``export KUBECONFIG=...`` is all dev curl needs."""
+    from vkprovider.devenv import address_map_of, with_address_map
+
+    admin = ("apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+             "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:6443'}}]\n"
+             "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+             "users: [{name: u, user: {token: t}}]\n")
+    network = tmp_path / "addressmap"
+    network.mkdir()
+    kubeconfig = tmp_path / "dev.kubeconfig"
+    kubeconfig.write_text(with_address_map(admin, address_map=network))
+    assert address_map_of(kubeconfig) == str(network)
+    assert address_map_of(tmp_path / "missing") is None
+    monkeypatch.delenv("VKP_ADDRESS_MAP", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    assert cli._recorded_address_map(None) == str(network)
+    assert cli._recorded_address_map(str(tmp_path / "missing")) is None
