@@ -107,8 +107,10 @@ build() {
   local log out pid start now next=20 rc=0 pkg downloads
   log=$(mktemp) out=$(mktemp)
   start=$(date +%s)
-  bash "$script" >"$out" 2>"$log" &
+  # its own session, so that a Ctrl-C or kill of this script ends the whole build (the trap)
+  setsid bash "$script" >"$out" 2>"$log" &
   pid=$!
+  trap 'kill -TERM -- "-$pid" 2>/dev/null; exit 130' INT TERM
   for _ in 1 2 3 4 5 6 7 8 9 10; do  # a warm build prints its folder at once
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.2
@@ -128,6 +130,7 @@ build() {
     done
   fi
   wait "$pid" || rc=$?
+  trap - INT TERM
   if [ "$rc" -ne 0 ]; then
     tail -n 30 "$log" >&2
     die "building $label failed (exit $rc; $script): the last lines of its output are above"
@@ -165,7 +168,7 @@ if want kueue; then
 fi
 if want rootfs; then
   [ -x .venv/bin/python ] || die "the image's root filesystem needs .venv: run 'make venv' (or add the venv step)"
-  say "the image's root filesystem (tools/image/rootfs.sh: about 1 minute the first time, as root with mmdebstrap and the Debian mirrors; cached)"
+  say "the image's root filesystem (tools/image/rootfs.sh: 2-4 minutes the first time, as root, with mmdebstrap and the Debian mirrors; cached)"
   VKP_ROOTFS=$(bash tools/image/rootfs.sh) || die "tools/image/rootfs.sh failed (its output is above)"
   emit VKP_ROOTFS "$VKP_ROOTFS"
 fi
