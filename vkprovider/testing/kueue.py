@@ -73,6 +73,9 @@ def find_kueue() -> Path:
     run (warm: it prints the cached folder at once; cold: it builds, minutes), as the other
     tools of the test suite (helm, kubectl, the image's root filesystem) are found."""
     env = os.environ.get("VKP_KUEUE_BIN")
+    if not env and not BUILD_SCRIPT.exists():  # installed, not a checkout (the image)
+        raise KueueError("no Kueue build: set VKP_KUEUE_BIN, or run from a checkout that has "
+                         "tools/kueue/build.sh")
     if not env:
         built = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True,
                                check=False)
