@@ -678,11 +678,17 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
             min_ready: list[int] = []
             serving_from = f"{len(clouds_used)} cloud{'s' if len(clouds_used) != 1 else ''}"
 
+            # each gang pod runs training_seconds: a quiet wait unless the narration says so
+            n.say(f"the gang trains for {training_seconds:g} s while inference serves from the "
+                  f"clouds (progress every 5 s) ...")
+            training_began = time.monotonic()
+
             async def training_done() -> tuple[bool, str]:
                 ps = await _pods(kube, "training")
                 done = sum(1 for p in ps if p.get("status", {}).get("phase") == "Succeeded")
-                return done == replicas, (f"{done}/{replicas} training pods Succeeded; "
-                                          + _traffic(lg, serving_from))
+                so_far = int(time.monotonic() - training_began) // 5 * 5
+                return done == replicas, (f"{done}/{replicas} training pods Succeeded after "
+                                          f"{so_far} s; " + _traffic(lg, serving_from))
 
             await n.until("training", training_done, timeout=training_seconds + 120)
             n.say(_chapter_line(lg))
