@@ -10,6 +10,11 @@
 # filesystem from Debian's packages and runs this file's ENTRYPOINT/USER/ENV in it, read-only).
 # Keep the two in step: what the final stage installs, rootfs.sh installs too.
 
+# The base, by tag. A release build pins it by digest (docs/releasing.md), e.g.
+#   digest=$(docker buildx imagetools inspect python:3.11-slim-bookworm --format '{{json .Manifest.Digest}}' | tr -d '"')
+#   docker build --build-arg PYTHON_IMAGE=python:3.11-slim-bookworm@$digest -t vkprovider .
+# (or `crane digest python:3.11-slim-bookworm`). The digest is not written here because nothing in
+# this repository's CI can pull the image to check it; refresh it for every release.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # -- builder: the project's wheel, installed with its dependencies into a venv ------------------
@@ -19,13 +24,18 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     SOURCE_DATE_EPOCH=315532800
 WORKDIR /src
 # the build context is only what the wheel needs (.dockerignore lists it)
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
+COPY requirements/ requirements/
 COPY vkprovider/ vkprovider/
 COPY providers/ providers/
-# the venv has no pip/setuptools of its own: the base image's pip installs into it
+# the venv has no pip/setuptools of its own: the base image's pip installs into it. The
+# dependencies are exactly requirements/runtime.lock's, each checked against its hashes; the
+# project's own wheel (built here) goes in after them, with no further resolution.
 RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
  && python -m venv --without-pip /opt/vkprovider \
- && python -m pip --python /opt/vkprovider/bin/python install /wheels/vkprovider-*.whl
+ && python -m pip --python /opt/vkprovider/bin/python install --no-deps --require-hashes \
+      -r requirements/runtime.lock \
+ && python -m pip --python /opt/vkprovider/bin/python install --no-deps /wheels/vkprovider-*.whl
 
 # -- final: the slim base, the venv, a numeric non-root user; no compilers, nothing writable -----
 FROM ${PYTHON_IMAGE}

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+DESCRIPTION = ("vkprovider: a Virtual Kubelet provider that bursts Kubernetes GPU pods onto "
+               "external GPU clouds, and its companion controller. Run "
+               "'vkprovider COMMAND --help' for a command's flags.")
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _PROBE_TIMEOUT = 10.0  # seconds one reachability probe may take
 
@@ -265,11 +268,50 @@ def _dev_up(args: argparse.Namespace) -> int:
     return asyncio.run(run_dev_up(options=options))
 
 
+def _api_problem(exc: Exception, *, host: str, namespace: str, service: str) -> str:
+    """What went wrong reading a Service and its EndpointSlices, in one line for a user."""
+    from vkprovider.kube.errors import (
+        ConnectionFailed,
+        ForbiddenError,
+        NotFoundError,
+        UnauthorizedError,
+    )
+
+    if isinstance(exc, ConnectionFailed):
+        return (f"the API server at {host} did not answer ({exc}); is 'vkprovider dev up' still "
+                f"running, and KUBECONFIG (or --kubeconfig) its kubeconfig?")
+    if isinstance(exc, NotFoundError):
+        return (f"no Service {service} in namespace {namespace} "
+                f"(kubectl -n {namespace} get services)")
+    if isinstance(exc, ForbiddenError):
+        return (f"the API server at {host} refused to show Service {namespace}/{service} or its "
+                f"EndpointSlices to these credentials (403 Forbidden): {exc}")
+    if isinstance(exc, UnauthorizedError):
+        return f"the API server at {host} rejected the credentials (401 Unauthorized)"
+    return f"the API server at {host} answered {exc}"
+
+
+def _recorded_address_map(kubeconfig: str | None) -> str | None:
+    """The address map ``dev up --kubeconfig-out`` recorded in the kubeconfig in use."""
+    from vkprovider.devenv import address_map_of
+
+    paths = [kubeconfig] if kubeconfig else [
+        p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    for path in paths:
+        found = address_map_of(Path(path).expanduser())
+        if found:
+            return found
+    return None
+
+
 def _dev_curl(args: argparse.Namespace) -> int:
     from vkprovider.devcurl import DevCurlError, address_map_dir, curl_service, parse_target
+    from vkprovider.kube.errors import APIError
 
     target = parse_target(args.target)  # what was typed wrong: one line, exit 2
-    network = address_map_dir(flag=args.address_map, env=os.environ.get("VKP_ADDRESS_MAP"))
+    network = address_map_dir(flag=args.address_map,
+                              env=os.environ.get("VKP_ADDRESS_MAP") or _recorded_address_map(
+                                  args.kubeconfig))
     client = _kube_client(kubeconfig=args.kubeconfig, source="--kubeconfig",
                           user_agent=f"vkprovider-dev-curl/{__version__}")
 
@@ -278,8 +320,10 @@ def _dev_curl(args: argparse.Namespace) -> int:
             try:
                 answer = await curl_service(kube=client, target=target, address_map=network,
                                             timeout=args.timeout)
-            except DevCurlError as exc:
-                sys.stderr.write(f"vkprovider dev curl: {one_line(str(exc))}\n")
+            except (DevCurlError, APIError) as exc:
+                why = exc if isinstance(exc, DevCurlError) else _api_problem(
+                    exc, host=client.host, namespace=target.namespace, service=target.service)
+                sys.stderr.write(f"vkprovider dev curl: error: {one_line(str(why))}\n")
                 return 1
         sys.stderr.write(f"{answer.status} from {answer.endpoint} (via {answer.via})\n")
         sys.stdout.write(answer.body if answer.body.endswith("\n") or not answer.body
@@ -468,8 +512,26 @@ def _decommission(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from vkprovider.demo import run_demo
+    from vkprovider.testing.cluster import ControlPlaneError
 
-    return asyncio.run(run_demo(keep=args.keep, kueue=args.kueue))
+    try:
+        return asyncio.run(run_demo(keep=args.keep, kueue=args.kueue))
+    except ControlPlaneError as exc:  # e.g. in the image: no Go-built control plane
+        sys.stderr.write(f"vkprovider demo: error: {one_line(str(exc))} (the demo runs from a "
+                         f"checkout: `make demo` builds what it needs)\n")
+        return 1
+
+
+def _without_command(args: argparse.Namespace) -> int:
+    sys.stderr.write("vkprovider: error: name a command: run, mock-cloud, descheduler, demo or "
+                     "dev (vkprovider --help)\n")
+    return 2
+
+
+def _dev_without_command(args: argparse.Namespace) -> int:
+    sys.stderr.write("vkprovider dev: error: name a command: up or curl "
+                     "(vkprovider dev --help)\n")
+    return 2
 
 
 # -- the parser ------------------------------------------------------------------------------
@@ -490,10 +552,10 @@ def _global_flags(*, kubeconfig: bool) -> _Parser:
 
 def build_parser() -> argparse.ArgumentParser:
     with_kube, without_kube = _global_flags(kubeconfig=True), _global_flags(kubeconfig=False)
-    parser = _Parser(prog="vkprovider", description=__doc__.split("\n\n")[0],
-                     parents=[with_kube])
+    parser = _Parser(prog="vkprovider", description=DESCRIPTION, parents=[with_kube])
     parser.add_argument("--version", action="version", version=f"vkprovider {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.set_defaults(func=_without_command)
 
     run = sub.add_parser("run", help="run the virtual kubelet (one virtual node)",
                          parents=[with_kube])
@@ -595,7 +657,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo)
 
     dev = sub.add_parser("dev", help="local development helpers", parents=[without_kube])
-    dev_sub = dev.add_subparsers(dest="dev_command", required=True)
+    dev_sub = dev.add_subparsers(dest="dev_command", metavar="COMMAND")
+    dev.set_defaults(func=_dev_without_command)
     up = dev_sub.add_parser(
         "up", parents=[without_kube],
         help="the whole system on this machine: a local control plane with simulated GPU "
@@ -627,7 +690,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "port's name or number; default its only port)")
     curl.add_argument("--address-map", metavar="DIR",
                       help="the lab network's address map (default: $VKP_ADDRESS_MAP, which "
-                           "dev up prints)")
+                           "dev up prints, else the one dev up --kubeconfig-out recorded in "
+                           "the kubeconfig)")
     curl.add_argument("--timeout", type=_positive_seconds, default=10.0,
                       help="seconds the request may take (default 10)")
     curl.set_defaults(func=_dev_curl, takes_kubeconfig=True)

@@ -470,6 +470,8 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
     try:
         n.chapter("A real control plane: etcd, kube-apiserver, controller-manager, scheduler"
                   + (", and Kueue" if with_kueue else ""))
+        n.say("starting etcd, kube-apiserver, kube-controller-manager and kube-scheduler on "
+              "loopback (a few seconds) ...")
         await cluster.start()
         cluster.start_fake_kubelet(start_delay=1, address_map_dir=network)
         n.say(f"API server at {cluster.server}; logs in {cluster.log_dir}")
@@ -491,9 +493,15 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
                 from vkprovider.testing.kueue import KUEUE_VERSION, KueueManager
 
                 kueue = KueueManager(cluster=cluster, home=kueue_home)  # cluster.stop() ends it
+                # the longest quiet step of the story: say what it waits for
+                n.say(f"starting Kueue {KUEUE_VERSION}: installing its CRDs, starting its "
+                      f"manager, then waiting until its webhooks admit and convert objects "
+                      f"(about 20-30 s on 2 cores) ...")
+                began = time.monotonic()
                 await kueue.start()
-                n.say(f"Kueue {KUEUE_VERSION}: its CRDs, the manager, its webhooks at "
-                      f"{kueue.url} (signed by the cluster CA)")
+                n.say(f"Kueue {KUEUE_VERSION} ready in {time.monotonic() - began:.0f}s: its "
+                      f"CRDs, the manager, its webhooks at {kueue.url} (signed by the cluster "
+                      f"CA)")
 
             n.chapter("Two mock GPU clouds, the virtual kubelet and the companion")
             for cloud in clouds:
@@ -670,11 +678,17 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
             min_ready: list[int] = []
             serving_from = f"{len(clouds_used)} cloud{'s' if len(clouds_used) != 1 else ''}"
 
+            # each gang pod runs training_seconds: a quiet wait unless the narration says so
+            n.say(f"the gang trains for {training_seconds:g} s while inference serves from the "
+                  f"clouds (progress every 5 s) ...")
+            training_began = time.monotonic()
+
             async def training_done() -> tuple[bool, str]:
                 ps = await _pods(kube, "training")
                 done = sum(1 for p in ps if p.get("status", {}).get("phase") == "Succeeded")
-                return done == replicas, (f"{done}/{replicas} training pods Succeeded; "
-                                          + _traffic(lg, serving_from))
+                so_far = int(time.monotonic() - training_began) // 5 * 5
+                return done == replicas, (f"{done}/{replicas} training pods Succeeded after "
+                                          f"{so_far} s; " + _traffic(lg, serving_from))
 
             await n.until("training", training_done, timeout=training_seconds + 120)
             n.say(_chapter_line(lg))
@@ -741,6 +755,8 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
                 result.leaks += live
                 result.dollars += spent
             result.dollars = round(result.dollars, 4)
+            n.say("reading the provider's own count of the spend (its Lease), once every "
+                  "instance is closed in it (up to 15 s) ...")
             result.counted_dollars = await _counted_spend(kube)
             n.say("\n" + table(summary_rows(result)))
             judged = ("every chapter must fail none, the way out included (pre-warmed)"

@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from vkprovider.demo import Narrator
 from vkprovider.errors import VKError
 from vkprovider.kube import KubeClient
@@ -66,6 +68,7 @@ CLOUD = "mock"  # the mock cloud's name and its GPUProvider's
 NAMESPACE = "vkprovider-system"
 DEFAULT_INVENTORY = "H100:us-east:8:2.49,H100:eu-west:8:2.19,A100:us-east:8:1.29"
 EXAMPLE_POLICY = REPO_ROOT / "manifests" / "examples" / "overflowpolicy-dev-mock.yaml"
+ADDRESS_MAP_EXT = "vkprovider.io/address-map"  # in --kubeconfig-out: where dev curl dials
 READY_TIMEOUT = 120.0  # seconds for the virtual node and the GPUProvider to become Ready
 
 
@@ -207,13 +210,17 @@ class DevEnv:
                 from vkprovider.testing.kueue import KUEUE_VERSION, KueueManager
 
                 kueue = KueueManager(cluster=self.cluster)  # cluster.stop() ends it
+                self.n.say(f"starting Kueue {KUEUE_VERSION}: its CRDs, its manager, then "
+                           f"waiting until its webhooks answer (about 20-30 s on 2 cores) ...")
                 await kueue.start()
                 self.n.say(f"Kueue {KUEUE_VERSION}: its CRDs, the manager, its webhooks at "
                            f"{kueue.url} (signed by the cluster CA)")
             if not opts.cluster_only:
                 await self._start_system(kube=kube, provider_config=provider_config)
         if opts.kubeconfig_out is not None:
-            write_private(path=opts.kubeconfig_out, text=self.cluster.kubeconfig.read_text())
+            write_private(path=opts.kubeconfig_out,
+                          text=with_address_map(self.cluster.kubeconfig.read_text(),
+                                                address_map=self.network))
             self.wrote_kubeconfig = True
 
     # ---- the lab network: every process that serves or dials a replica shares one map -------
@@ -321,6 +328,39 @@ class DevEnv:
         if self.wrote_kubeconfig and self.options.kubeconfig_out is not None:
             with contextlib.suppress(FileNotFoundError):
                 self.options.kubeconfig_out.unlink()
+
+
+def with_address_map(kubeconfig: str, *, address_map: Path) -> str:
+    """``kubeconfig`` with the lab network's address map recorded as an extension of each
+    cluster (``vkprovider.io/address-map``; kubectl keeps extensions it does not know, as
+    minikube's), so that ``vkprovider dev curl`` finds the map with this kubeconfig alone."""
+    doc = yaml.safe_load(kubeconfig)
+    for entry in doc.get("clusters") or []:
+        cluster = entry.setdefault("cluster", {})
+        kept = [e for e in cluster.get("extensions") or [] if e.get("name") != ADDRESS_MAP_EXT]
+        cluster["extensions"] = [*kept, {"name": ADDRESS_MAP_EXT,
+                                         "extension": {"path": str(address_map)}}]
+    return str(yaml.safe_dump(doc, sort_keys=False))
+
+
+def address_map_of(kubeconfig: Path) -> str | None:
+    """The address map ``dev up`` recorded in ``kubeconfig`` (:func:`with_address_map`), if
+    any. Nothing else of the file is used; an unreadable file is no answer, not an error (the
+    kubeconfig's own loader reports what is wrong with it)."""
+    try:
+        doc = yaml.safe_load(kubeconfig.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    for entry in doc.get("clusters") or []:
+        cluster = entry.get("cluster") if isinstance(entry, dict) else None
+        for ext in (cluster or {}).get("extensions") or []:
+            if isinstance(ext, dict) and ext.get("name") == ADDRESS_MAP_EXT:
+                path = (ext.get("extension") or {}).get("path")
+                if isinstance(path, str) and path:
+                    return path
+    return None
 
 
 def write_private(*, path: Path, text: str) -> None:

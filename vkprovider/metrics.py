@@ -171,8 +171,9 @@ class Metrics:
         self.spend = Counter(
             "vkprovider_spend_dollars",
             "Dollars this node's instances have cost, counted from the clouds' listings and "
-            "persisted on the Node (continues across restarts and leader changes; a lower "
-            "bound of the bill by at most one sweep interval per instance).",
+            "persisted in the Lease vkprovider-spend-<node> (continues across restarts and "
+            "leader changes; a lower bound of the bill by at most one sweep interval per "
+            "instance).",
             ["provider"], registry=r)
         self.queue_depth = Gauge("vkprovider_workqueue_depth", "Pod keys waiting for a worker.",
                                  registry=r)

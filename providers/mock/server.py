@@ -178,8 +178,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import uvicorn
@@ -289,6 +290,19 @@ class _Server(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await self._state.aclose_listeners()
         await super().shutdown(sockets=sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's, except that a SIGTERM is not re-raised once the server has stopped: the
+        mock cloud was asked to stop and did, so its process exits 0 (a re-raised SIGTERM
+        kills it: status 143, which a supervisor or ``wait`` reports as a failure). Ctrl-C
+        (SIGINT) is still re-raised: the command exits 130, as an interrupted one should."""
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                self._captured_signals[:] = [
+                    sig for sig in self._captured_signals if sig != signal.SIGTERM]
 
 
 async def _announce_once_listening(

@@ -2,7 +2,8 @@
 
 What the unit tests of the CLI cannot show without a cluster: the companion started from a
 settings file reaches a real API server and runs until SIGTERM (exit 0), and credentials the API
-server rejects end both commands at start with one line on stderr and exit status 2.
+server rejects end both commands at start with one line on stderr and exit status 2, and
+``dev curl`` says in one line when the Service does not exist or RBAC refuses it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from vkprovider.kube import KubeClient
 from vkprovider.testing.cluster import LocalCluster
+from vkprovider.testing.harness import service_account_kubeconfig
 
 pytestmark = pytest.mark.cluster
 
@@ -87,3 +90,36 @@ def test_rejected_credentials_are_one_line_and_exit_2(command: str, local_cluste
     assert "rejected the credentials (401 Unauthorized)" in lines[0]
     assert str(kubeconfig) in lines[0]
     assert "not-a-valid-token" not in done.stderr
+
+
+def _dev_curl(target: str, *, kubeconfig: Path, address_map: Path
+              ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "vkprovider", "dev", "curl", target,
+                           "--kubeconfig", str(kubeconfig), "--address-map", str(address_map)],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+async def test_dev_curl_names_a_missing_service_and_a_refusal_in_one_line(
+        local_cluster: LocalCluster, kube: KubeClient, namespace: str, tmp_path: Path) -> None:
+    """A mistyped Service (404) and credentials RBAC refuses (403): one line each, exit 1,
+    no traceback (it used to be the API error's traceback)."""
+    address_map = tmp_path / "addressmap"
+    address_map.mkdir()
+    done = _dev_curl(f"{namespace}/no-such-service/", kubeconfig=local_cluster.kubeconfig,
+                     address_map=address_map)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"no Service no-such-service in namespace {namespace}" in lines[0], lines[0]
+
+    # a ServiceAccount with no RoleBinding: the API server answers 403
+    await kube.create(f"/api/v1/namespaces/{namespace}/serviceaccounts", {
+        "apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "nobody"}})
+    nobody = await service_account_kubeconfig(kube=kube, cluster=local_cluster,
+                                              namespace=namespace, name="nobody",
+                                              path=tmp_path / "nobody.kubeconfig")
+    done = _dev_curl(f"{namespace}/web/", kubeconfig=nobody, address_map=address_map)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "403 Forbidden" in lines[0] and f"{namespace}/web" in lines[0], lines[0]

@@ -59,7 +59,7 @@ def test_oci_labels_match_pyproject() -> None:
     for key in OCI:
         assert labels.get(f"org.opencontainers.image.{key}"), f"no {key} label"
     assert labels["org.opencontainers.image.version"] == project["version"]
-    assert labels["org.opencontainers.image.licenses"] == project["license"]["text"]
+    assert labels["org.opencontainers.image.licenses"] == project["license"]  # PEP 639
     assert labels["org.opencontainers.image.title"] == project["name"]
 
 

@@ -411,3 +411,61 @@ def test_subprocess_bad_inputs(case: str, files: dict[str, Path], tmp_path: Path
     done = _command(*args, env=env)
     assert done.returncode == code, done.stderr
     assert_one_line(done.stderr, needle)
+
+
+# -- what a newcomer types first ----------------------------------------------------------------
+
+
+def test_dev_without_a_command_names_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_main(["dev"], capsys)
+    assert code == 2
+    assert_one_line(err, "vkprovider dev: error:", "up or curl")
+    assert "dev_command" not in err  # argparse's internal name for it
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["dev", "--help"], ["demo", "--help"]])
+def test_help_is_plain_text(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_main(argv, capsys)
+    assert code == 0 and "usage: vkprovider" in out
+    assert "``" not in out and ":class:" not in out and ":mod:" not in out, out
+
+
+def test_demo_without_pytest_says_what_is_missing_in_one_line(tmp_path: Path) -> None:
+    """The image ships no pytest (runtime dependencies only): ``vkprovider demo`` there must not
+    die on an import; without the Go-built control plane it says so in one line."""
+    empty = tmp_path / "nothing-built"
+    empty.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TMPDIR": str(tmp_path),
+           "VKP_CONTROLPLANE_BIN": str(empty), "VKP_KUEUE_BIN": str(empty)}
+    code = ("import sys; sys.modules['pytest'] = sys.modules['pytest_asyncio'] = None; "
+            "from vkprovider.cli import main; sys.exit(main(['demo']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env=env, check=False)
+    assert done.returncode == 1, done.stderr
+    assert_one_line(done.stderr, "vkprovider demo: error:", "kube-apiserver", "make demo")
+
+
+def test_mock_cloud_exits_0_on_sigterm(tmp_path: Path) -> None:
+    """SIGTERM (kill, a supervisor, the quickstart's ``kill %1``) stops the mock cloud cleanly:
+    exit status 0, not death by the signal uvicorn re-raised (143)."""
+    import signal
+    import time
+
+    port = closed_port()
+    out = tmp_path / "mock.out"
+    with out.open("w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "vkprovider", "mock-cloud", "--port",
+                                 str(port)], stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while "listening" not in out.read_text() and proc.poll() is None:
+            assert time.monotonic() < deadline, out.read_text()
+            time.sleep(0.1)
+        assert proc.poll() is None, out.read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, out.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in out.read_text()

@@ -17,6 +17,7 @@ import pytest
 from vkprovider import cli
 from vkprovider.devcurl import DevCurlError, Target, address_map_dir, curl_service, parse_target
 from vkprovider.errors import ConfigError
+from vkprovider.kube.errors import ConnectionFailed, ForbiddenError, NotFoundError
 from vkprovider.probing.dialing import Route, publish_routes
 
 
@@ -134,3 +135,68 @@ def test_bad_dev_curl_input_is_one_line_exit_2(
     assert err.count("\n") == 1 and "Traceback" not in err, err
     for word in words:
         assert word in err, err
+
+
+def test_an_unreachable_api_server_is_one_line_exit_1(tmp_path: Path) -> None:
+    """The real command against a closed port: one line naming the API server, no traceback."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    kubeconfig = tmp_path / "kc"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: c, cluster: {{server: 'https://127.0.0.1:{port}', "
+        "insecure-skip-tls-verify: true}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+        "users: [{name: u, user: {token: sekrit-token-value}}]\n")
+    (tmp_path / "map").mkdir()
+    done = subprocess.run([sys.executable, "-m", "vkprovider", "dev", "curl", "dev/web/",
+                           "--kubeconfig", str(kubeconfig), "--address-map",
+                           str(tmp_path / "map")],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"the API server at https://127.0.0.1:{port} did not answer" in lines[0], lines[0]
+    assert "sekrit" not in done.stderr
+
+
+@pytest.mark.parametrize(("error", "words"), [
+    (NotFoundError("GET /api/v1/namespaces/dev/services/wbe: services \"wbe\" not found",
+                   status=404), ["no Service wbe in namespace dev"]),
+    (ForbiddenError("GET /api/v1/namespaces/dev/services/wbe: forbidden", status=403),
+     ["403 Forbidden", "dev/wbe"]),
+    (ConnectionFailed("GET /api/v1/namespaces/dev/services/wbe: refused"),
+     ["did not answer", "dev up"]),
+])
+def test_api_errors_read_as_what_went_wrong(error: Exception, words: list[str]) -> None:
+    said = cli._api_problem(error, host="https://127.0.0.1:6443", namespace="dev",
+                            service="wbe")
+    assert "\n" not in said
+    for word in words:
+        assert word in said, said
+
+
+def test_dev_up_records_the_address_map_in_its_kubeconfig_for_dev_curl(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``dev up --kubeconfig-out``, ``export KUBECONFIG=...`` is all dev curl needs."""
+    from vkprovider.devenv import address_map_of, with_address_map
+
+    admin = ("apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+             "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:6443'}}]\n"
+             "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+             "users: [{name: u, user: {token: t}}]\n")
+    network = tmp_path / "addressmap"
+    network.mkdir()
+    kubeconfig = tmp_path / "dev.kubeconfig"
+    kubeconfig.write_text(with_address_map(admin, address_map=network))
+    assert address_map_of(kubeconfig) == str(network)
+    assert address_map_of(tmp_path / "missing") is None
+    monkeypatch.delenv("VKP_ADDRESS_MAP", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    assert cli._recorded_address_map(None) == str(network)
+    assert cli._recorded_address_map(str(tmp_path / "missing")) is None

@@ -73,7 +73,8 @@ def test_every_command_dev_up_prints_is_on_the_quickstart_page_in_the_same_order
 
 def test_the_pages_deployment_is_the_one_dev_up_writes() -> None:
     heredocs = re.findall(r"kubectl apply -f - <<'YAML'\n(.*?)\nYAML\n", PAGE, re.S)
-    deployments = [d for d in map(yaml.safe_load, heredocs) if d["kind"] == "Deployment"]
+    deployments = [d for h in heredocs for d in yaml.safe_load_all(h)
+                   if d["kind"] == "Deployment" and d["metadata"]["name"] == "llm"]
     assert deployments == [yaml.safe_load(example_deployment(replicas=10))]
     # 10 replicas on the default 2 x 4 internal GPUs: two burst
     assert DevOptions().gpu_nodes * DevOptions().gpus_per_node == 8

@@ -555,3 +555,129 @@ def test_the_companion_serves_healthz_and_metrics_as_documented() -> None:
     assert asyncio.run(get("/nope")).status_code == 404
     ops = _doc("operations.md")
     assert re.search(r"companion.*/healthz|/healthz.*companion", ops, re.I | re.S)
+
+
+# ---- examples a reader copies, and what the quickstart promises ---------------------------------
+
+
+def _gpuprovider_examples() -> list[tuple[str, dict[str, Any]]]:
+    """Every GPUProvider object in a ```yaml block of docs/**/*.md."""
+    found = []
+    for path in sorted(DOCS.rglob("*.md")):
+        for block in _yaml_blocks(path.read_text()):
+            try:
+                objs = list(yaml.safe_load_all(block))
+            except yaml.YAMLError:
+                continue  # fragments (values files, settings) are other tests' business
+            for obj in objs:
+                if isinstance(obj, dict) and obj.get("kind") == "GPUProvider":
+                    found.append((str(path.relative_to(ROOT)), obj))
+    return found
+
+
+def test_every_gpuprovider_example_in_the_docs_builds_its_adapter(monkeypatch: Any) -> None:
+    """A copied example must be Valid=True: its options are what the adapter accepts (the
+    RunPod example said ``cloudType``, which the adapter refuses; its option is ``cloud``)."""
+    import socket
+
+    from vkprovider.placement.policy import parse_gpu_provider
+    from vkprovider.registry import build_from_spec
+
+    def refuse(self: socket.socket, address: Any) -> None:
+        raise AssertionError(f"an adapter connected to {address} while being built")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    examples = _gpuprovider_examples()
+    assert any(obj["spec"]["type"] == "runpod" for _, obj in examples), examples
+
+    async def build(obj: dict[str, Any]) -> None:
+        provider = parse_gpu_provider(obj)
+        adapter = build_from_spec(name=provider.name, spec=provider.spec,
+                                  api_key="fake-key-for-tests", owner="vk-docs", timeout=5.0)
+        await adapter.aclose()
+
+    for where, obj in examples:
+        try:
+            asyncio.run(build(obj))
+        except Exception as exc:  # the adapter's own refusal, named with the page
+            raise AssertionError(f"{where}: GPUProvider {obj['metadata']['name']}: {exc}") from exc
+
+
+def test_the_spend_metric_says_where_the_record_is_kept() -> None:
+    from vkprovider.node.spend import spend_lease_path
+
+    family = next(m for m in Metrics().registry.collect() if m.name == "vkprovider_spend_dollars")
+    lease = spend_lease_path(namespace="ns", node="<node>").rsplit("/", 1)[1]
+    assert f"Lease {lease}" in family.documentation, family.documentation
+    assert "on the Node" not in family.documentation
+
+
+def test_the_standby_is_described_as_it_runs() -> None:
+    """configuration.md and install.md say the same about a standby provider replica, and what
+    the Deployment does: it answers /healthz, so it is Ready, and the rollout strategy is the
+    manifests' (configuration.md used to say "not Ready" and "Recreate")."""
+    deployment = yaml.safe_load((ROOT / "manifests/base/deployment.yaml").read_text())
+    strategy = deployment["spec"]["strategy"]["type"]
+    probe = deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
+    assert probe["httpGet"]["path"] == "/healthz"
+    leader = _section(_doc("configuration.md"), "## Leader election")
+    install = _section(_doc("install.md"), "### Probes and rollouts")
+    for name, text in (("configuration.md", leader), ("install.md", install)):
+        flat = " ".join(text.split())
+        assert "/healthz" in flat and "standby" in flat, name
+        assert strategy in flat, f"{name} does not name the rollout strategy {strategy}"
+        assert "/metrics" in flat and "vkprovider_leader" in flat, (
+            f"{name} does not say a standby serves /metrics (vkprovider/service.py: standby_app)")
+        for wrong in ("Recreate", "not Ready", "runs nothing but", "no `/metrics`"):
+            assert wrong not in flat, f"{name} says {wrong!r} of the standby"
+
+
+def _quickstart_bash() -> list[str]:
+    return re.findall(r"```bash\n(.*?)```", _doc("quickstart.md"), flags=re.S)
+
+
+def test_what_the_quickstart_writes_in_the_checkout_is_ignored_by_git() -> None:
+    """``vk.yaml``/``vk.log``/``dev.kubeconfig`` must not show up as untracked files."""
+    import subprocess
+
+    written: set[str] = set()
+    for block in _quickstart_bash():
+        written |= set(re.findall(r"(?:>|--kubeconfig-out)\s+([\w.-]+\.[a-z]+)\b", block))
+    assert {"vk.yaml", "vk.log", "dev.kubeconfig"} <= written, written
+    done = subprocess.run(["git", "-C", str(ROOT), "check-ignore", *sorted(written)],
+                          capture_output=True, text=True, check=False)
+    ignored = set(done.stdout.split())
+    assert ignored == written, f"not in .gitignore: {sorted(written - ignored)}"
+
+
+def test_the_quickstart_states_what_kueue_needs_and_how_settings_take_effect() -> None:
+    page = " ".join(_doc("quickstart.md").split())
+    kueue_source = (SOURCE / "testing" / "kueue.py").read_text()
+    if '"unshare"' in kueue_source:  # Kueue's local run: make demo needs it
+        assert "`unshare`" in page and "user namespaces" in page
+    if '"--map-root-user"' in kueue_source:
+        assert "--map-root-user" in page
+    # settings are read once at start: editing the ConfigMap needs a restart, of Deployments
+    # and a ConfigMap that exist under those names
+    restart = re.search(r"rollout restart ((?:deployment/[\w-]+ ?)+)", page)
+    assert restart, "the quickstart does not say how an edited ConfigMap takes effect"
+    base = ROOT / "manifests" / "base"
+    names = {obj["metadata"]["name"] for f in base.glob("*.yaml")
+             for obj in yaml.safe_load_all(f.read_text()) if obj and obj["kind"] == "Deployment"}
+    for ref in restart.group(1).split():
+        assert ref.split("/", 1)[1] in names, ref
+    configmap = re.search(r"edit configmap ([\w-]+)", page)
+    assert configmap, "the quickstart does not name the ConfigMap"
+    maps = {obj["metadata"]["name"] for f in base.glob("*.yaml")
+            for obj in yaml.safe_load_all(f.read_text()) if obj and obj["kind"] == "ConfigMap"}
+    assert configmap.group(1) in maps, (configmap.group(1), maps)
+
+
+def test_the_quickstart_promises_provider_created_only_when_it_is_written() -> None:
+    """With the default ``lifecycle_events: minimal`` ProviderCreated is written only while a
+    boot is slow: the page must not promise it in ``kubectl describe`` unconditionally."""
+    default = Settings.model_fields["pods"].default_factory().lifecycle_events  # type: ignore[misc]
+    page = " ".join(_doc("quickstart.md").split())
+    if default == "minimal":
+        sentence = next(s for s in re.split(r"(?<=\.)\s", page) if "`ProviderCreated`" in s)
+        assert "verbose" in sentence and "slow" in sentence, sentence

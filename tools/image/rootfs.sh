@@ -13,8 +13,8 @@
 # ${VKP_CACHE:-${XDG_CACHE_HOME:-~/.cache}/vkprovider}/rootfs-<hash>. The Debian part alone is
 # cached as base-<hash> (by the mmdebstrap command and mirrors), so a source change only
 # reinstalls the venv (~15 s); a warm run only builds the wheel (~2 s). Dependencies are
-# resolved when the rootfs is built, as the Dockerfile resolves them when the image is built;
-# they are not part of the hash. Needs root (mmdebstrap --mode=root, chroot), mmdebstrap
+# requirements/runtime.lock's, checked against its hashes, as the Dockerfile installs them; the
+# lock is part of the hash. Needs root (mmdebstrap --mode=root, chroot), mmdebstrap
 # (apt-get install mmdebstrap), the project venv (make venv) and the package registries.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -73,8 +73,10 @@ debootstrap=(mmdebstrap --mode=root --variant="$VARIANT" --include="$PACKAGES"
   --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*'
   --dpkgopt='path-include=/usr/share/doc/*/copyright' "$SUITE")
 base_key=$(printf '%s\n' "${debootstrap[@]}" "${MIRRORS[@]}" | sha256sum | cut -c1-16)
+lock="$repo/requirements/runtime.lock"
+[ -f "$lock" ] || die "$lock is missing (make lock)"
 key=$(printf '%s\n' "$base_key" "$(sha256sum <"$self")" "$(sha256sum <"$wheel")" "$user_cmds" \
-  | sha256sum | cut -c1-16)
+  "$(sha256sum <"$lock")" | sha256sum | cut -c1-16)
 base="$cache_root/base-$base_key"
 out="$cache_root/rootfs-$key"
 if [ -d "$out" ]; then  # a directory of that name is only ever made by the final mv
@@ -103,16 +105,22 @@ host_ver=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 root_ver=$(chroot "$root" /usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 [ "$host_ver" = "$root_ver" ] || die "the host venv is Python $host_ver, the root's $root_ver:" \
   "the wheelhouse would not fit (set VKP_PYTHON to a Python $root_ver)"
-say "wheelhouse (dependencies resolved now, for Python $root_ver)"
+say "wheelhouse (requirements/runtime.lock, hash-checked, for Python $root_ver)"
 mkdir "$root/tmp/wheels"
+cp "$lock" "$root/tmp/runtime.lock"
 "$py" -m pip wheel -q --disable-pip-version-check --wheel-dir "$root/tmp/wheels" \
-  --find-links "$work/dist" "$wheel" >&2
+  --require-hashes -r "$lock" >&2
 pip_whl=$(cd "$root" && ls usr/share/python-wheels/pip-*.whl)
 in_root() { chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root "$@"; }
 in_root /usr/bin/python3 -m venv --without-pip "$VENV"
+# as the Dockerfile: the locked dependencies (hashes checked), then the project's wheel alone
 in_root "$VENV/bin/python" "/$pip_whl/pip" install -q --disable-pip-version-check \
-  --no-cache-dir --no-index --find-links /tmp/wheels "/tmp/wheels/$(basename "$wheel")" >&2
-rm -rf "$root/tmp/wheels" "$root/root/.cache"
+  --no-cache-dir --no-index --find-links /tmp/wheels --no-deps --require-hashes \
+  -r /tmp/runtime.lock >&2
+cp "$wheel" "$root/tmp/wheels/"
+in_root "$VENV/bin/python" "/$pip_whl/pip" install -q --disable-pip-version-check \
+  --no-cache-dir --no-index --no-deps "/tmp/wheels/$(basename "$wheel")" >&2
+rm -rf "$root/tmp/wheels" "$root/tmp/runtime.lock" "$root/root/.cache"
 in_root /bin/sh -c "$user_cmds"
 [ -x "$root$VENV/bin/vkprovider" ] || die "no $VENV/bin/vkprovider after the install"
 

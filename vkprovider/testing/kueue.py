@@ -37,12 +37,11 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import yaml
 
 from vkprovider.errors import VKError
@@ -74,6 +73,9 @@ def find_kueue() -> Path:
     run (warm: it prints the cached folder at once; cold: it builds, minutes), as the other
     tools of the test suite (helm, kubectl, the image's root filesystem) are found."""
     env = os.environ.get("VKP_KUEUE_BIN")
+    if not env and not BUILD_SCRIPT.exists():  # installed, not a checkout (the image)
+        raise KueueError("no Kueue build: set VKP_KUEUE_BIN, or run from a checkout that has "
+                         "tools/kueue/build.sh")
     if not env:
         built = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True,
                                check=False)
@@ -408,15 +410,12 @@ async def _converted(kube: KubeClient) -> bool:
 # ---- pytest ---------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def kueue(local_cluster: LocalCluster) -> Iterator[KueueManager]:
-    """Real Kueue (``VKP_KUEUE_BIN``) beside the session's cluster, started once per run.
+def __getattr__(name: str) -> Any:
+    """``from vkprovider.testing.kueue import kueue``: the session fixture, from
+    :mod:`vkprovider.testing.kueuefixture`. Imported only when asked for, so that this module
+    (and ``vkprovider demo``, ``dev up --kueue``) needs no pytest: the image ships none."""
+    if name == "kueue":
+        from vkprovider.testing.kueuefixture import kueue
 
-    A missing build is an error, not a skip: ``export VKP_KUEUE_BIN=$(bash tools/kueue/build.sh)``.
-    """
-    manager = KueueManager(cluster=local_cluster)
-    try:
-        asyncio.run(manager.start())
-        yield manager
-    finally:
-        asyncio.run(manager.stop())
+        return kueue
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
