@@ -189,8 +189,8 @@ def test_secrets_are_read_by_name_only() -> None:
 
 
 def test_a_test_node_gets_the_same_named_rules_as_the_charts_node() -> None:
-    """The e2e harness's per-node grant (harness.node_rbac) is the provider's rules renamed."""
-    objs = [o for o in yaml.safe_load_all((BASE / "rbac.yaml").read_text()) if o]
+    """The e2e harness's per-node grant (harness.node_rbac) is the chart's rules renamed."""
+    objs = rendered()
     named = sorted((o["kind"], o["metadata"].get("namespace"), r["verbs"], r["resourceNames"])
                    for o in objs if o["kind"] in ("Role", "ClusterRole")
                    for r in o["rules"] if r.get("resourceNames")

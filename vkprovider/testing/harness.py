@@ -77,14 +77,15 @@ MANIFESTS_NODE = "vk-gpu-burst"
 
 
 def node_rbac(node: str) -> list[dict[str, Any]]:
-    """The rules of manifests/base/rbac.yaml that name the node's objects, for ``node``.
+    """The rules of manifests/base/rbac*.yaml that name the node's objects, for ``node``.
 
-    The rendered RBAC grants the provider its own Node and Leases by name (resourceNames), for
-    the chart's ``node.name``. A test node of another name gets the same rules with its name:
-    what ``helm template --set node.name=<node>`` renders, as extra Roles and bindings whose
-    names end in ``--<node>``.
+    The rendered RBAC grants the provider its own Node and Leases, and the companion its Lease,
+    by name (resourceNames), for the chart's ``node.name``. A test node of another name gets the
+    same rules with its name: what ``helm template --set node.name=<node>`` renders, as extra
+    Roles and bindings whose names end in ``--<node>``.
     """
-    objs = [o for o in yaml.safe_load_all((MANIFESTS / "base" / "rbac.yaml").read_text()) if o]
+    objs = [o for name in ("rbac.yaml", "rbac-policies.yaml")
+            for o in yaml.safe_load_all((MANIFESTS / "base" / name).read_text()) if o]
     out: list[dict[str, Any]] = []
     roles: set[tuple[str, str]] = set()
     for obj in objs:
@@ -109,7 +110,7 @@ def node_rbac(node: str) -> list[dict[str, Any]]:
 
 
 async def grant_provider_node(*, kube: KubeClient, node: str) -> None:
-    """Let the provider's ServiceAccount serve ``node`` as the chart would (see node_rbac)."""
+    """Let the ServiceAccounts serve ``node`` as the chart would (see node_rbac)."""
     if node == MANIFESTS_NODE:
         return
     for obj in node_rbac(node):
