@@ -74,7 +74,12 @@ from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import NotFoundError
 from vkprovider.kube.watching import Informer
 from vkprovider.testing.cluster import LocalCluster
-from vkprovider.testing.harness import MockCloudProcess, ProviderProcess, install_provider_rbac
+from vkprovider.testing.harness import (
+    MockCloudProcess,
+    ProviderProcess,
+    grant_provider_node,
+    install_provider_rbac,
+)
 
 TOLERATION = {"key": "virtual-kubelet.io/provider", "operator": "Equal", "value": "vkprovider",
               "effect": "NoSchedule"}
@@ -782,6 +787,9 @@ async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float]
                     systems += go_systems(binary=binary, work=work,
                                           kubeconfig=cluster.kubeconfig, modes=go_modes,
                                           workers=workers, n=n)
+                for system in systems:  # ours: its Node and Leases (RBAC resourceNames)
+                    if isinstance(system, Ours):
+                        await grant_provider_node(kube=kube, node=system.node)
                 if round_ % 2:  # alternate who goes first: the cluster warms and ages
                     systems.reverse()
                 for system in systems:

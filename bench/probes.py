@@ -72,7 +72,12 @@ from bench.steady import (
 from vkprovider.kube import KubeClient
 from vkprovider.kube.watching import Informer
 from vkprovider.testing.cluster import LocalCluster
-from vkprovider.testing.harness import MockCloudProcess, ProviderProcess, install_provider_rbac
+from vkprovider.testing.harness import (
+    MockCloudProcess,
+    ProviderProcess,
+    grant_provider_node,
+    install_provider_rbac,
+)
 
 LAG_HISTOGRAM = "vkprovider_event_loop_lag_seconds"
 MODES = ("baseline", "probes")
@@ -330,6 +335,7 @@ async def run_mode(*, kube: KubeClient, kubeconfig: Path, work: Path, mode: str,
     cloud = MockCloudProcess(work_dir=work, name=mode, boot_delay=0.0,
                              inventory=f"H100:us-east:{n + 1000}:2.49", address_map_dir=network)
     await cloud.start()
+    await grant_provider_node(kube=kube, node=node)  # its Node and Leases (RBAC resourceNames)
     provider = ProviderProcess(
         work_dir=work, kubeconfig=kubeconfig, node_name=node, clouds=[cloud],
         pods={**SETTINGS["pods"], "probe_address_map": str(network)}, node=SETTINGS["node"],

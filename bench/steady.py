@@ -66,7 +66,12 @@ from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import NotFoundError
 from vkprovider.kube.watching import Informer
 from vkprovider.testing.cluster import LocalCluster
-from vkprovider.testing.harness import MockCloudProcess, ProviderProcess, install_provider_rbac
+from vkprovider.testing.harness import (
+    MockCloudProcess,
+    ProviderProcess,
+    grant_provider_node,
+    install_provider_rbac,
+)
 
 SWEEP_HISTOGRAM = "vkprovider_sweep_duration_seconds"
 SETTLE_SECONDS = 10.0
@@ -448,6 +453,7 @@ async def run_ours(*, kube: KubeClient, kubeconfig: Path, work: Path, sizes: lis
     results: list[dict[str, Any]] = []
     cloud = MockCloudProcess(work_dir=work, name="steady", boot_delay=0.0, inventory=inventory)
     await cloud.start()
+    await grant_provider_node(kube=kube, node=node)  # its Node and Leases (RBAC resourceNames)
     provider = ProviderProcess(
         work_dir=work, kubeconfig=kubeconfig, node_name=node, clouds=[cloud],
         pods=SETTINGS["pods"], node=SETTINGS["node"],

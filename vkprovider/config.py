@@ -9,7 +9,9 @@ Secrets never live here: a provider names the environment variable or file holdi
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path
@@ -188,13 +190,52 @@ class GPUProviderSourceSettings(_Frozen):
     ``secret_refresh_seconds`` (and when the object changes); a new resourceVersion rebuilds the
     adapter. ``status`` is patched only on change and at most every ``status_interval_seconds``
     per object.
+
+    Whoever may write a GPUProvider must not be able to send a Secret to a server of their
+    choice, nor make this process call addresses inside the cluster: a ``credentialsSecret`` is
+    read only from this process's own namespace (``leader_election.namespace``) or one listed in
+    ``secret_namespaces``, and ``spec.endpoint`` may name only the cloud's own public API host,
+    a host listed in ``allowed_endpoint_hosts``, or (``type: mock`` without a key) any host but
+    a link-local one (vkprovider/registry.py, ``trust_problems``).
     """
 
     enabled: bool = True
+    # namespaces besides the provider's own whose Secrets a GPUProvider may name
+    secret_namespaces: tuple[str, ...] = ()
+    # hosts (names or IP addresses, no port) a GPUProvider's spec.endpoint may name besides the
+    # cloud's public API host; a listed host may be private and use http (an operator's proxy)
+    allowed_endpoint_hosts: tuple[str, ...] = ()
     secret_refresh_seconds: float = Field(default=30.0, gt=0, le=30.0)
     status_interval_seconds: float = Field(default=5.0, ge=1.0)
     resync_seconds: float = Field(default=2.0, gt=0)  # how often objects are re-examined
     timeout_seconds: float = Field(default=15.0, gt=0)  # HTTP timeout of the adapters built
+
+    @field_validator("secret_namespaces")
+    @classmethod
+    def _namespaces(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for i, name in enumerate(value):
+            if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", name):
+                raise ValueError(f"[{i}]: {name!r} is not a namespace name")
+        return value
+
+    @field_validator("allowed_endpoint_hosts")
+    @classmethod
+    def _hosts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        out = []
+        for i, host in enumerate(value):
+            norm = host.strip().lower().rstrip(".")
+            if norm.startswith("[") and norm.endswith("]"):
+                norm = norm[1:-1]
+            if ":" in norm:  # only an IPv6 address has colons: "host:port" is refused
+                try:
+                    norm = str(ipaddress.IPv6Address(norm))
+                except ValueError:
+                    norm = ""
+            if not norm or not re.fullmatch(r"[a-z0-9._:-]+", norm):
+                raise ValueError(f"[{i}]: {host!r} is not a host name or IP address "
+                                 "(no scheme, port or path)")
+            out.append(norm)
+        return tuple(out)
 
 
 class LeaderElectionSettings(_Frozen):

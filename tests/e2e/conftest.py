@@ -18,6 +18,7 @@ from vkprovider.testing.harness import (
     CompanionProcess,
     MockCloudProcess,
     ProviderProcess,
+    grant_provider_node,
     install_crds,
     install_provider_rbac,
     service_account_kubeconfig,
@@ -126,6 +127,7 @@ async def system(kube: KubeClient, provider_kubeconfig: Path, tmp_path: Path,
                  ) -> AsyncIterator[System]:
     sys_ = System(work_dir=tmp_path, kubeconfig=provider_kubeconfig, kube=kube,
                   client_ca=local_cluster.ca_path, network=local_cluster.address_map_dir)
+    await grant_provider_node(kube=kube, node=sys_.node_name)  # its Node and Leases, by name
     try:
         yield sys_
     finally:

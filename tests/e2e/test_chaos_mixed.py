@@ -178,7 +178,8 @@ async def test_300_pods_survive_mixed_faults_kills_a_leader_kill_and_an_apiserve
         await cluster.start()
         async with cluster.client() as kube:
             kubeconfig = await install_provider_rbac(kube=kube, cluster=cluster,
-                                                     path=tmp_path / "provider.kubeconfig")
+                                                     path=tmp_path / "provider.kubeconfig",
+                                                     nodes=[NODE])
             await cloud.start()
             provider = Provider(work_dir=tmp_path, kubeconfig=kubeconfig, cloud=cloud,
                                 ca=cluster.ca_path)

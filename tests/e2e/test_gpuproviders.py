@@ -40,6 +40,12 @@ FAST = {"gpu_providers": {"secret_refresh_seconds": 1, "status_interval_seconds"
                           "resync_seconds": 0.5}}
 
 
+def trusting(namespace: str) -> dict[str, Any]:
+    """FAST, and trust in the test's namespace (its Secrets) and in 127.0.0.1 (its clouds)."""
+    return {"gpu_providers": {**FAST["gpu_providers"], "secret_namespaces": [namespace],
+                              "allowed_endpoint_hosts": ["127.0.0.1"]}}
+
+
 class KeyedMockCloud(MockCloudProcess):
     """A mock cloud that answers only requests carrying ``api_key`` (admin calls included)."""
 
@@ -104,7 +110,7 @@ async def secret(kube: KubeClient, ns: str, name: str, value: str, *, update: bo
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": data})
 
 
-async def start(system: System, local_cluster: LocalCluster, *, api_key: str,
+async def start(system: System, local_cluster: LocalCluster, *, api_key: str, namespace: str,
                 inventory: str = "H100:us-east:8:2.50",
                 pods: dict[str, Any] | None = None) -> KeyedMockCloud:
     cloud = KeyedMockCloud(work_dir=system.work_dir, name="keyed", api_key=api_key,
@@ -113,8 +119,8 @@ async def start(system: System, local_cluster: LocalCluster, *, api_key: str,
     system.clouds.append(cloud)
     system.provider = ProviderProcess(
         work_dir=system.work_dir, kubeconfig=system.kubeconfig, node_name=system.node_name,
-        clouds=[], config_providers=False, client_ca_file=local_cluster.ca_path, extra=FAST,
-        pods=pods)
+        clouds=[], config_providers=False, client_ca_file=local_cluster.ca_path,
+        extra=trusting(namespace), pods=pods)
     system.provider.start()
     return cloud
 
@@ -163,7 +169,7 @@ async def test_gpuprovider_serves_pods_and_reports_health_blocks_and_spend(
 ) -> None:
     name = f"gp-{uuid.uuid4().hex[:6]}"
     await secret(kube, namespace, "cloud-key", "right-key")
-    cloud = await start(system, local_cluster, api_key="right-key")
+    cloud = await start(system, local_cluster, api_key="right-key", namespace=namespace)
     await objects.gpu_provider(name, {
         "type": "mock", "endpoint": cloud.url,
         "credentialsSecret": {"namespace": namespace, "name": "cloud-key"}})
@@ -218,7 +224,7 @@ async def test_invalid_gpuproviders_get_valid_false_naming_the_field(
     kube: KubeClient, namespace: str, system: System, objects: Objects,
     local_cluster: LocalCluster,
 ) -> None:
-    cloud = await start(system, local_cluster, api_key="k")
+    cloud = await start(system, local_cluster, api_key="k", namespace=namespace)
     missing, wrong_key = f"gp-missing-{uuid.uuid4().hex[:6]}", f"gp-nokey-{uuid.uuid4().hex[:6]}"
     await kube.create(f"/api/v1/namespaces/{namespace}/secrets", {
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "other"},
@@ -248,7 +254,7 @@ async def test_max_gpus_caps_creation_and_allocatable(
 ) -> None:
     name = f"gp-cap-{uuid.uuid4().hex[:6]}"
     await secret(kube, namespace, "cloud-key", "k")
-    cloud = await start(system, local_cluster, api_key="k")
+    cloud = await start(system, local_cluster, api_key="k", namespace=namespace)
     await objects.gpu_provider(name, {
         "type": "mock", "endpoint": cloud.url, "maxGPUs": 2,
         "credentialsSecret": {"namespace": namespace, "name": "cloud-key"}})

@@ -18,7 +18,7 @@ import pytest
 
 from vkprovider.kube import KubeClient
 from vkprovider.testing.cluster import LocalCluster
-from vkprovider.testing.harness import CompanionProcess
+from vkprovider.testing.harness import CompanionProcess, grant_provider_node
 from vkprovider.testing.plugin import GPUNodeFactory
 from vkprovider.testing.waiting import eventually
 
@@ -44,6 +44,7 @@ async def test_one_companion_serves_two_virtual_nodes(
     other = System(work_dir=tmp_path / "b", kubeconfig=provider_kubeconfig, kube=kube,
                    client_ca=local_cluster.ca_path)
     (tmp_path / "b").mkdir()
+    await grant_provider_node(kube=kube, node=other.node_name)
     a, b = system.node_name, other.node_name
     companion = CompanionProcess(work_dir=tmp_path, kubeconfig=companion_kubeconfig,
                                  node_name=[a, b], interval=0.5, move_back_interval=1.0)

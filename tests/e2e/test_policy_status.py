@@ -53,7 +53,8 @@ async def start(system: System, local_cluster: LocalCluster, namespace: str,
     system.clouds.append(cloud)
     system.provider = ProviderProcess(
         work_dir=system.work_dir, kubeconfig=system.kubeconfig, node_name=system.node_name,
-        clouds=[], config_providers=False, client_ca_file=local_cluster.ca_path, extra=FAST,
+        clouds=[], config_providers=False, client_ca_file=local_cluster.ca_path,
+        extra={"gpu_providers": {**FAST["gpu_providers"], "secret_namespaces": [namespace]}},
         node={"labels": {"vkprovider.io/pool": namespace}})
     system.provider.start()
     system.start_companion(kubeconfig=companion_kubeconfig)

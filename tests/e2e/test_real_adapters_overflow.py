@@ -31,7 +31,7 @@ from vkprovider.testing.plugin import GPUNodeFactory
 from vkprovider.testing.waiting import eventually
 
 from .conftest import System
-from .test_gpuproviders import FAST, GPUPROVIDERS, secret
+from .test_gpuproviders import GPUPROVIDERS, secret, trusting
 from .test_overflow import POLICIES, gpu_deployment, pods, policy
 
 pytestmark = pytest.mark.cluster
@@ -99,8 +99,8 @@ async def test_overflow_runs_through_the_real_adapter_and_its_spec_validated_fak
     await secret(kube, namespace, "cloud-key", cloud.api_key)
     system.provider = ProviderProcess(
         work_dir=system.work_dir, kubeconfig=system.kubeconfig, node_name=system.node_name,
-        clouds=[], config_providers=False, client_ca_file=local_cluster.ca_path, extra=FAST,
-        node={"labels": {"vkprovider.io/pool": namespace}})
+        clouds=[], config_providers=False, client_ca_file=local_cluster.ca_path,
+        extra=trusting(namespace), node={"labels": {"vkprovider.io/pool": namespace}})
     system.provider.start()
     system.companion = CompanionProcess(work_dir=system.work_dir, kubeconfig=companion_kubeconfig,
                                         node_name=system.node_name, interval=0.5)

@@ -19,6 +19,10 @@ Rules:
   instances); otherwise the old adapter is kept, draining, under an alias.
 * An invalid object (schema problem, missing Secret or key, options the adapter refuses) is not
   used: ``Valid=False`` names the field. If it was serving, its adapter drains.
+* An untrusted object (:func:`vkprovider.registry.trust_problems`: a ``credentialsSecret``
+  outside our own namespace and ``gpu_providers.secret_namespaces``, or an ``endpoint`` that is
+  not the cloud's public API or an allowed host) is invalid the same way, and judged first: its
+  Secret is never read and its endpoint never called.
 * A deleted object's adapter drains: it creates nothing, keeps being listed (pods keep their
   status) and deletes its instances as their pods go; once a list shows it holds nothing of this
   node it is closed and removed.
@@ -58,7 +62,12 @@ from vkprovider.logs import kv
 from vkprovider.node import providerstatus as ps
 from vkprovider.node.providercaps import ProviderCaps
 from vkprovider.placement import policy as pol
-from vkprovider.registry import DEFAULT_ENDPOINTS, adapter_options, build_from_spec
+from vkprovider.registry import (
+    DEFAULT_ENDPOINTS,
+    adapter_options,
+    build_from_spec,
+    trust_problems,
+)
 
 if TYPE_CHECKING:
     from vkprovider.node.pods import PodController
@@ -127,6 +136,7 @@ class ProviderSource:
         self.controller = controller
         self.settings = settings.gpu_providers
         self.node = settings.node.name
+        self.namespace = settings.leader_election.namespace  # where our own Secrets are
         self.config_names = frozenset(p.name for p in settings.providers)
         self.clock = clock
         self.wall = wall
@@ -236,6 +246,11 @@ class ProviderSource:
             await self._invalid(name, list(exc.problems))
             return
         spec = parsed.spec
+        distrust = trust_problems(spec=spec, own_namespace=self.namespace, settings=self.settings)
+        if distrust:  # before anything is read or called: no Secret read, no request sent
+            self.secrets.pop(name, None)
+            await self._invalid(name, distrust)
+            return
         served = self.served.get(name)
         api_key: str | None = None
         secret_rv = ""

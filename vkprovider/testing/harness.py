@@ -72,11 +72,61 @@ async def service_account_kubeconfig(
     return cluster.write_token_kubeconfig(path=path, token=body["status"]["token"])
 
 
-async def install_provider_rbac(*, kube: KubeClient, cluster: LocalCluster, path: Path) -> Path:
+#: The node name manifests/base is rendered for (the chart's default ``node.name``).
+MANIFESTS_NODE = "vk-gpu-burst"
+
+
+def node_rbac(node: str) -> list[dict[str, Any]]:
+    """The rules of manifests/base/rbac*.yaml that name the node's objects, for ``node``.
+
+    The rendered RBAC grants the provider its own Node and Leases, and the companion its Lease,
+    by name (resourceNames), for the chart's ``node.name``. A test node of another name gets the
+    same rules with its name: what ``helm template --set node.name=<node>`` renders, as extra
+    Roles and bindings whose names end in ``--<node>``.
+    """
+    objs = [o for name in ("rbac.yaml", "rbac-policies.yaml")
+            for o in yaml.safe_load_all((MANIFESTS / "base" / name).read_text()) if o]
+    out: list[dict[str, Any]] = []
+    roles: set[tuple[str, str]] = set()
+    for obj in objs:
+        if obj["kind"] not in ("Role", "ClusterRole"):
+            continue
+        rules = [{**rule, "resourceNames": [n.replace(MANIFESTS_NODE, node)
+                                            for n in rule["resourceNames"]]}
+                 for rule in obj.get("rules") or []
+                 if any(MANIFESTS_NODE in n for n in rule.get("resourceNames") or [])]
+        if rules:
+            roles.add((obj["kind"], obj["metadata"]["name"]))
+            meta = {**obj["metadata"], "name": f"{obj['metadata']['name']}--{node}"}
+            out.append({**obj, "metadata": meta, "rules": rules})
+    for obj in objs:
+        ref = obj.get("roleRef") or {}
+        if obj["kind"] in ("RoleBinding", "ClusterRoleBinding") and (
+                ref.get("kind"), ref.get("name")) in roles:
+            meta = {**obj["metadata"], "name": f"{obj['metadata']['name']}--{node}"}
+            out.append({**obj, "metadata": meta,
+                        "roleRef": {**ref, "name": f"{ref['name']}--{node}"}})
+    return out
+
+
+async def grant_provider_node(*, kube: KubeClient, node: str) -> None:
+    """Let the ServiceAccounts serve ``node`` as the chart would (see node_rbac)."""
+    if node == MANIFESTS_NODE:
+        return
+    for obj in node_rbac(node):
+        with contextlib.suppress(ConflictError):
+            await kube.create(collection_path(obj), obj)
+
+
+async def install_provider_rbac(*, kube: KubeClient, cluster: LocalCluster, path: Path,
+                                nodes: Sequence[str] = ()) -> Path:
+    """manifests/base RBAC (for its node, and ``nodes``); the provider's token in ``path``."""
     await apply_file(kube, MANIFESTS / "base" / "namespace.yaml")
     await apply_file(kube, MANIFESTS / "base" / "serviceaccount.yaml")  # both processes'
     await apply_file(kube, MANIFESTS / "base" / "rbac.yaml")
     await apply_file(kube, MANIFESTS / "base" / "rbac-policies.yaml")
+    for node in nodes:
+        await grant_provider_node(kube=kube, node=node)
     return await service_account_kubeconfig(kube=kube, cluster=cluster,
                                             namespace="vkprovider-system", name="vkprovider",
                                             path=path)
