@@ -124,8 +124,10 @@ async def test_one_replica_acts_and_the_standby_takes_over_after_kill_9(
     assert await eventually(lambda: kubelet_port(kube, node),
                             until=lambda p: p == first.kubelet_port, timeout=60,
                             what="the node registered by the leader (its kubelet port)")
+    await eventually(lambda: asyncio.sleep(0, second.log_text()),
+                     until=lambda text: "waiting for leadership" in text, timeout=30,
+                     what="replica b standing by")  # (its start takes seconds on a busy CPU)
     await asyncio.sleep(2)
-    assert "waiting for leadership" in second.log_text()
     assert '"msg":"starting"' not in second.log_text(), "the standby must not act"
     assert await lease_holder(kube, node) == f"{node}-a"
     async with httpx.AsyncClient() as http:  # both replicas Ready: a standby is healthy too
@@ -201,6 +203,14 @@ def first_at(records: list[dict[str, Any]], msg: str) -> datetime:
     return min(found)
 
 
+def exit_time(proc: ProviderProcess) -> datetime:
+    """Wait (in a thread) for ``proc`` to end; the wall time it ended, seen at once."""
+    process = proc.component.process
+    assert process is not None
+    process.wait()
+    return datetime.now(UTC)
+
+
 def pod_body(name: str, node: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "annotations": {"vkprovider.io/gpu-type": "H100"}},
@@ -226,6 +236,7 @@ async def test_a_partitioned_leader_stops_acting_before_the_standby_takes_over(
         replicas.all += [first, second]
         system.provider = first  # its log is printed if the test fails
         first.start()
+        exited = asyncio.ensure_future(asyncio.to_thread(exit_time, first))
         await eventually(lambda: lease_holder(kube, node), until=lambda h: h == f"{node}-a",
                          timeout=30, what="replica a (behind the proxy) leads")
         second.start()
@@ -295,12 +306,19 @@ async def test_a_partitioned_leader_stops_acting_before_the_standby_takes_over(
     assert lease["spec"]["holderIdentity"] == f"{node}-b"
     acquired = datetime.fromisoformat(lease["spec"]["acquireTime"].replace("Z", "+00:00"))
     assert a_stopped < acquired, "b's acquireTime (its own clock) is after a stepped down"
+    # ...and a's process was gone by then: it exits at once on the loss, with no request (a
+    # release, an Event) over the link that just failed, which would hold it past the takeover
+    a_exited = await exited
+    assert a_exited < acquired, (
+        f"replica a exited {(a_exited - acquired).total_seconds():.3f}s after b acquired "
+        f"the Lease (a stopped leading {(a_stopped - acquired).total_seconds():+.3f}s)")
     def since(moment: datetime) -> str:
         return f"{(moment - holed_at).total_seconds():+.3f}s"
 
     print(f"\nblack hole at {holed_at.isoformat()} ({held_connections} connection(s) of a "
           f"through the proxy): a lost {since(a_lost)}, a stopped leading {since(a_stopped)}, "
-          f"b became leader {since(b_leads)} (seen by the test after {took:.1f}s)\n" + "\n".join(
+          f"b became leader {since(b_leads)} (seen by the test after {took:.1f}s), "
+          f"a exited {since(a_exited)}\n" + "\n".join(
               f"  a {r['ts']} {r['msg']} {r.get('error', '')}" for r in a_log
               if r.get("msg") in ("became leader", "lease renewal failed", "leadership lost",
                                   "leadership lost; stopping at once", "stopped leading")))
