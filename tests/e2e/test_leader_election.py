@@ -7,7 +7,9 @@ burst; the mock cloud's ledger proves that every pod ran exactly once and nothin
 A partition is not a crash: the leader that talks to the API server through a
 :class:`BlackHoleProxy` keeps running, with its connections open and unanswered, when the proxy
 is black-holed. Its renewals are bounded by the renew deadline, so it stops acting (the logs'
-timestamps) before the standby becomes leader, and the ledger again shows each pod ran once.
+timestamps) before the standby becomes leader, and the ledger again shows each pod ran once. Its
+process is gone before the standby's acquireTime (it sends nothing more over the failed link);
+the companion, partitioned the same way, too.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import asyncio
 import collections
 import contextlib
 import json
+import socket
+import sys
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -29,7 +33,7 @@ import pytest_asyncio
 import yaml
 
 from vkprovider.kube import KubeClient
-from vkprovider.testing.cluster import LocalCluster
+from vkprovider.testing.cluster import Component, LocalCluster
 from vkprovider.testing.harness import MockCloudProcess, ProviderProcess
 from vkprovider.testing.proxy import BlackHoleProxy
 from vkprovider.testing.waiting import eventually
@@ -203,14 +207,6 @@ def first_at(records: list[dict[str, Any]], msg: str) -> datetime:
     return min(found)
 
 
-def exit_time(proc: ProviderProcess) -> datetime:
-    """Wait (in a thread) for ``proc`` to end; the wall time it ended, seen at once."""
-    process = proc.component.process
-    assert process is not None
-    process.wait()
-    return datetime.now(UTC)
-
-
 def pod_body(name: str, node: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "annotations": {"vkprovider.io/gpu-type": "H100"}},
@@ -236,7 +232,7 @@ async def test_a_partitioned_leader_stops_acting_before_the_standby_takes_over(
         replicas.all += [first, second]
         system.provider = first  # its log is printed if the test fails
         first.start()
-        exited = asyncio.ensure_future(asyncio.to_thread(exit_time, first))
+        exited = asyncio.ensure_future(asyncio.to_thread(component_exit_time, first.component))
         await eventually(lambda: lease_holder(kube, node), until=lambda h: h == f"{node}-a",
                          timeout=30, what="replica a (behind the proxy) leads")
         second.start()
@@ -327,3 +323,75 @@ async def test_a_partitioned_leader_stops_acting_before_the_standby_takes_over(
     with contextlib.suppress(Exception):
         await kube.delete(f"/apis/coordination.k8s.io/v1/namespaces/vkprovider-system/leases/"
                           f"vkprovider-{node}")
+
+
+async def test_a_partitioned_companion_exits_before_its_standby_takes_over(
+    kube: KubeClient, system: System, companion_kubeconfig: Path, crds: list[str],
+    local_cluster: LocalCluster,
+) -> None:
+    """The companion leads the same way (its own Lease, default timings: 15 s lease, 10 s renew
+    deadline): cut off from the API server, it is gone before its standby acquires the Lease."""
+    api = urlsplit(local_cluster.server)
+    assert api.hostname and api.port
+    lease_path = ("/apis/coordination.k8s.io/v1/namespaces/vkprovider-system/leases/"
+                  f"vkprovider-companion-{system.node_name}")
+
+    async def holder() -> str | None:
+        try:
+            lease = await kube.get(lease_path)
+        except Exception:
+            return None
+        return (lease.get("spec") or {}).get("holderIdentity")
+
+    def companion(name: str, kubeconfig: Path) -> Component:
+        return Component(
+            name=f"companion-{system.node_name}-{name}",
+            argv=[sys.executable, "-m", "vkprovider", "--log-format=json", "descheduler",
+                  "--kubeconfig", str(kubeconfig), "--node-name", system.node_name,
+                  "--interval", "0.5", "--move-back-interval", "1", "--leader-elect"],
+            log_path=system.work_dir / f"companion-{name}.log")
+
+    async with BlackHoleProxy(target_host=api.hostname, target_port=api.port) as proxy:
+        proxied = kubeconfig_via(source=companion_kubeconfig, server=proxy.url,
+                                 path=system.work_dir / "companion-proxied.kubeconfig")
+        first, second = companion("a", proxied), companion("b", companion_kubeconfig)
+        try:
+            first.start()
+            assert first.process is not None
+            exited = asyncio.ensure_future(asyncio.to_thread(component_exit_time, first))
+            a_id = f"{socket.gethostname()}-{first.process.pid}"
+            await eventually(holder, until=lambda h: h == a_id, timeout=60,
+                             what="companion a (behind the proxy) leads")
+            second.start()
+            assert second.process is not None
+            b_id = f"{socket.gethostname()}-{second.process.pid}"
+            await eventually(lambda: asyncio.sleep(0, second.log_path.read_text(
+                errors="replace")), until=lambda text: "companion starting" in text,
+                             timeout=30, what="companion b standing by")
+            assert await holder() == a_id
+
+            proxy.black_hole()
+            await eventually(holder, until=lambda h: h == b_id, timeout=60, interval=0.2,
+                             what="companion b takes over")
+            lease = await kube.get(lease_path)
+            acquired = datetime.fromisoformat(
+                lease["spec"]["acquireTime"].replace("Z", "+00:00"))
+            a_exited = await asyncio.wait_for(exited, timeout=60)
+            assert first.process.returncode == 1, first.tail()
+            assert a_exited < acquired, (
+                f"companion a exited {(a_exited - acquired).total_seconds():.3f}s after b "
+                "acquired the Lease")
+            assert "leadership lost" in first.log_path.read_text(errors="replace")
+        finally:
+            first.stop()
+            second.stop()
+    with contextlib.suppress(Exception):
+        await kube.delete(lease_path)
+
+
+def component_exit_time(component: Component) -> datetime:
+    """Wait (in a thread) for ``component`` to end; the wall time it ended, seen at once."""
+    process = component.process
+    assert process is not None
+    process.wait()
+    return datetime.now(UTC)
