@@ -19,7 +19,7 @@ import collections
 import contextlib
 import json
 import socket
-import sys
+import subprocess
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -33,8 +33,8 @@ import pytest_asyncio
 import yaml
 
 from vkprovider.kube import KubeClient
-from vkprovider.testing.cluster import Component, LocalCluster
-from vkprovider.testing.harness import MockCloudProcess, ProviderProcess
+from vkprovider.testing.cluster import LocalCluster
+from vkprovider.testing.harness import CompanionProcess, MockCloudProcess, ProviderProcess
 from vkprovider.testing.proxy import BlackHoleProxy
 from vkprovider.testing.waiting import eventually
 
@@ -230,7 +230,7 @@ async def test_a_partitioned_leader_stops_acting_before_the_standby_takes_over(
         replicas.all += [first, second]
         system.provider = first  # its log is printed if the test fails
         first.start()
-        exited = asyncio.ensure_future(asyncio.to_thread(component_exit_time, first.component))
+        exited = asyncio.ensure_future(asyncio.to_thread(exit_time, first.component.process))
         await eventually(lambda: lease_holder(kube, node), until=lambda h: h == f"{node}-a",
                          timeout=30, what="replica a (behind the proxy) leads")
         second.start()
@@ -341,13 +341,12 @@ async def test_a_partitioned_companion_exits_before_its_standby_takes_over(
             return None
         return (lease.get("spec") or {}).get("holderIdentity")
 
-    def companion(name: str, kubeconfig: Path) -> Component:
-        return Component(
-            name=f"companion-{system.node_name}-{name}",
-            argv=[sys.executable, "-m", "vkprovider", "--log-format=json", "descheduler",
-                  "--kubeconfig", str(kubeconfig), "--node-name", system.node_name,
-                  "--interval", "0.5", "--move-back-interval", "1", "--leader-elect"],
-            log_path=system.work_dir / f"companion-{name}.log")
+    def companion(name: str, kubeconfig: Path) -> CompanionProcess:
+        work_dir = system.work_dir / f"companion-{name}"  # its own log file
+        work_dir.mkdir()
+        return CompanionProcess(work_dir=work_dir, kubeconfig=kubeconfig,
+                                node_name=system.node_name, interval=0.5,
+                                move_back_interval=1.0, extra_args=["--leader-elect"])
 
     async with BlackHoleProxy(target_host=api.hostname, target_port=api.port) as proxy:
         proxied = kubeconfig_via(source=companion_kubeconfig, server=proxy.url,
@@ -355,16 +354,17 @@ async def test_a_partitioned_companion_exits_before_its_standby_takes_over(
         first, second = companion("a", proxied), companion("b", companion_kubeconfig)
         try:
             first.start()
-            assert first.process is not None
-            exited = asyncio.ensure_future(asyncio.to_thread(component_exit_time, first))
-            a_id = f"{socket.gethostname()}-{first.process.pid}"
+            a_proc = first.component.process
+            assert a_proc is not None
+            exited = asyncio.ensure_future(asyncio.to_thread(exit_time, a_proc))
+            a_id = f"{socket.gethostname()}-{a_proc.pid}"
             await eventually(holder, until=lambda h: h == a_id, timeout=60,
                              what="companion a (behind the proxy) leads")
             second.start()
-            assert second.process is not None
-            b_id = f"{socket.gethostname()}-{second.process.pid}"
-            await eventually(lambda: asyncio.sleep(0, second.log_path.read_text(
-                errors="replace")), until=lambda text: "companion starting" in text,
+            assert second.component.process is not None
+            b_id = f"{socket.gethostname()}-{second.component.process.pid}"
+            await eventually(lambda: asyncio.sleep(0, second.log_text()),
+                             until=lambda text: "companion starting" in text,
                              timeout=30, what="companion b standing by")
             assert await holder() == a_id
 
@@ -375,11 +375,11 @@ async def test_a_partitioned_companion_exits_before_its_standby_takes_over(
             acquired = datetime.fromisoformat(
                 lease["spec"]["acquireTime"].replace("Z", "+00:00"))
             a_exited = await asyncio.wait_for(exited, timeout=60)
-            assert first.process.returncode == 1, first.tail()
+            assert a_proc.returncode == 1, first.component.tail()
             assert a_exited < acquired, (
                 f"companion a exited {(a_exited - acquired).total_seconds():.3f}s after b "
                 "acquired the Lease")
-            assert "leadership lost" in first.log_path.read_text(errors="replace")
+            assert "leadership lost" in first.log_text()
         finally:
             first.stop()
             second.stop()
@@ -387,9 +387,8 @@ async def test_a_partitioned_companion_exits_before_its_standby_takes_over(
         await kube.delete(lease_path)
 
 
-def component_exit_time(component: Component) -> datetime:
-    """Wait (in a thread) for ``component`` to end; the wall time it ended, seen at once."""
-    process = component.process
+def exit_time(process: subprocess.Popen[bytes] | None) -> datetime:
+    """Wait (in a thread) for ``process`` to end; the wall time it ended, seen at once."""
     assert process is not None
     process.wait()
     return datetime.now(UTC)
