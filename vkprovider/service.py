@@ -13,8 +13,10 @@ takes the port over.
 
 A leader that cannot renew in time exits at once with status 1, before another replica can take
 over (renew deadline < lease duration), so two replicas never act together; the Deployment
-restarts it as a standby. A clean SIGTERM releases the Lease, so the standby takes over within one
-retry period.
+restarts it as a standby. "At once": it makes no further request to the API server (no release,
+no Event flush) over the link that just failed it, which would hold the process up to a deadline
+of its own, past the standby's takeover. A clean SIGTERM releases the Lease, so the standby takes
+over within one retry period.
 """
 
 from __future__ import annotations
@@ -108,21 +110,27 @@ async def _elect_and_serve(*, settings: Settings, client: KubeClient,
     leader = asyncio.create_task(lead(), name="leader")
     stopping = asyncio.create_task(stop.wait(), name="stop")
     try:
-        await asyncio.wait({leader, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if not leader.done() and not elector.is_leader:
+        first: set[asyncio.Future[Any]] = {leader, stopping, served}
+        await asyncio.wait(first, return_when=asyncio.FIRST_COMPLETED)
+        if not served.done() and not leader.done() and not elector.is_leader:
             leader.cancel()  # SIGTERM while standing by: nothing to hand over
             with contextlib.suppress(asyncio.CancelledError):
                 await leader
             log.info("stopped while standing by")
             return 0
-        either: list[asyncio.Future[Any]] = [leader, served]
-        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        if not served.done():  # stopping while leading: serving ends (0), or the leader failed
+            either: set[asyncio.Future[Any]] = {leader, served}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         if not served.done():
             await leader  # it failed before serving ended: raise its error
             return 1
         code = served.result()
-        if code != 0:
-            leader.cancel()  # leadership lost: exit at once, no hand-over
+        if code != 0:  # leadership lost: exit at once, no hand-over over the failed link
+            leader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await leader
+            return code
+        # a clean stop: leaving leading() hands the Lease over (bounded)
         with contextlib.suppress(asyncio.CancelledError, TimeoutError):
             await asyncio.wait_for(leader, timeout=_RELEASE_TIMEOUT)
         return code

@@ -24,6 +24,7 @@ from vkprovider.testing.waiting import eventually
 from .conftest import Cluster, System
 from .test_moveback import ReadyWatcher, live_instances
 from .test_overflow import POLICIES, gpu_deployment, pods, policy
+from .test_pods import pod_spec
 
 pytestmark = pytest.mark.cluster
 INTENT = "vkprovider.io/hot-swap"
@@ -39,9 +40,11 @@ async def start(system: System, namespace: str, companion_kubeconfig: Path, *,
                 inventory: str = "H100:us-east:64:2.49,H100:eu-west:64:2.19",
                 offers: list[dict[str, Any]] | None = None,
                 pods: dict[str, Any] | None = None,
-                kubelet_api: dict[str, Any] | None = None) -> MockCloudProcess:
+                kubelet_api: dict[str, Any] | None = None,
+                companion: bool = True) -> MockCloudProcess:
     """One mock cloud (``offers``, when given, replace its inventory before the provider reads
-    it), the provider (by default reading GPU figures every second) and the companion."""
+    it), the provider (by default reading GPU figures every second) and the companion (unless
+    ``companion`` is False)."""
     cloud = MockCloudProcess(work_dir=system.work_dir, name="cloud0", boot_delay=0.3,
                              inventory=inventory, address_map_dir=system.network, public_block=0)
     await cloud.start()
@@ -56,6 +59,8 @@ async def start(system: System, namespace: str, companion_kubeconfig: Path, *,
         kubelet_api=kubelet_api if kubelet_api is not None else {
             "gpu_metrics_interval_seconds": 1})
     system.provider.start()
+    if not companion:
+        return cloud
     system.companion = CompanionProcess(work_dir=system.work_dir, kubeconfig=companion_kubeconfig,
                                         node_name=system.node_name, interval=0.5,
                                         move_back_interval=1.0)
@@ -137,3 +142,62 @@ async def test_a_hot_cloud_gpu_is_replaced_before_it_is_removed(
     await kube.delete(dep_path)
     await eventually(lambda: live_instances(system), until=lambda n: n == 0, timeout=90,
                      what="every cloud instance deleted")
+
+
+async def test_a_restarted_provider_keeps_a_hot_pod_marked_until_its_gpu_reads_cool(
+    kube: KubeClient, namespace: str, system: System, companion_kubeconfig: Path,
+    objects: Cluster,
+) -> None:
+    """Issue 35 item 8: the provider marks a hot pod, restarts while that GPU is still hot, and
+    must not unmark it (its tracker starts empty, but the pod's condition says hot). A second
+    pod that heats only after the restart is the witness that the restarted provider has read
+    and judged GPU figures for a whole window; the first pod's condition is then still the one
+    written before the restart. A cool reading unmarks it."""
+    cloud = await start(system, namespace, companion_kubeconfig, companion=False)
+    name = f"hot-{uuid.uuid4().hex[:6]}"
+    body = policy(name, namespace=namespace, app="inference", providers=["cloud0"])
+    body["spec"]["gpuHealth"] = {"maxTemperatureCelsius": 82, "sustainedFor": "2s"}
+    await objects.create(POLICIES, body)
+    path = f"/api/v1/namespaces/{namespace}/pods"
+    for pod_name in ("hot", "witness"):
+        await kube.create(path, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod_name, "labels": {"app": "inference"},
+                         "annotations": {"vkprovider.io/gpu-type": "H100",
+                                         "vkprovider.io/overflow-policy": name}},
+            "spec": pod_spec(system.node_name)})
+    running = await eventually(lambda: pods(kube, namespace, "inference"),
+                               until=lambda ps: len(ps) == 2 and all(
+                                   p["status"].get("phase") == "Running"
+                                   and "vkprovider.io/instance-id" in p["metadata"]["annotations"]
+                                   for p in ps),
+                               timeout=120, what="both pods running on the cloud")
+    instance = {p["metadata"]["name"]: p["metadata"]["annotations"]["vkprovider.io/instance-id"]
+                for p in running}
+    await cloud.admin("POST", f"/admin/instances/{instance['hot']}/temperature",
+                      json={"celsius": 90})
+    marked = await eventually(lambda: kube.get(f"{path}/hot"),
+                              until=lambda p: condition(p, CONDITION).get("status") == "False",
+                              timeout=60, interval=0.3, what="the hot pod marked")
+    before = condition(marked, CONDITION)
+
+    assert system.provider is not None
+    system.provider.stop()
+    system.provider.start()
+    await cloud.admin("POST", f"/admin/instances/{instance['witness']}/temperature",
+                      json={"celsius": 90})
+    await eventually(lambda: kube.get(f"{path}/witness"),
+                     until=lambda p: condition(p, CONDITION).get("status") == "False",
+                     timeout=90, interval=0.3, what="the restarted provider marking the witness")
+    # the restarted provider has judged a whole window of readings: the hot pod's condition is
+    # the one written before the restart (not unmarked, not unmarked and marked again)
+    assert condition(await kube.get(f"{path}/hot"), CONDITION) == before
+
+    await cloud.admin("POST", f"/admin/instances/{instance['hot']}/temperature",
+                      json={"celsius": 60})
+    await eventually(lambda: kube.get(f"{path}/hot"),
+                     until=lambda p: condition(p, CONDITION).get("status") == "True",
+                     timeout=60, interval=0.3, what="the cooled pod unmarked")
+    events = (await kube.get(f"/api/v1/namespaces/{namespace}/events", params={
+        "fieldSelector": "involvedObject.name=hot,reason=GPUTooHot"}))["items"]
+    assert sum(int(e.get("count") or 1) for e in events) == 1  # told once, before the restart

@@ -7,7 +7,9 @@ burst; the mock cloud's ledger proves that every pod ran exactly once and nothin
 A partition is not a crash: the leader that talks to the API server through a
 :class:`BlackHoleProxy` keeps running, with its connections open and unanswered, when the proxy
 is black-holed. Its renewals are bounded by the renew deadline, so it stops acting (the logs'
-timestamps) before the standby becomes leader, and the ledger again shows each pod ran once.
+timestamps) before the standby becomes leader, and the ledger again shows each pod ran once. Its
+process is gone before the standby's acquireTime (it sends nothing more over the failed link);
+the companion, partitioned the same way, too.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import asyncio
 import collections
 import contextlib
 import json
+import socket
+import subprocess
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -32,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from vkprovider.kube import KubeClient
 from vkprovider.metrics import LEADER, Metrics, StandbyMetrics
 from vkprovider.testing.cluster import LocalCluster
-from vkprovider.testing.harness import MockCloudProcess, ProviderProcess
+from vkprovider.testing.harness import CompanionProcess, MockCloudProcess, ProviderProcess
 from vkprovider.testing.proxy import BlackHoleProxy
 from vkprovider.testing.waiting import eventually
 
@@ -256,6 +260,7 @@ async def test_a_partitioned_leader_stops_acting_before_the_standby_takes_over(
         replicas.all += [first, second]
         system.provider = first  # its log is printed if the test fails
         first.start()
+        exited = asyncio.ensure_future(asyncio.to_thread(exit_time, first.component.process))
         await eventually(lambda: lease_holder(kube, node), until=lambda h: h == f"{node}-a",
                          timeout=30, what="replica a (behind the proxy) leads")
         second.start()
@@ -325,12 +330,19 @@ async def test_a_partitioned_leader_stops_acting_before_the_standby_takes_over(
     assert lease["spec"]["holderIdentity"] == f"{node}-b"
     acquired = datetime.fromisoformat(lease["spec"]["acquireTime"].replace("Z", "+00:00"))
     assert a_stopped < acquired, "b's acquireTime (its own clock) is after a stepped down"
+    # ...and a's process was gone by then: it exits at once on the loss, with no request (a
+    # release, an Event) over the link that just failed, which would hold it past the takeover
+    a_exited = await exited
+    assert a_exited < acquired, (
+        f"replica a exited {(a_exited - acquired).total_seconds():.3f}s after b acquired "
+        f"the Lease (a stopped leading {(a_stopped - acquired).total_seconds():+.3f}s)")
     def since(moment: datetime) -> str:
         return f"{(moment - holed_at).total_seconds():+.3f}s"
 
     print(f"\nblack hole at {holed_at.isoformat()} ({held_connections} connection(s) of a "
           f"through the proxy): a lost {since(a_lost)}, a stopped leading {since(a_stopped)}, "
-          f"b became leader {since(b_leads)} (seen by the test after {took:.1f}s)\n" + "\n".join(
+          f"b became leader {since(b_leads)} (seen by the test after {took:.1f}s), "
+          f"a exited {since(a_exited)}\n" + "\n".join(
               f"  a {r['ts']} {r['msg']} {r.get('error', '')}" for r in a_log
               if r.get("msg") in ("became leader", "lease renewal failed", "leadership lost",
                                   "leadership lost; stopping at once", "stopped leading")))
@@ -339,3 +351,74 @@ async def test_a_partitioned_leader_stops_acting_before_the_standby_takes_over(
     with contextlib.suppress(Exception):
         await kube.delete(f"/apis/coordination.k8s.io/v1/namespaces/vkprovider-system/leases/"
                           f"vkprovider-{node}")
+
+
+async def test_a_partitioned_companion_exits_before_its_standby_takes_over(
+    kube: KubeClient, system: System, companion_kubeconfig: Path, crds: list[str],
+    local_cluster: LocalCluster,
+) -> None:
+    """The companion leads the same way (its own Lease, default timings: 15 s lease, 10 s renew
+    deadline): cut off from the API server, it is gone before its standby acquires the Lease."""
+    api = urlsplit(local_cluster.server)
+    assert api.hostname and api.port
+    lease_path = ("/apis/coordination.k8s.io/v1/namespaces/vkprovider-system/leases/"
+                  f"vkprovider-companion-{system.node_name}")
+
+    async def holder() -> str | None:
+        try:
+            lease = await kube.get(lease_path)
+        except Exception:
+            return None
+        return (lease.get("spec") or {}).get("holderIdentity")
+
+    def companion(name: str, kubeconfig: Path) -> CompanionProcess:
+        work_dir = system.work_dir / f"companion-{name}"  # its own log file
+        work_dir.mkdir()
+        return CompanionProcess(work_dir=work_dir, kubeconfig=kubeconfig,
+                                node_name=system.node_name, interval=0.5,
+                                move_back_interval=1.0, extra_args=["--leader-elect"])
+
+    async with BlackHoleProxy(target_host=api.hostname, target_port=api.port) as proxy:
+        proxied = kubeconfig_via(source=companion_kubeconfig, server=proxy.url,
+                                 path=system.work_dir / "companion-proxied.kubeconfig")
+        first, second = companion("a", proxied), companion("b", companion_kubeconfig)
+        try:
+            first.start()
+            a_proc = first.component.process
+            assert a_proc is not None
+            exited = asyncio.ensure_future(asyncio.to_thread(exit_time, a_proc))
+            a_id = f"{socket.gethostname()}-{a_proc.pid}"
+            await eventually(holder, until=lambda h: h == a_id, timeout=60,
+                             what="companion a (behind the proxy) leads")
+            second.start()
+            assert second.component.process is not None
+            b_id = f"{socket.gethostname()}-{second.component.process.pid}"
+            await eventually(lambda: asyncio.sleep(0, second.log_text()),
+                             until=lambda text: "companion starting" in text,
+                             timeout=30, what="companion b standing by")
+            assert await holder() == a_id
+
+            proxy.black_hole()
+            await eventually(holder, until=lambda h: h == b_id, timeout=60, interval=0.2,
+                             what="companion b takes over")
+            lease = await kube.get(lease_path)
+            acquired = datetime.fromisoformat(
+                lease["spec"]["acquireTime"].replace("Z", "+00:00"))
+            a_exited = await asyncio.wait_for(exited, timeout=60)
+            assert a_proc.returncode == 1, first.component.tail()
+            assert a_exited < acquired, (
+                f"companion a exited {(a_exited - acquired).total_seconds():.3f}s after b "
+                "acquired the Lease")
+            assert "leadership lost" in first.log_text()
+        finally:
+            first.stop()
+            second.stop()
+    with contextlib.suppress(Exception):
+        await kube.delete(lease_path)
+
+
+def exit_time(process: subprocess.Popen[bytes] | None) -> datetime:
+    """Wait (in a thread) for ``process`` to end; the wall time it ended, seen at once."""
+    assert process is not None
+    process.wait()
+    return datetime.now(UTC)

@@ -4,13 +4,17 @@ way."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from providers.base import Instance, InstanceState
 from vkprovider.kube import KubeClient
 from vkprovider.kube.podstatus_write import PodStatusWriter, StatusWrite
+from vkprovider.node.gpuhealth import CONDITION as GPU_HEALTHY
+from vkprovider.node.podstatus import compute_status
 from vkprovider.testing.cluster import LocalCluster
 from vkprovider.testing.harness import service_account_kubeconfig
 
@@ -95,6 +99,44 @@ async def test_a_stale_copy_falls_back_to_the_patch_and_loses_nobodys_write(
     assert now["metadata"]["labels"] == {"app": "a", "team": "b"}
     assert condition(now, OTHER) == "True" and condition(now, GATE) == "True"
     assert now["metadata"]["annotations"]["vkprovider.io/instance"] == "mi-3"
+
+
+async def test_a_stale_copy_never_puts_back_what_others_changed_since(
+        kube: KubeClient, namespace: str) -> None:
+    """The copy our cache holds says the gate is True and the GPU healthy; after it, the gate's
+    controller sets its condition False, our GPU watch marks the pod hot and someone removes a
+    condition. The status built from the stale copy (which carries their old values) is refused
+    as a replace (409) and patched: their writes all stand, ours lands."""
+    path = f"/api/v1/namespaces/{namespace}/pods/changed"
+    await make_pod(kube, namespace, "changed")
+    await kube.patch(f"{path}/status", {"status": {"conditions": [
+        {"type": GPU_HEALTHY, "status": "True"}, {"type": OTHER, "status": "True"}]}},
+        patch_type="strategic")
+    cached = await kube.get(path)
+    await kube.patch(f"{path}/status", {"status": {"conditions": [
+        {"type": GATE, "status": "False", "reason": "Unhealthy"},
+        {"type": GPU_HEALTHY, "status": "False", "reason": "GPUTooHot"},
+        {"type": OTHER, "$patch": "delete"}]}}, patch_type="strategic")
+    instance = Instance(id="mi-8", name="changed", provider="mock", state=InstanceState.RUNNING,
+                        ip="100.64.0.8", started_at=datetime(2026, 1, 1, tzinfo=UTC))
+    status = compute_status(pod=cached, instance=instance, node_name="vk-status-write",
+                            now=datetime.now(UTC))
+    assert condition({"status": status}, GATE) == "True"  # the stale copy's, carried over
+    landed = await PodStatusWriter(kube).write(pod=cached, status=status)
+    assert landed is StatusWrite.PATCHED_AFTER_CONFLICT
+    now = await kube.get(path)
+    assert now["status"]["phase"] == "Running"
+    assert now["status"]["hostIPs"] == [{"ip": "100.64.0.8"}]
+    assert now["status"]["containerStatuses"][0]["containerID"] == "vkprovider://mi-8"
+    assert condition(now, GATE) == "False"
+    assert condition(now, GPU_HEALTHY) == "False"
+    assert condition(now, OTHER) is None
+    # the next sweep starts from the fresh copy: Ready follows the gate
+    again = compute_status(pod=now, instance=instance, node_name="vk-status-write",
+                           now=datetime.now(UTC))
+    assert await PodStatusWriter(kube).write(pod=now, status=again) is StatusWrite.REPLACED
+    now = await kube.get(path)
+    assert condition(now, "Ready") == "False" and condition(now, GATE) == "False"
 
 
 async def test_a_pod_without_a_version_is_patched_and_a_gone_pod_is_not_an_error(

@@ -41,6 +41,23 @@ def test_one_cool_reading_restarts_the_window() -> None:
     assert not t.hot("a") and t.since("a") is None
 
 
+def test_a_seeded_pod_stays_hot_until_a_reading_at_or_below_the_limit() -> None:
+    """A restarted process takes the stored GPUHealthy=False as its start: hot readings, however
+    short the window it saw, change nothing; one reading at the limit unmarks the pod."""
+    t = HeatTracker()
+    kw: dict[str, Any] = {"limit": 80.0, "sustained": 10.0}
+    t.seed_hot("a", since=50.0)
+    assert t.hot("a") and t.since("a") == 50.0
+    for at in (100.0, 101.0, 150.0):
+        assert t.observe("a", celsius=90.0, at=at, **kw) is None and t.hot("a")
+    assert t.observe("a", celsius=None, at=151.0, **kw) is None and t.hot("a")
+    cooled = t.observe("a", celsius=80.0, at=152.0, **kw)
+    assert cooled is not None and not cooled.hot and not t.hot("a")
+    t.observe("b", celsius=90.0, at=0.0, **kw)  # already tracked: a seed does not move it
+    t.seed_hot("b", since=-100.0)
+    assert not t.hot("b") and t.since("b") == 0.0
+
+
 class FakeClient:
     def __init__(self) -> None:
         self.patches: list[tuple[str, Any]] = []
@@ -173,3 +190,35 @@ async def test_a_pass_with_nothing_new_is_skipped_whole_and_any_change_runs_one(
     await watch.pass_once()
     await watch.pass_once()
     assert len(walked) == 4, "a new sample, a pod change, a policy change: one walk each"
+
+
+async def test_a_restarted_provider_keeps_a_hot_pod_marked_until_it_reads_cool() -> None:
+    policy = pol.parse_overflow_policy({"metadata": {"name": "inf"}, "spec": {
+        "providers": ["mock"], "gpuHealth": {"maxTemperatureCelsius": 78, "sustainedFor": "60s"}}})
+    marked = {"type": CONDITION, "status": "False", "reason": "GPUTooHot",
+              "lastTransitionTime": "2026-01-01T00:00:00Z"}
+    pod: dict[str, Any] = {"metadata": {"name": "p1", "namespace": "ns", "uid": "u1",
+                                        "resourceVersion": "7",
+                                        "annotations": {POLICY_ANNOTATION: "inf"}},
+                           "status": {"conditions": [marked]}}
+    client, events = FakeClient(), FakeEvents()
+    controller = SimpleNamespace(
+        pod_keys={"u1": "ns/p1"}, informer=SimpleNamespace(store={"ns/p1": pod}),
+        parsed_policies=lambda: {"inf": policy}, placed={}, blocks=Blocks(),
+        events=events, client=client, metrics=Metrics())
+    samples: dict[str, PodGPUs] = {}
+    watch = GPUHealthWatch(controller=controller,  # type: ignore[arg-type]
+                           samples=lambda: samples)
+    for at in (2000.0, 2001.0, 2002.0):  # still hot, far less than the window after the start
+        samples["u1"] = _sample(90.0, at)
+        await watch.pass_once()
+    assert client.patches == [] and events.emitted == []
+    assert watch.tracker.hot("u1")
+    assert watch.tracker.since("u1") == datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+    samples["u1"] = _sample(78.0, 2003.0)  # at the limit: cool
+    await watch.pass_once()
+    [(_, body)] = client.patches
+    assert condition_status(body) == "True"
+    samples["u1"] = _sample(90.0, 2004.0)  # hot again before the watch shows the write:
+    await watch.pass_once()                # a new window, not the stored False again
+    assert len(client.patches) == 1 and not watch.tracker.hot("u1")

@@ -146,7 +146,10 @@ async def test_a_partitioned_leader_steps_down_before_the_standby_takes_over(
             assert lost_a.is_set(), f"b took over while a still leads: {timeline}"
             assert not a.is_leader
             lost_after = time.monotonic() - cut_at
-        await b_task  # leaving a's context: its release attempt is bounded too
+            calls_at_loss = link_a.calls
+        assert not b_took_over.is_set(), "a left its context only after b took over"
+        assert link_a.calls == calls_at_loss, "a lost leader asked the API server on its way out"
+        await b_task
 
     assert timeline == ["a leads", "a lost", "b leads"], timeline
     assert a_lost_seen_by_b == [True]
@@ -177,6 +180,22 @@ async def test_a_hung_renewal_sets_lost_even_with_no_standby() -> None:
             assert waiter in done, "the leader never noticed it could not renew"
             assert not a.is_leader
     assert store.holder() == "a"  # the partitioned leader could not release; the Lease expires
+
+
+async def test_a_lost_leader_leaves_at_once_without_a_word_to_the_api_server() -> None:
+    """After a loss, leaving ``leading()`` makes no request (no release over the link that just
+    failed, which would hang until its own deadline), even when the link answers again."""
+    store = LeaseStore()
+    link = Link(store)
+    a = elector(link, "a")
+    async with asyncio.timeout(GUARD):
+        async with a.leading() as lost:
+            link.cut()
+            await lost.wait()
+            calls = link.calls
+            link.partitioned = False  # even an answering link is not used
+        assert link.calls == calls
+    assert store.holder() == "a"  # not released: the Lease expires, as a crash would leave it
 
 
 async def test_a_hung_acquire_attempt_does_not_block_the_election() -> None:

@@ -59,3 +59,26 @@ def test_the_fallback_patch_replaces_the_ip_lists_and_carries_the_annotations() 
 
 def test_the_path_is_the_pods_status_subresource() -> None:
     assert pod_status_path(cached_pod()) == "/api/v1/namespaces/ns/pods/p/status"
+
+
+def test_the_patch_against_a_base_carries_only_what_the_write_changes() -> None:
+    """A status built from a copy carries that copy's fields; the patch sends only the builder's
+    changes, so fields others changed since (on the API server) are not put back."""
+    base = {"phase": "Pending", "qosClass": "BestEffort", "reason": "Old", "podIPs": [],
+            "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": "t0"},
+                           {"type": "example.com/gate", "status": "True"},
+                           {"type": "vkprovider.io/GPUHealthy", "status": "True"},
+                           {"type": "Gone", "status": "True"}]}
+    st = {"phase": "Running", "qosClass": "BestEffort", "podIPs": [{"ip": "100.64.0.9"}],
+          "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "t1"},
+                         {"type": "example.com/gate", "status": "True"},
+                         {"type": "vkprovider.io/GPUHealthy", "status": "True"}]}
+    before = copy.deepcopy(st)
+    body = strategic_patch(status=st, base=base)
+    assert body == {"status": {
+        "phase": "Running", "podIPs": [{"ip": "100.64.0.9"}, {"$patch": "replace"}],
+        "reason": None,
+        "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "t1"},
+                       {"type": "Gone", "$patch": "delete"}]}}
+    assert st == before
+    assert strategic_patch(status=base, base=base) == {"status": {}}

@@ -166,9 +166,9 @@ async def run_companion(
     elector = LeaderElector(client=client, namespace=leader_namespace,
                             name=companion_lease_name(nodes),
                             identity=f"{socket.gethostname()}-{os.getpid()}")
+    lost = asyncio.Event()
     try:
         async with contextlib.AsyncExitStack() as stack:
-            lost = asyncio.Event()
             if leader_elect:
                 # A standby waits for the Lease or SIGTERM, whichever comes first (it used to
                 # ignore SIGTERM and be killed at the end of the grace period).
@@ -194,7 +194,7 @@ async def run_companion(
                 await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
                 for t in [*tasks, *waiters]:
                     t.cancel()
-            if lost.is_set():
+            if lost.is_set():  # leaving leading() now makes no request: the link just failed
                 log.error("leadership lost; exiting so a fresh process can rejoin")
                 return 1
     finally:
@@ -203,6 +203,9 @@ async def run_companion(
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await server
         with contextlib.suppress(Exception):
-            await events.aclose()  # what was decided reaches `kubectl describe`
+            if lost.is_set():
+                events.abort()  # a replica that lost the Lease writes nothing more
+            else:
+                await events.aclose()  # what was decided reaches `kubectl describe`
             await client.aclose()
     return 0

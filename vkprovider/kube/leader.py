@@ -9,7 +9,11 @@ two processes create instances for the same pod. Rules (client-go's, for the sam
 * writes carry the Lease's resourceVersion, so two candidates cannot both win a takeover;
 * the leader renews every ``retry_period``; if it cannot renew within ``renew_deadline`` it stops
   leading, and the caller must stop acting at once (here: the process exits and restarts), well
-  before another replica can take over (``renew_deadline < lease_duration``);
+  before another replica can take over (``renew_deadline < lease_duration``). A leader that lost
+  the Lease leaves without a word to the API server: the link that just failed its renewals
+  would only hold it up (a release over it waits for its own deadline, past the moment a
+  standby takes over), and the Lease is no longer its own to release. Only a clean stop hands
+  the Lease over;
 * every attempt runs under a deadline, as client-go runs each renewal under a context with the
   renew deadline: a partitioned connection (TCP open, nothing answers) must not keep a leader
   waiting on its renewal while a standby takes over. A renewal attempt is cut off
@@ -147,7 +151,9 @@ class LeaderElector:
         """Wait until leader; yield an Event that is set if leadership is lost.
 
         The Event is set (and :attr:`is_leader` cleared) no later than ``renew_deadline`` after
-        the start of the last successful renewal, even if the API server never answers.
+        the start of the last successful renewal, even if the API server never answers. Leaving
+        the context releases the Lease only if it was not lost: after a loss it returns at once,
+        with no request.
         """
         while True:
             try:
@@ -169,7 +175,8 @@ class LeaderElector:
             self.is_leader = False
             log.info("stopped leading", extra=kv(lease=self.name, identity=self.identity,
                                                  lost=lost.is_set()))
-            await self._release()
+            if not lost.is_set():
+                await self._release()
 
     async def _renew(self, lost: asyncio.Event) -> None:
         try:
@@ -198,9 +205,11 @@ class LeaderElector:
                 return
 
     async def _release(self) -> None:
-        """Hand over at once on a clean shutdown (client-go's ReleaseOnCancel).
+        """Hand over at once on a clean shutdown (client-go's ReleaseOnCancel); never after a
+        loss (:meth:`leading`).
 
-        Bounded by ``renew_deadline``: a leader leaving over a dead link must not hang here.
+        Bounded by ``renew_deadline``: a leader stopped cleanly over a link that died meanwhile
+        must not hang here.
         """
         with contextlib.suppress(APIError, TimeoutError):
             async with asyncio.timeout(self.renew_deadline):

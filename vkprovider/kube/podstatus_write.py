@@ -11,8 +11,15 @@ A replace sends the whole status, so it is only as right as the copy it starts f
 builders (``vkprovider.node.podstatus``) start from the cached status and keep what others wrote
 there (conditions of readiness gates and DisruptionTarget, qosClass, nominatedNodeName); the
 ``resourceVersion`` precondition makes the API server refuse (409) a replace built on a copy
-someone has since changed. Then the same status goes as a strategic merge patch, which merges
-over their write as every write here did before: nobody's field is ever lost to a stale cache.
+someone has since changed. Then the status may not go as it is: its carried-over fields are the
+stale copy's, and sending them would put back what others changed meanwhile (a readiness gate's
+condition set False, ``DisruptionTarget``, our own ``GPUHealthy`` written by node/gpuhealth.py).
+So the fallback patch carries only what this write changes relative to the copy it was built
+from: the fields and conditions (by type) the builder set to something new. What others wrote
+since, on any field this write does not change, survives. A value of ours derived from their
+stale field (Ready from a readiness gate) is put right by the next sweep, which the watch
+starts when it brings the newer pod. A patch that never met a 409 (a copy with no version, or a
+Role that refuses the replace) is just as blind to what happened since, and is built the same way.
 """
 
 from __future__ import annotations
@@ -67,21 +74,56 @@ def replacement(*, pod: Mapping[str, Any], status: Body,
             "spec": pod.get("spec") or {}, "status": status}
 
 
-def strategic_patch(*, status: Body, annotations: Mapping[str, str] | None = None) -> Body:
+def strategic_patch(*, status: Body, annotations: Mapping[str, str] | None = None,
+                    base: Mapping[str, Any] | None = None) -> Body:
     """The strategic merge patch of the same write (the fallback).
+
+    ``base``: the status of the copy ``status`` was built from. Given, the patch carries only what
+    differs from it (:func:`status_changes`), so what others wrote since on the fields this write
+    leaves alone is not put back to the copy's values.
 
     podIPs/hostIPs merge by ``ip`` in a strategic merge patch, so a pod whose instance came back
     with a new address would list both, which the API server refuses ("no more than one IP for
     each IP family"): they are marked to replace the stored lists.
     """
-    out = copy.copy(status)
+    out = copy.copy(status) if base is None else status_changes(base=base, status=status)
     for key in ("podIPs", "hostIPs"):
-        if key in out:
+        if out.get(key) is not None:
             out[key] = [*out[key], {"$patch": "replace"}]
     body: Body = {"status": out}
     if annotations:
         body["metadata"] = {"annotations": dict(annotations)}
     return body
+
+
+def status_changes(*, base: Mapping[str, Any], status: Mapping[str, Any]) -> Body:
+    """What ``status`` changes relative to ``base``, as a strategic merge patch of ``status``.
+
+    A field equal in both is left out; a field ``base`` has and ``status`` dropped is sent as
+    null (deleted). Conditions go by type: only those that differ from ``base``'s condition of
+    that type, and a type ``status`` dropped as a ``$patch: delete`` of that type.
+    """
+    out: Body = {}
+    for key, value in status.items():
+        if key != "conditions" and base.get(key) != value:
+            out[key] = value
+    for key in base:
+        if key != "conditions" and key not in status:
+            out[key] = None
+    before = _conditions_by_type(base)
+    after = _conditions_by_type(status)
+    changed: list[Any] = [c for t, c in after.items() if before.get(t) != c]
+    changed += [{"type": t, "$patch": "delete"} for t in before if t not in after]
+    if changed:
+        out["conditions"] = changed
+    return out
+
+
+def _conditions_by_type(status: Mapping[str, Any]) -> dict[Any, Any]:
+    conditions = status.get("conditions")
+    if not isinstance(conditions, list):
+        return {}
+    return {c.get("type"): c for c in conditions if isinstance(c, Mapping)}
 
 
 class PodStatusWriter:
@@ -99,7 +141,8 @@ class PodStatusWriter:
     async def write(self, *, pod: Mapping[str, Any], status: Body,
                     annotations: Mapping[str, str] | None = None) -> StatusWrite:
         """Write ``status`` (and ``annotations``) on ``pod``: a replace guarded by the copy's
-        ``resourceVersion``, or on a conflict (or with no version) the strategic merge patch."""
+        ``resourceVersion``, or on a conflict (or with no version) a strategic merge patch of
+        what ``status`` changes relative to ``pod``'s status."""
         path = pod_status_path(pod)
         landed = StatusWrite.PATCHED
         if self.replace_allowed and (pod.get("metadata") or {}).get("resourceVersion"):
@@ -110,15 +153,18 @@ class PodStatusWriter:
                 return StatusWrite.REPLACED
             except NotFoundError:
                 return StatusWrite.GONE
-            except ConflictError:  # someone wrote the pod after our copy: merge over theirs
+            except ConflictError:  # someone wrote the pod after our copy: send only our changes
                 landed = StatusWrite.PATCHED_AFTER_CONFLICT
             except ForbiddenError:
                 self.replace_allowed = False
                 log.warning("RBAC refuses update on pods/status: pod statuses are patched "
                             "instead (grant it as manifests/base/rbac.yaml does)")
+        body = strategic_patch(status=status, annotations=annotations,
+                               base=pod.get("status") or {})
+        if not body["status"] and "metadata" not in body:
+            return landed  # this write changes nothing of the copy: nothing to send
         try:
-            await self._client.patch(path, strategic_patch(status=status, annotations=annotations),
-                                     patch_type="strategic", want_body=False)
+            await self._client.patch(path, body, patch_type="strategic", want_body=False)
         except NotFoundError:
             return StatusWrite.GONE
         return landed

@@ -10,9 +10,11 @@ it. The companion (descheduler/hotswap.py) replaces such a replica make-before-b
 at or below the limit starts the window again and sets the condition back to ``True``.
 
 It reads the figures the GPU collector (api/gpu.py) already keeps, so no cloud call is added.
-The condition is derived from the pod's stored status each pass: a restarted provider writes
-``True`` on a pod it marked before once that GPU reads cool, and never writes a pod that never had
-the condition and is cool (no write per pod per pass).
+The condition is derived from the pod's stored status each pass. A restarted provider starts with
+an empty tracker, so the first time it looks at a pod it takes the stored ``False`` as its own
+(:meth:`HeatTracker.seed_hot`): the pod stays marked while its GPU reads hot, and is unmarked
+only by a reading at or below the limit, as if the process had never stopped. It never writes a
+pod that never had the condition and is cool (no write per pod per pass).
 """
 
 from __future__ import annotations
@@ -88,6 +90,15 @@ class HeatTracker:
             return Turned(uid=uid, hot=False, celsius=celsius, since=at)
         return None
 
+    def seed_hot(self, uid: str, *, since: float) -> None:
+        """Take ``uid`` as hot above the limit since ``since`` (what the pod's stored condition
+        says, read by a process that did not see the readings): a reading at or below the
+        limit unmarks it, a hot one changes nothing. A pod already tracked is left as it is."""
+        if uid in self._hot or uid in self._above:
+            return
+        self._above[uid] = since
+        self._hot.add(uid)
+
     def forget(self, uid: str) -> None:
         self._above.pop(uid, None)
         self._hot.discard(uid)
@@ -110,6 +121,20 @@ def condition_status(pod: Mapping[str, Any]) -> str | None:
         if isinstance(c, Mapping) and c.get("type") == CONDITION:
             status = c.get("status")
             return str(status) if status is not None else None
+    return None
+
+
+def stored_since(pod: Mapping[str, Any]) -> float | None:
+    """When the pod's stored ``vkprovider.io/GPUHealthy`` condition last changed (wall time), if
+    it says so in the API's format; None otherwise (the pod is any writer's: read with care)."""
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if isinstance(c, Mapping) and c.get("type") == CONDITION:
+            stamp = c.get("lastTransitionTime")
+            try:
+                when = datetime.strptime(str(stamp), "%Y-%m-%dT%H:%M:%SZ")
+            except ValueError:
+                return None
+            return when.replace(tzinfo=UTC).timestamp()
     return None
 
 
@@ -148,6 +173,9 @@ class GPUHealthWatch:
         self.wall = wall
         self.tracker = HeatTracker()
         self._wrote: dict[str, tuple[bool, str]] = {}  # uid -> (hot, pod resourceVersion)
+        # uids this process has looked at under a gpuHealth policy: the first look takes the
+        # stored condition as the tracker's start (a restart must not unmark a hot pod)
+        self._looked: set[str] = set()
         # uid -> (sample time, pod resourceVersion, policy) last acted on: a pass skips pods
         # none of which changed (most of them, at every tick of a steady node)
         self._acted: dict[str, tuple[float, str, object]] = {}
@@ -177,6 +205,7 @@ class GPUHealthWatch:
             del self._wrote[uid]
         for uid in [u for u in self._acted if u not in samples]:
             del self._acted[uid]
+        self._looked &= samples.keys()
         policies = c.parsed_policies()
         for uid, sample in samples.items():
             key = c.pod_keys.get(uid)
@@ -197,6 +226,10 @@ class GPUHealthWatch:
                     await self._write(pod, hot=False, celsius=celsius, limit=0, since=None)
                 continue
             limit = health.max_temperature_celsius
+            if uid not in self._looked:
+                self._looked.add(uid)
+                if condition_status(pod) == "False":  # marked before this process started
+                    self.tracker.seed_hot(uid, since=stored_since(pod) or sample.at)
             turned = self.tracker.observe(uid, celsius=celsius, limit=float(limit),
                                           sustained=health.sustained_for_seconds, at=sample.at)
             hot = self.tracker.hot(uid)

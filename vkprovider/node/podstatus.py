@@ -21,7 +21,9 @@ this pure (the clock is passed in) makes the rules testable without a cluster:
 * A missing Secret/ConfigMap gets ``config_pending_status``: phase Pending, container waiting with
   ``CreateContainerConfigError``, exactly as the kubelet reports it.
 * Conditions of types this module does not own (readiness gates, DisruptionTarget, ...) are carried
-  over untouched; Ready also requires every readiness gate's condition to be True.
+  over untouched; Ready also requires every readiness gate's condition to be True. Carried over
+  from a copy that may be stale: a write that meets a conflict sends only what changed relative
+  to the copy (kube/podstatus_write.py), so a carried value never overwrites a newer one.
 """
 
 from __future__ import annotations
