@@ -29,6 +29,7 @@ _LAYER = "application/vnd.oci.image.layer.v1.tar"
 _CONFIG = "application/vnd.oci.image.config.v1+json"
 _MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 _INDEX = "application/vnd.oci.image.index.v1+json"
+_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 @dataclass
@@ -136,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     layer = Layer()
     for spec in args.file:
         source, path, *mode = spec.split(":")
-        layer.files[path.strip("/")] = (Path(source).read_bytes(), _mode(mode[0]) if mode else 0o755)
+        layer.files[path.strip("/")] = (Path(source).read_bytes(),
+                                        _mode(mode[0]) if mode else 0o755)
     for spec in args.link:
         path, target = spec.split(":", 1)
         layer.links[path.strip("/")] = target
@@ -144,8 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         path, *mode = spec.split(":")
         layer.dirs[path.strip("/")] = _mode(mode[0]) if mode else 0o755
     data = archive(name=args.name, layer=layer, entrypoint=json.loads(args.entrypoint),
-                   cmd=json.loads(args.cmd),
-                   env=args.env or ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"])
+                   cmd=json.loads(args.cmd), env=args.env or [_PATH])
     tmp = args.out.with_name(args.out.name + ".tmp")
     tmp.write_bytes(data)
     tmp.replace(args.out)
