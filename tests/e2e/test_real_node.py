@@ -22,10 +22,12 @@ from vkprovider.kube import KubeClient
 from vkprovider.testing.cluster import LocalCluster
 from vkprovider.testing.realnode import (
     BUSYBOX_IMAGE,
+    KUBELET_TUNABLES,
     POD_CIDR,
     TOLERATION,
     RealNode,
     find_kubectl,
+    read_tunables,
 )
 from vkprovider.testing.waiting import eventually
 
@@ -132,6 +134,7 @@ async def test_a_service_routes_a_pods_request_to_another_pod_through_kube_proxy
 
 
 def test_the_node_network_has_no_route_off_the_machine(real_node: RealNode) -> None:
+    """Only the pod bridge and the /30 link to the host are routed in the node's namespace."""
     routes = subprocess.run(["ip", "-n", real_node.netns, "-4", "route", "show", "table", "all"],
                             capture_output=True, text=True, check=True).stdout
     assert routes.strip(), "the namespace has routes (its link and the pod bridge)"
@@ -143,3 +146,20 @@ def test_the_node_network_has_no_route_off_the_machine(real_node: RealNode) -> N
         net = ipaddress.ip_network(dest, strict=False)
         assert net.subnet_of(ipaddress.ip_network(POD_CIDR)) or (
             real_node.link is not None and net.subnet_of(real_node.link)), line
+    # and what pods send towards the host's side of the link is dropped, not forwarded
+    forward = subprocess.run(["ip", "netns", "exec", real_node.netns, "iptables", "-S", "FORWARD"],
+                             capture_output=True, text=True, check=True).stdout
+    assert "-A FORWARD -o eth0 -j DROP" in forward.splitlines(), forward
+
+
+def test_the_node_leaves_the_hosts_kernel_tunables_alone(real_node: RealNode) -> None:
+    """The kubelet sets vm.overcommit_memory, kernel.panic, kernel.panic_on_oops... for the whole
+    machine unless they already read as it wants; in the node's mount namespace they do, so the
+    shared host keeps its own."""
+    assert real_node.host_tunables, "read before the kubelet started"
+    assert read_tunables() == real_node.host_tunables
+    for entry in real_node.host_tunables:  # inside, what the kubelet wants
+        inside = subprocess.run(["nsenter", f"--mount={real_node.mount_ns}", "--", "cat",
+                                 f"/proc/sys/{entry}"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+        assert inside == str(KUBELET_TUNABLES[entry]), entry

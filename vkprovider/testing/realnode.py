@@ -8,19 +8,22 @@ it and send Service traffic over a real network path.
 
 The network is private: the node lives in a network namespace created here with ``ip netns``,
 joined to the host by one veth pair whose host side carries only a ``/30`` link. The namespace
-has no default route, so nothing a pod sends can leave the machine; the pod range and the
-Service range exist only inside it. The kubelet reaches the API server (loopback of the host)
+has no default route, so nothing a pod sends can leave the machine, and it forwards nothing
+from the pods to the host's side of the link; the pod range and the Service range exist only
+inside it. The kubelet reaches the API server (loopback of the host)
 through :func:`relay`, a process that listens on the namespace's loopback and connects out from
-the host's; the API server reaches the kubelet (logs, exec) over the veth link. The kubelet,
-containerd and kube-proxy run in that namespace (``nsenter --net``, same mount namespace as the
-host, so the kubelet's volume mounts and containerd's are the same ones).
+the host's; the API server reaches the kubelet (logs, exec) over the veth link.
 
-Everything else is private too: containerd's root, state and socket, the kubelet's root and pod
-logs, the CNI config and IPAM state live in one temporary folder, and the pods' cgroups under a
-cgroup root of their own, so two nodes (or a node and the machine's own services) never share a
-path. :meth:`RealNode.stop` ends every process it started by PID (containers by the PIDs in its
-cgroups, containerd shims by the socket they were given), unmounts what they mounted under its
-folder, removes its cgroups, the namespace and the folder.
+The kubelet, containerd and kube-proxy also share a mount namespace of their own (held by a
+sleeping ``unshare`` process): the fixed host paths they write whatever their flags say
+(/var/lib/kubelet, /run/containerd, /var/lib/cni, /var/log/containers) are this node's folders in
+there, and the kernel tunables the kubelet would set for the whole machine (vm.overcommit_memory,
+kernel.panic, kernel.panic_on_oops...) read as it wants them, so the shared host keeps its own.
+Its other files (containerd's root, state and socket, the kubelet's root and pod logs, the CNI
+config and IPAM state) live in one temporary folder, and the pods' cgroups under a cgroup root
+of their own, so two nodes never share a path. :meth:`RealNode.stop` ends every process it
+started by PID (containers by the PIDs in its cgroups, containerd shims by the socket they were
+given), then the namespaces go, its cgroups and the folder are removed.
 
 Images are built offline (``tools/node/oci_archive.py``) and imported with ``ctr``: the sandbox
 ("pause") image from ``tools/node/pause`` and :data:`BUSYBOX_IMAGE`, Debian's static busybox with
@@ -33,7 +36,6 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
-import hashlib
 import ipaddress
 import json
 import logging
@@ -147,6 +149,12 @@ def find_kubectl() -> Path:
     if not path.is_file():
         raise RealNodeError(f"{folder} lacks kubectl")
     return path
+
+
+def read_tunables() -> dict[str, str]:
+    """The host's values of the kernel tunables a kubelet sets (see KUBELET_TUNABLES)."""
+    return {entry: (Path("/proc/sys") / entry).read_text().strip()
+            for entry in KUBELET_TUNABLES}
 
 
 def _busybox_applets() -> list[str]:
@@ -264,22 +272,27 @@ class RealNode:
         #: the CNI network's name: libcni caches results under /var/lib/cni/results/<name>-*
         self.cni_network = f"vkp-{suffix}"
         self.components: dict[str, Component] = {}
+        self.mount_ns = ""
+        #: the host's values of the kernel tunables the kubelet wants, before start()
+        self.host_tunables: dict[str, str] = {}
         #: seconds since start() began, per step: what a bring-up costs
         self.timings: dict[str, float] = {}
         self._netns_made = False
         self._cgroups_made: list[Path] = []
-        self._task_ids: list[str] = []
+        self._mountpoints_made: list[Path] = []
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
     async def start(self, *, timeout: float = 120.0) -> None:
         t0 = time.monotonic()
+        self.host_tunables = read_tunables()
         try:
             ensure_host_tools()
             bins = self.bin_dir or find_node_binaries()
             self.timings["tools"] = time.monotonic() - t0
             self._make_network()
             self._make_cgroups()
+            await self._make_mount_namespace(t0 + timeout)
             self._write_pki()
             self._write_configs()
             self._start("relay", [sys.executable, "-m", "vkprovider.testing.realnode", "relay",
@@ -320,10 +333,11 @@ class RealNode:
         """
         steps: list[Callable[[], object]] = [
             *(self.components[n].stop for n in ("kube-proxy", "kubelet") if n in self.components),
-            self._note_sandboxes, self._kill_containers, self._kill_shims,
+            self._kill_containers, self._kill_shims,
             *(self.components[n].stop for n in ("containerd", "relay") if n in self.components),
-            self._unmount_all, self._remove_cgroups, self._remove_log_links,
-            self._remove_host_leftovers, self._remove_netns,
+            *(self.components[n].stop for n in ("mount-namespace",) if n in self.components),
+            self._unmount_all, self._remove_cgroups, self._remove_mountpoints,
+            self._remove_netns,
             lambda: shutil.rmtree(self.work_dir, ignore_errors=True),
         ]
         for step in steps:
@@ -360,6 +374,11 @@ class RealNode:
             ["ip", "-n", self.netns, "link", "set", "lo", "up"],
             ["ip", "-n", self.netns, "addr", "add", f"{self.node_ip}/{plen}", "dev", "eth0"],
             ["ip", "-n", self.netns, "link", "set", "eth0", "up"],
+            # pods talk to each other and to Services only: nothing they send is forwarded to
+            # the host's side of the link (the node's own traffic is not forwarded, so the
+            # kubelet's and the API server's connections are not concerned)
+            ["nsenter", f"--net={self.netns_path}", "--", "iptables", "-w", "-A", "FORWARD",
+             "-o", "eth0", "-j", "DROP"],
         ]
         for argv in steps:
             _run(argv, what=" ".join(argv))
@@ -466,9 +485,56 @@ class RealNode:
         }
         (w / "kube-proxy.yaml").write_text(yaml.safe_dump(proxy))
 
+    async def _make_mount_namespace(self, deadline: float) -> None:
+        """The node's own mount namespace, held by a sleeping process, prepared with nsenter.
+
+        The kubelet and containerd write to fixed host paths whatever their flags say
+        (/var/lib/kubelet/device-plugins, /run/containerd/s and runc's state, libcni's cache in
+        /var/lib/cni, log links in /var/log/containers), and the kubelet sets kernel tunables for
+        the whole machine (vm.overcommit_memory, kernel.panic, kernel.panic_on_oops, ...). In
+        here those paths are this node's own folders and those tunables read as the kubelet
+        wants them (files bound over /proc/sys entries), so nothing of the host changes and
+        everything vanishes with the namespace.
+        """
+        holder = self._start("mount-namespace", ["unshare", "--mount", "--propagation=private",
+                                                 "--", "sleep", "infinity"], netns=False)
+        assert holder.process is not None
+        mine = os.readlink("/proc/self/ns/mnt")
+        ns = f"/proc/{holder.process.pid}/ns/mnt"
+        while True:  # unshare has entered its namespace once the link differs
+            self._check_alive()
+            with contextlib.suppress(OSError):
+                if os.readlink(ns) != mine:
+                    break
+            if time.monotonic() > deadline:
+                raise RealNodeError(f"no mount namespace\n{self.tails()}")
+            await asyncio.sleep(0.05)
+        self.mount_ns = ns
+        self._bind_private_paths()
+
+    def _bind_private_paths(self) -> None:
+        binds: list[tuple[Path, Path]] = []
+        for target in _PRIVATE_PATHS:
+            source = self.work_dir / "host" / target.strip("/").replace("/", "-")
+            source.mkdir(parents=True, exist_ok=True)
+            target_path = Path(target)
+            if not target_path.exists():  # a mount point is needed on the host's side
+                target_path.mkdir(parents=True)
+                self._mountpoints_made.append(target_path)
+            binds.append((source, target_path))
+        for entry, value in KUBELET_TUNABLES.items():
+            source = self.work_dir / "host" / "sysctl" / entry.replace("/", "-")
+            source.parent.mkdir(parents=True, exist_ok=True)
+            source.write_text(f"{value}\n")
+            binds.append((source, Path("/proc/sys") / entry))
+        for source, target_path in binds:
+            _run(["nsenter", f"--mount={self.mount_ns}", "--", "mount", "--bind", str(source),
+                  str(target_path)], what=f"bind {target_path} in the node's mount namespace")
+
     def _start(self, name: str, argv: list[str], *, netns: bool = True) -> Component:
         if netns:
-            argv = ["nsenter", f"--net={self.netns_path}", "--", *argv]
+            argv = ["nsenter", f"--mount={self.mount_ns}", f"--net={self.netns_path}", "--",
+                    *argv]
         comp = Component(name=f"node-{name}", argv=argv,
                          log_path=self.log_dir / f"{self.name}-{name}.log")
         self.components[name] = comp
@@ -559,6 +625,12 @@ class RealNode:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(entry.name), signal.SIGKILL)
 
+    def _remove_mountpoints(self) -> None:
+        for path in self._mountpoints_made:
+            with contextlib.suppress(OSError):
+                path.rmdir()  # only if still empty: made here, for the namespace's binds
+        self._mountpoints_made = []
+
     def _unmount_all(self) -> None:
         prefix = str(self.work_dir) + "/"
         for _ in range(3):
@@ -581,45 +653,15 @@ class RealNode:
                     Path(folder).rmdir()
         self._cgroups_made = [r for r in self._cgroups_made if r.exists()]
 
-    def _note_sandboxes(self) -> None:
-        """The ids of this node's containerd tasks: fixed host paths below are named by them."""
-        tasks = self.work_dir / "containerd" / "state" / "io.containerd.runtime.v2.task" / "k8s.io"
-        self._task_ids = [p.name for p in tasks.iterdir()] if tasks.is_dir() else []
 
-    def _remove_host_leftovers(self) -> None:
-        """What containerd 1.6 and libcni keep at fixed host paths, when killed, not asked.
-
-        Shim sockets in /run/containerd/s are named by a hash of containerd's address, the
-        namespace and the task id (containerd's ``shim.SocketAddress``); libcni's cached results
-        in /var/lib/cni/results by the network name (this node's own) and the sandbox id. Only
-        names derived from this node's socket, network and tasks are removed.
-        """
-        ids = self._task_ids
-        shims = Path("/run/containerd/s")
-        for task in ids:
-            for address in (str(self.socket), f"{self.socket}.ttrpc"):
-                digest = hashlib.sha256(f"{address}/k8s.io/{task}".encode()).hexdigest()
-                with contextlib.suppress(OSError):
-                    (shims / digest).unlink()
-        results = Path("/var/lib/cni/results")
-        if results.is_dir():
-            for entry in results.iterdir():
-                ours = entry.name.startswith(f"{self.cni_network}-") or any(
-                    entry.name == f"cni-loopback-{task}-lo" for task in ids)
-                if ours:
-                    with contextlib.suppress(OSError):
-                        entry.unlink()
-
-    def _remove_log_links(self) -> None:
-        """The kubelet links every container's log into /var/log/containers (a fixed path)."""
-        links = Path("/var/log/containers")
-        if not links.is_dir():
-            return
-        for link in links.iterdir():
-            with contextlib.suppress(OSError):
-                if link.is_symlink() and os.readlink(link).startswith(str(self.work_dir)):
-                    link.unlink()
-
+#: host paths the kubelet, containerd, runc and libcni use whatever their flags say; each is
+#: this node's own folder inside its mount namespace
+_PRIVATE_PATHS = ("/var/lib/kubelet", "/run/containerd", "/var/lib/cni", "/var/log/containers")
+#: the kernel tunables the kubelet sets for the whole machine unless they read as these
+#: (pkg/kubelet/cm setupKernelTunables); inside the node's mount namespace they do
+KUBELET_TUNABLES = {"vm/overcommit_memory": 1, "vm/panic_on_oom": 0, "kernel/panic": 10,
+                     "kernel/panic_on_oops": 1, "kernel/keys/root_maxkeys": 1000000,
+                     "kernel/keys/root_maxbytes": 25000000}
 
 _CONTAINERD_TOML = """\
 version = 2
