@@ -384,11 +384,14 @@ class RealNode:
             _run(argv, what=" ".join(argv))
 
     def _make_cgroups(self) -> None:
-        """A cgroup root of this node's own in every v1 hierarchy (the kubelet requires it)."""
+        """A cgroup root of this node's own in every hierarchy (the kubelet requires it)."""
         base = Path("/sys/fs/cgroup")
-        for hierarchy in sorted(p for p in base.iterdir() if p.is_dir() and not p.is_symlink()):
-            if not (hierarchy / "cgroup.procs").exists():
-                continue
+        if (base / "cgroup.controllers").exists():  # cgroup v2 only: one hierarchy, here
+            hierarchies = [base]
+        else:  # v1 (this project's machines: v1 controllers, cgroup2 at unified/)
+            hierarchies = sorted(p for p in base.iterdir() if p.is_dir() and not p.is_symlink()
+                                 and (p / "cgroup.procs").exists())
+        for hierarchy in hierarchies:
             path = hierarchy / self.cgroup_root.lstrip("/")
             path.mkdir(exist_ok=True)
             self._cgroups_made.append(path)
