@@ -24,6 +24,7 @@ from vkprovider.testing.harness import (
     service_account_kubeconfig,
 )
 from vkprovider.testing.kueue import kueue  # noqa: F401 - the session's real Kueue fixture
+from vkprovider.testing.realnode import RealNode
 
 
 @pytest.fixture(scope="session")
@@ -171,3 +172,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = yield
     setattr(item, f"rep_{report.when}", report)
     return report
+
+
+@pytest.fixture(scope="session")
+def real_node(local_cluster: LocalCluster) -> Iterator[RealNode]:
+    """A real worker node (containerd, runc, bridge CNI, kubelet, kube-proxy) in its own network
+    namespace, joined to the session's cluster; tainted ``TAINT`` so only tests that tolerate it
+    use it (vkprovider.testing.realnode)."""
+    node = RealNode(cluster=local_cluster)
+    asyncio.run(node.start())  # stops what it started if it fails
+    try:
+        yield node
+    finally:
+        node.stop()
