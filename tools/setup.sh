@@ -15,10 +15,13 @@
 #   kubectl       kubectl v1.37.2 (tools/kubectl; the quickstart test runs the page with it)
 #   helm          helm v4 (tools/helm; the chart tests)
 #   kueue         the Kueue v0.17.0 manager and its CRDs (tools/kueue; the way-out tests, the demo)
+#   node          a real worker node's parts (tools/node): containerd, runc, CNI plugins, iptables,
+#                 conntrack, busybox-static from Debian (install-deps.sh), kubelet, kube-proxy
+#                 v1.37.2 and pause from their Go modules (build.sh; the real-node e2e)
 #   rootfs        the image's root filesystem (tools/image/rootfs.sh; tests/image)
 #
 # stdout: only `export NAME=VALUE` lines (VKP_CONTROLPLANE_BIN, VKP_KUBECTL_BIN, VKP_HELM_BIN,
-# VKP_KUEUE_BIN, VKP_ROOTFS), for `eval "$(bash tools/setup.sh)"`; the Makefile does exactly that.
+# VKP_KUEUE_BIN, VKP_NODE_BIN, VKP_ROOTFS), for `eval "$(bash tools/setup.sh)"`; the Makefile does exactly that.
 # stderr: what is being done. A cold Go build is narrated (what, roughly how long, and every 20 s
 # how long so far, how many modules were downloaded and which package is being compiled), so
 # that the first run's ~15 minutes are never silent.
@@ -28,14 +31,14 @@ cd "$repo"
 t0=$(date +%s)
 say() { printf 'setup: %s\n' "$*" >&2; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
-ALL=(system venv controlplane kubectl helm kueue rootfs)
+ALL=(system venv controlplane kubectl helm kueue node rootfs)
 steps=("$@")
 [ "${#steps[@]}" -gt 0 ] || steps=("${ALL[@]}")
 for s in "${steps[@]}"; do
   case " ${ALL[*]} " in *" $s "*) ;; *) die "unknown step '$s' (steps: ${ALL[*]})" ;; esac
 done
 want() { case " ${steps[*]} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
-needs_go() { want controlplane || want kubectl || want helm || want kueue; }
+needs_go() { want controlplane || want kubectl || want helm || want kueue || want node; }
 
 # ---- system: Go, Python, Debian packages --------------------------------------------------------
 GO_MIN=1.26
@@ -165,6 +168,12 @@ fi
 if want kueue; then
   build VKP_KUEUE_BIN "Kueue v0.17.0" "4 minutes" tools/kueue/build.sh
   emit VKP_KUEUE_BIN "$VKP_KUEUE_BIN"
+fi
+if want node; then
+  say "a real worker node's Debian packages (tools/node/install-deps.sh: containerd, runc, CNI plugins, iptables; apt-get when missing)"
+  bash tools/node/install-deps.sh >&2 || die "tools/node/install-deps.sh failed (its output is above)"
+  build VKP_NODE_BIN "kubelet, kube-proxy v1.37.2 and pause" "4 minutes" tools/node/build.sh
+  emit VKP_NODE_BIN "$VKP_NODE_BIN"
 fi
 if want rootfs; then
   [ -x .venv/bin/python ] || die "the image's root filesystem needs .venv: run 'make venv' (or add the venv step)"

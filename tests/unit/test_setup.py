@@ -59,13 +59,21 @@ def test_make_test_and_demo_set_up_through_setup_sh() -> None:
 
 
 def test_every_step_the_tests_need_is_a_default_step() -> None:
+    """Every prebuilt folder the code reads from the environment (``VKP_<X>_BIN``, ``VKP_ROOTFS``)
+    is exported by a default step: a new one that only CI or a developer's shell set would leave
+    a fresh clone's `make test` building it inside a test (or failing)."""
     script = SETUP.read_text()
     steps = re.search(r"^ALL=\((.*)\)$", script, re.M)
     assert steps
     assert steps.group(1).split() == ["system", "venv", "controlplane", "kubectl", "helm",
-                                      "kueue", "rootfs"]
-    for var in ("VKP_CONTROLPLANE_BIN", "VKP_KUBECTL_BIN", "VKP_HELM_BIN", "VKP_KUEUE_BIN",
-                "VKP_ROOTFS"):
+                                      "kueue", "node", "rootfs"]
+    read = set()
+    for tree in ("vkprovider", "tests"):
+        for path in (ROOT / tree).rglob("*.py"):
+            read |= set(re.findall(r'environ(?:\.get\(|\[)"(VKP_(?:[A-Z]+_BIN|ROOTFS))"',
+                                   path.read_text()))
+    assert {"VKP_CONTROLPLANE_BIN", "VKP_NODE_BIN", "VKP_ROOTFS"} <= read, read
+    for var in sorted(read | {"VKP_HELM_BIN"}):
         assert f"emit {var} " in script, f"setup.sh does not export {var}"
 
 
