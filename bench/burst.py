@@ -179,12 +179,15 @@ class Ours:
 
     def __init__(self, *, work: Path, kubeconfig: Path, n: int, workers: int = WORKERS,
                  event_loop: str | None = None, python: Path | None = None,
-                 event_qps: float | None = None) -> None:
+                 event_qps: float | None = None, tree: Path | None = None) -> None:
         # the event loop (provider and mock cloud alike) and the Event pacing are named when
-        # the bench chose them; otherwise the product's defaults run
+        # the bench chose them; otherwise the product's defaults run. ``tree``: the provider's
+        # code from another checkout (--baseline), against the same mock cloud
         chosen = [event_loop] if event_loop else []
         if event_qps is not None:
             chosen.append(f"events {event_qps:g}/s" if event_qps else "events unpaced")
+        if tree is not None:
+            chosen.append(f"baseline {tree.name}")
         self.label = f"vkprovider ({', '.join(chosen)})" if chosen else "vkprovider"
         self.node = f"vk-bench-{uuid.uuid4().hex[:6]}"
         self.cloud = bench_cloud(work=work, n=n, event_loop=event_loop)
@@ -200,7 +203,8 @@ class Ours:
                                         kubelet_api={"gpu_metrics_interval_seconds": 15},
                                         extra={"event_loop": event_loop} if event_loop else None,
                                         python=python,
-                                        env=runtime_env() if python is not None else None)
+                                        env=(runtime_env(tree) if python is not None
+                                             else {"PYTHONPATH": str(tree)} if tree else None))
 
     async def start(self) -> None:
         await self.cloud.start()
@@ -763,7 +767,7 @@ async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float]
                workers: int = WORKERS, event_loops: tuple[str, ...] = (),
                event_qps: tuple[float, ...] = (),
                go_modes: tuple[str, ...] = ("default", "lifted"), dev_venv: bool = False,
-               repeat: int = 1) -> int:
+               repeat: int = 1, baseline: Path | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="vkp-bench-"))
     binary = govk_binary() if compare_go else None
     python = None if dev_venv else runtime_python()
@@ -783,6 +787,9 @@ async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float]
                                               event_qps=qps)
                                          for loop in event_loops or (None,)
                                          for qps in event_qps or (None,)]
+                if baseline is not None:
+                    systems.append(Ours(work=work, kubeconfig=kubeconfig, n=n, workers=workers,
+                                        python=python, tree=baseline))
                 if binary is not None:
                     systems += go_systems(binary=binary, work=work,
                                           kubeconfig=cluster.kubeconfig, modes=go_modes,
@@ -853,6 +860,10 @@ if __name__ == "__main__":
     parser.add_argument("--repeat", type=int, default=1,
                         help="run every size this many times (each round alternates which "
                              "system goes first) and add a table of medians")
+    parser.add_argument("--baseline", type=Path, default=None, metavar="TREE",
+                        help="also run the provider from another checkout of the project (e.g. "
+                             "`git worktree add /tmp/base REV`), as a system of its own in the "
+                             "same run: a before/after on the same cluster and mock cloud")
     args = parser.parse_args()
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
@@ -862,4 +873,4 @@ if __name__ == "__main__":
                               go_modes=tuple(args.go_modes),
                               timeouts=phase_timeouts(args.pods, args.phase_timeout),
                               name=args.name, profile=args.profile, dev_venv=args.dev_venv,
-                              repeat=args.repeat)))
+                              repeat=args.repeat, baseline=args.baseline)))

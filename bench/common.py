@@ -151,6 +151,7 @@ def runtime_python() -> Path:
     return python
 
 
-def runtime_env() -> dict[str, str]:
-    """Environment additions that let :func:`runtime_python` import this tree's code."""
-    return {"PYTHONPATH": str(REPO)}
+def runtime_env(tree: Path | None = None) -> dict[str, str]:
+    """Environment additions that let :func:`runtime_python` import this tree's code (or
+    ``tree``'s: another checkout of the project, for a before/after in one run)."""
+    return {"PYTHONPATH": str(tree or REPO)}
