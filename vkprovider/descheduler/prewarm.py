@@ -53,21 +53,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from vkprovider.descheduler import prewarm_plan as plan
 from vkprovider.descheduler.admission import Decision, OverflowAdmission
+from vkprovider.descheduler.backoff import Backoff
 from vkprovider.descheduler.loophealth import loop_problem
 from vkprovider.descheduler.metrics import CompanionMetrics
 from vkprovider.descheduler.moveback import INTENT as MOVE_BACK_INTENT
-from vkprovider.descheduler.moveback import MoveBack
+from vkprovider.descheduler.moveback import MoveBack, MoveBackError
 from vkprovider.descheduler.objects import deployment_path as _dep_path
 from vkprovider.descheduler.objects import deployment_ref as _dep_ref
 from vkprovider.descheduler.objects import object_key as _key
+from vkprovider.descheduler.surge import scale_back
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
 from vkprovider.kube.events import EventRecorder
@@ -121,6 +124,7 @@ class Prewarm:
         self.informers = (self.workloads, self.checks, self.flavors, self.surged)
         self._active_sent: dict[str, tuple[str, str, str]] = {}
         self._told: dict[str, str] = {}  # workload uid -> last waiting message written
+        self._backoff = Backoff(base=tick, cap=max(60.0, interval))  # per Workload uid
         self.beat: float | None = None
 
     def _poke(self, _event: str, _obj: Body) -> None:
@@ -167,6 +171,7 @@ class Prewarm:
         self.metrics.prewarm_surge_replicas.set(surged)
         seen: set[str] = set()
         busy = bool(intents)
+        now = self.clock()
         for wl in list(self.workloads.store.values()):
             uid = str(wl["metadata"].get("uid"))
             check = next((c["name"] for c in (wl.get("status") or {}).get("admissionChecks")
@@ -174,14 +179,34 @@ class Prewarm:
             if check is None and uid not in by_workload:
                 continue
             seen.add(uid)
-            busy |= await self._reconcile(wl, check or by_workload[uid][0][0].check,
-                                          ours.get(check or ""), by_workload.get(uid, []),
-                                          policies)
+            busy |= await self._isolated(uid, _key(wl), now, self._reconcile(
+                wl, check or by_workload[uid][0][0].check, ours.get(check or ""),
+                by_workload.get(uid, []), policies))
         for uid, recorded in by_workload.items():
             if uid not in seen:  # the Workload is gone: undo what was done for it
-                await self._reconcile(None, recorded[0][0].check, None, recorded, policies)
+                seen.add(uid)
+                await self._isolated(uid, recorded[0][0].workload, now, self._reconcile(
+                    None, recorded[0][0].check, None, recorded, policies))
         for uid in [u for u in self._told if u not in seen]:
             del self._told[uid]
+        self._backoff.keep(seen)
+        return busy
+
+    async def _isolated(self, uid: str, name: str, now: float,
+                        step: Coroutine[Any, Any, bool]) -> bool:
+        """Run one Workload's step; an API error there backs that Workload off (doubling) and
+        leaves the others alone. True while it needs another look soon."""
+        if not self._backoff.ready(uid, now=now):
+            step.close()
+            return True
+        try:
+            busy = await step
+        except (APIError, MoveBackError) as exc:
+            delay = self._backoff.failed(uid, now=now)
+            log.warning("pre-warm step failed; backing this Workload off",
+                        extra=kv(workload=name, error=str(exc), retry_in=round(delay, 1)))
+            return True
+        self._backoff.succeeded(uid)
         return busy
 
     # ---- AdmissionChecks -----------------------------------------------------------------------
@@ -211,7 +236,11 @@ class Prewarm:
             else:
                 status, reason = "False", REASON_INVALID_PARAMETERS
                 message = f"{problem[0]}: {problem[1]}"
-            await self._write_active(check, status, reason, message)
+            try:
+                await self._write_active(check, status, reason, message)
+            except APIError as exc:  # one check's status write failing stops no other
+                log.warning("could not write an AdmissionCheck's Active condition",
+                            extra=kv(check=name, error=str(exc)))
         for name in [n for n in self._active_sent if n not in self.checks.store]:
             del self._active_sent[name]
         return usable
@@ -288,7 +317,8 @@ class Prewarm:
         return plan.WorkloadView(exists=True, quota_reserved=conds.get("QuotaReserved") == "True",
                                  admitted=conds.get("Admitted") == "True",
                                  finished=conds.get("Finished") == "True", check_state=state,
-                                 gang_bound=bound, victims_gone=gone)
+                                 gang_bound=bound, victims_gone=gone,
+                                 evicted=conds.get("Evicted") == "True")
 
     def _settings(self, names: Sequence[str], policies: Mapping[str, pol.OverflowPolicy |
                                                                    pol.PolicyError]
@@ -517,7 +547,7 @@ class Prewarm:
 
     async def _wait_or_give_up(self, wl: Body, check: str, why: str, timeout: float,
                                on_timeout: str) -> bool:
-        since = _check_since(wl, check) or self.clock()
+        since = _since(plan.waiting_since(wl, check)) or self.clock()
         if self.clock() - since <= timeout:
             message = f"waiting: {why}"
             if self._told.get(wl["metadata"]["uid"]) != message:
@@ -561,42 +591,64 @@ class Prewarm:
 
     async def _restore(self, wl: Body | None, check: str,
                        recorded: list[tuple[plan.Intent, Body]], action: plan.Action) -> None:
-        """Scale each Deployment back to its recorded count; tell it once; clear the intents only
-        once the ReplicaSets removed the extra pods. Until then admission keeps holding the
+        """Take each Deployment's surge back, relative to its count now (an HPA or a person who
+        scaled up meanwhile keeps their replicas), in one write with the intent marked
+        Restoring and ``scaled_back`` (a restart never takes it back twice); tell it once; write
+        the recorded outcome to the check whenever it is still to be written; clear the intents
+        only once the ReplicaSets removed the extra pods. Until then admission keeps holding the
         Pending replacements of preempted replicas (the intent's "hold"): clearing it at the
         scale-down let one be admitted and start a cloud instance for nothing."""
         timed_out = bool(action.check)
         first = any(intent.phase != plan.RESTORING for intent, _ in recorded)
+        done: list[tuple[plan.Intent, Body]] = []
         for intent, dep in recorded:
-            if intent.phase != plan.RESTORING:
-                restoring = intent.moved(phase=plan.RESTORING, outcome=action.check,
-                                         message=action.reason)
-                with contextlib.suppress(NotFoundError):
-                    await self.client.patch(_dep_path(dep), {"metadata": {"annotations": {
-                        plan.INTENT: restoring.dumps()}}})
-            await self._scale(self._fresh(dep), intent, intent.replicas, restore=True)
+            if intent.scaled_back is None:
+                restoring = intent if intent.phase == plan.RESTORING else intent.moved(
+                    phase=plan.RESTORING, outcome=action.check, message=action.reason)
+                if intent.hpa:
+                    ns = dep["metadata"]["namespace"]
+                    top = ((self.moveback.hpas.store.get(f"{ns}/{intent.hpa}") or {}).get(
+                        "spec") or {}).get("maxReplicas")
+                    surged_to = max(intent.hpa_min or 1, intent.target)
+                    await self.moveback._restore_floor(
+                        ns=ns, name=intent.hpa, original=intent.hpa_min or 1,
+                        surged_to=surged_to if top is None else min(surged_to, int(top)))
+                raw = str((dep["metadata"].get("annotations") or {}).get(plan.INTENT))
+                written = await self.moveback._write_deployment(
+                    dep, functools.partial(_restore_body, raw=raw, restoring=restoring),
+                    first=dep)
+                if written is None:
+                    continue  # gone, or changed since it was read: the next pass decides again
+                intent = plan.intent_of(written) or restoring
+            done.append((intent, dep))
             if not first:
                 continue
-            text = f"Back to {intent.replicas} replicas: {action.reason}"
+            text = f"Back to {intent.scaled_back} replicas: {action.reason}"
             await self.events.emit(obj=_dep_ref(dep), reason="PrewarmRestored", message=text,
                                    type_="Warning" if timed_out else "Normal")
             if timed_out:
                 self._decide(intent.policy, wl, "PrewarmTimedOut",
                              f"{_key(dep)}: {action.reason}")
-        if first and wl is not None and action.check:
-            state = "Retry" if action.check == "Retry" else "Ready"
+        outcome = plan.outcome_to_write(outcome=action.check,
+                                        view=self._view(wl, check, recorded))
+        told = f"outcome {outcome}"
+        if wl is not None and outcome is not None and self._told.get(wl["metadata"]["uid"]) != told:
+            self._told[wl["metadata"]["uid"]] = told
             message = f"pre-warm {action.reason}; " + (
-                "retrying later" if state == "Retry" else "proceeding without it: the "
+                "retrying later" if outcome == "Retry" else "proceeding without it: the "
                 "displaced replicas overflow after preemption")
-            self.metrics.prewarm_checks.labels("retry" if state == "Retry" else "timed-out").inc()
+            self.metrics.prewarm_checks.labels("retry" if outcome == "Retry" else
+                                               "timed-out").inc()
             await self._event(wl, reason="PrewarmTimedOut", message=message, type_="Warning")
-            await self._set_check(wl, check, state, message)
-        elif first and wl is not None:
+            await self._set_check(wl, check, outcome, message)
+        elif first and wl is not None and not action.check:
             await self._event(wl, reason="PrewarmFinished",
                               message=f"surge undone: {action.reason}")
         # (an HPA owns the count after its floor is restored: nothing to wait for there)
-        if not all(intent.hpa or _settled(self._fresh(dep), intent.replicas)
-                   for intent, dep in recorded):
+        if len(done) < len(recorded) or not all(
+                intent.hpa or _settled(self._fresh(dep), intent.scaled_back
+                                       if intent.scaled_back is not None else intent.replicas)
+                for intent, dep in done):
             return  # the next pass (the Deployment's status changing) finishes it
         for _intent, dep in recorded:
             with contextlib.suppress(NotFoundError):
@@ -618,20 +670,26 @@ class Prewarm:
                 return hpa
         return None
 
-    async def _scale(self, dep: Body, intent: plan.Intent, replicas: int, *,
-                     restore: bool = False) -> None:
-        """Set the Deployment (or its HPA's minReplicas) to ``replicas``: absolute, idempotent."""
+    async def _scale(self, dep: Body, intent: plan.Intent, replicas: int) -> None:
+        """Surge the Deployment (or raise its HPA's minReplicas) to ``replicas``: absolute,
+        idempotent. An HPA's floor is clamped to its ``maxReplicas`` (the API server refuses
+        more): a surge the HPA has no room for never becomes Ready, and the timeout undoes it."""
         ns = dep["metadata"]["namespace"]
         try:
             if intent.hpa:
                 path = f"/apis/autoscaling/v2/namespaces/{ns}/horizontalpodautoscalers/" \
                        f"{intent.hpa}"
-                floor = intent.hpa_min if restore else max(intent.hpa_min or 1, replicas)
                 hpa = self.moveback.hpas.store.get(f"{ns}/{intent.hpa}")
+                floor = max(intent.hpa_min or 1, replicas)
+                top = (hpa or {}).get("spec", {}).get("maxReplicas")
+                if top is not None and floor > int(top):
+                    log.warning("the HPA has no room for the whole surge; clamped",
+                                extra=kv(deployment=_key(dep), hpa=intent.hpa, want=floor,
+                                         max_replicas=top))
+                    floor = int(top)
                 if hpa is None or hpa["spec"].get("minReplicas") != floor:
                     await self.client.patch(path, {"spec": {"minReplicas": floor}})
-                if not restore:
-                    return  # the HPA scales the Deployment up to its new floor
+                return  # the HPA scales the Deployment up to its new floor
             if int((dep.get("spec") or {}).get("replicas") or 0) != replicas:
                 await self.client.patch(f"{_dep_path(dep)}/scale",
                                         {"spec": {"replicas": replicas}})
@@ -699,13 +757,28 @@ def _ready(dep: Body) -> int:
     return int((dep.get("status") or {}).get("readyReplicas") or 0)
 
 
-def _check_since(wl: Body, check: str) -> float | None:
-    for entry in (wl.get("status") or {}).get("admissionChecks") or []:
-        if entry.get("name") == check and entry.get("lastTransitionTime"):
-            try:
-                return parse_time(str(entry["lastTransitionTime"])).timestamp()
-            except TimeFormatError:
-                return None
-    return None
+def _since(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return parse_time(text).timestamp()
+    except TimeFormatError:
+        return None
+
+
+def _restore_body(dep: Body, *, raw: str, restoring: plan.Intent) -> Body | None:
+    """One write that takes the surge back relative to the count now and records it in the
+    intent (phase Restoring, ``scaled_back``); None when the intent on the Deployment is no longer
+    ``raw`` (someone else finished it, or the cache lags: the next pass decides again)."""
+    if (dep["metadata"].get("annotations") or {}).get(plan.INTENT) != raw:
+        return None
+    current = int((dep.get("spec") or {}).get("replicas") or 0)
+    back = scale_back(current=current, recorded=restoring.replicas, surge=restoring.surge)
+    body: Body = {"metadata": {"resourceVersion": dep["metadata"]["resourceVersion"],
+                               "annotations": {plan.INTENT: restoring.moved(
+                                   scaled_back=back).dumps()}}}
+    if back != current:
+        body["spec"] = {"replicas": back}
+    return body
 
 
