@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from vkprovider.descheduler import kueueapi
 from vkprovider.descheduler import prewarm_plan as plan
 from vkprovider.descheduler.backoff import Backoff
 from vkprovider.placement import policy as pol
@@ -328,3 +329,30 @@ def test_a_failing_object_backs_off_alone_doubling_and_is_forgotten_on_success()
     assert b.ready("a", now=15.0) and b.failed("a", now=15.0) == 1.0
     b.keep(set())
     assert b.ready("a", now=15.0)
+
+
+# ---- Kueue's version is checked, not assumed (issue 36) --------------------------------------
+
+
+def test_the_kueue_api_is_chosen_from_what_the_server_serves() -> None:
+    none = kueueapi.choose(None)
+    assert none.usable and not none.served and none.base == "/apis/kueue.x-k8s.io/v1beta2"
+    both = kueueapi.choose(["v1beta2", "v1beta1"], "v1beta2")
+    assert both.usable and both.version == "v1beta2"
+    newer_preferred = kueueapi.choose(["v1", "v1beta2"], "v1")
+    assert newer_preferred.usable and newer_preferred.version == "v1beta2"  # what we speak
+    old = kueueapi.choose(["v1beta1"], "v1beta1")
+    assert not old.usable and old.version == "v1beta1"  # to mark our checks, nothing else
+    assert "serves kueue.x-k8s.io v1beta1" in old.problem and "v1beta2" in old.problem
+    assert "Kueue v0.17.0" in old.problem
+
+
+def test_an_unsupported_kueue_marks_our_check_inactive_saying_why() -> None:
+    check = {"spec": {"controllerName": plan.CONTROLLER_NAME}}
+    assert plan.check_active(check, {}) == ("True", "Active", plan.ACTIVE_MESSAGE)
+    old = kueueapi.choose(["v1beta1"])
+    status, reason, message = plan.check_active(check, {}, kueue_problem=old.problem)
+    assert (status, reason) == ("False", "UnsupportedKueueVersion") and message == old.problem
+    bad = {"spec": {"controllerName": plan.CONTROLLER_NAME,
+                    "parameters": {"apiGroup": "x", "kind": "OverflowPolicy", "name": "p"}}}
+    assert plan.check_active(bad, {})[:2] == ("False", "InvalidParameters")

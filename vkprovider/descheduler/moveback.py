@@ -79,6 +79,7 @@ from vkprovider.descheduler.fit import (
     slim_pod,
 )
 from vkprovider.descheduler.kueue_demand import upcoming_claims
+from vkprovider.descheduler.kueueapi import KueueAPI
 from vkprovider.descheduler.loophealth import loop_problem
 from vkprovider.descheduler.metrics import CompanionMetrics
 from vkprovider.descheduler.objects import deployment_path as _dep_path
@@ -101,7 +102,6 @@ log = logging.getLogger(__name__)
 
 Body = dict[str, Any]
 INTENT = "vkprovider.io/move-back"
-KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 COST = "controller.kubernetes.io/pod-deletion-cost"
 HOTSWAP_INTENT = "vkprovider.io/hot-swap"  # hotswap.INTENT (it imports this module)
 LOWEST_COST = "-2147483648"
@@ -152,8 +152,11 @@ class MoveBack:
         metrics: CompanionMetrics | None = None,
         clock: Callable[[], float] = time.time,
         health_taints: Sequence[str] = DEFAULT_HEALTH_TAINTS,
+        kueue: KueueAPI | None = None,
     ) -> None:
         self.metrics = metrics or CompanionMetrics()
+        self.kueue = kueue or KueueAPI()
+        kueue_base = self.kueue.base
         self.client = client
         self.events = events
         self.virtual = frozenset(node_names)  # the virtual nodes served (every one is "outside")
@@ -175,14 +178,14 @@ class MoveBack:
         self.hpas = Informer(client=client, path="/apis/autoscaling/v2/horizontalpodautoscalers",
                              name="hpas", transform=_slim_hpa, missing_ok=True)
         # Kueue (kueue_demand.py): what it places next; absent Kueue, empty and nothing changes
-        self.workloads = Informer(client=client, path=f"{KUEUE}/workloads",
+        self.workloads = Informer(client=client, path=f"{kueue_base}/workloads",
                                   name="kueue-workloads", transform=_slim_workload,
                                   missing_ok=True)
-        self.cluster_queues = Informer(client=client, path=f"{KUEUE}/clusterqueues",
+        self.cluster_queues = Informer(client=client, path=f"{kueue_base}/clusterqueues",
                                        name="clusterqueues", missing_ok=True)
-        self.local_queues = Informer(client=client, path=f"{KUEUE}/localqueues",
+        self.local_queues = Informer(client=client, path=f"{kueue_base}/localqueues",
                                      name="localqueues", missing_ok=True)
-        self.flavors = Informer(client=client, path=f"{KUEUE}/resourceflavors",
+        self.flavors = Informer(client=client, path=f"{kueue_base}/resourceflavors",
                                 name="kueue-flavors", missing_ok=True)
         self.fit_since: dict[str, float] = {}
         self.cooldown_until: dict[str, float] = {}
@@ -192,8 +195,15 @@ class MoveBack:
         self._skipped: dict[str, str] = {}
         self._held: dict[str, str] = {}  # Deployment -> why its move is held, as last told
         self._hpa_told: dict[str, str] = {}  # Deployment -> why its HPA leaves no room, as told
-        self.informers = (self.nodes, self.pods, self.replicasets, self.deployments, self.hpas,
-                          self.workloads, self.cluster_queues, self.local_queues, self.flavors)
+        self.informers: tuple[Informer, ...] = (
+            self.nodes, self.pods, self.replicasets, self.deployments, self.hpas,
+            self.workloads, self.cluster_queues, self.local_queues, self.flavors)
+        if not self.kueue.usable:  # a Kueue this code does not speak: its objects count as none
+            kueue_informers = (self.workloads, self.cluster_queues, self.local_queues,
+                               self.flavors)
+            self.informers = tuple(i for i in self.informers if i not in kueue_informers)
+            for idle in kueue_informers:
+                idle.synced.set()
         self.beat: float | None = None  # time.monotonic() of the loop's last sign of life
 
     def _poke(self, _event: str, _obj: Body) -> None:

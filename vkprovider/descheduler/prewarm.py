@@ -63,6 +63,7 @@ from typing import Any
 from vkprovider.descheduler import prewarm_plan as plan
 from vkprovider.descheduler.admission import Decision, OverflowAdmission
 from vkprovider.descheduler.backoff import Backoff
+from vkprovider.descheduler.kueueapi import KueueAPI
 from vkprovider.descheduler.loophealth import loop_problem
 from vkprovider.descheduler.metrics import CompanionMetrics
 from vkprovider.descheduler.moveback import INTENT as MOVE_BACK_INTENT
@@ -82,9 +83,8 @@ from vkprovider.semantics.timefmt import TimeFormatError, format_time, parse_tim
 log = logging.getLogger(__name__)
 
 Body = dict[str, Any]
-KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 FIELD_MANAGER = "vkprovider-prewarm"
-REASON_INVALID_PARAMETERS = "InvalidParameters"
+REASON_INVALID_PARAMETERS = plan.REASON_INVALID_PARAMETERS
 DEFAULT_TIMEOUT = 300.0  # when no policy is left to say (it was deleted mid-pre-warm)
 
 
@@ -101,8 +101,11 @@ class Prewarm:
         tick: float = 1.0,
         metrics: CompanionMetrics | None = None,
         clock: Callable[[], float] = time.time,
+        kueue: KueueAPI | None = None,
     ) -> None:
         self.client = client
+        self.kueue = kueue or KueueAPI()
+        base = self.kueue.base
         self.events = events
         self.virtual = frozenset(node_names)
         self.admission = admission
@@ -112,16 +115,23 @@ class Prewarm:
         self.metrics = metrics or moveback.metrics
         self.clock = clock
         self._wake = asyncio.Event()
-        self.workloads = Informer(client=client, path=f"{KUEUE}/workloads", name="workloads",
+        self.workloads = Informer(client=client, path=f"{base}/workloads", name="workloads",
                                   handler=self._poke, missing_ok=True)
-        self.checks = Informer(client=client, path=f"{KUEUE}/admissionchecks",
+        self.checks = Informer(client=client, path=f"{base}/admissionchecks",
                                name="admissionchecks", handler=self._poke, missing_ok=True)
-        self.flavors = Informer(client=client, path=f"{KUEUE}/resourceflavors",
+        self.flavors = Informer(client=client, path=f"{base}/resourceflavors",
                                 name="resourceflavors", missing_ok=True)
         self.surged = Informer(client=client, path="/apis/apps/v1/deployments",
                                params={"labelSelector": f"{plan.LABEL}=true"},
                                name="prewarmed-deployments", handler=self._poke)
-        self.informers = (self.workloads, self.checks, self.flavors, self.surged)
+        self.informers: tuple[Informer, ...] = (self.workloads, self.checks, self.flavors,
+                                                self.surged)
+        if not self.kueue.usable:
+            # A Kueue this code does not speak: only its AdmissionChecks are read (to mark ours
+            # inactive, through the version it serves); Workloads and flavors are left alone.
+            self.informers = (self.checks, self.surged)
+            for idle in (self.workloads, self.flavors):
+                idle.synced.set()
         self._active_sent: dict[str, tuple[str, str, str]] = {}
         self._told: dict[str, str] = {}  # workload uid -> last waiting message written
         self._backoff = Backoff(base=tick, cap=max(60.0, interval))  # per Workload uid
@@ -228,14 +238,10 @@ class Prewarm:
         for name, check in self.checks.store.items():
             if (check.get("spec") or {}).get("controllerName") != plan.CONTROLLER_NAME:
                 continue
-            problem = plan.check_problem(check, policies)
-            if problem is None:
+            status, reason, message = plan.check_active(check, policies,
+                                                        kueue_problem=self.kueue.problem)
+            if status == "True":
                 usable[name] = check
-                status, reason, message = "True", "Active", "vkprovider pre-warms inference " \
-                                                            "displaced by admitted gangs"
-            else:
-                status, reason = "False", REASON_INVALID_PARAMETERS
-                message = f"{problem[0]}: {problem[1]}"
             try:
                 await self._write_active(check, status, reason, message)
             except APIError as exc:  # one check's status write failing stops no other
@@ -264,12 +270,12 @@ class Prewarm:
         others = [c for c in (check.get("status") or {}).get("conditions") or []
                   if c.get("type") != "Active"]
         try:
-            await self.client.patch(f"{KUEUE}/admissionchecks/{name}/status",
+            await self.client.patch(f"{self.kueue.base}/admissionchecks/{name}/status",
                                     {"status": {"conditions": [*others, cond]}})
         except NotFoundError:
             return
         self._active_sent[name] = want
-        ref = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "AdmissionCheck",
+        ref = {"apiVersion": self.kueue.api_version, "kind": "AdmissionCheck",
                "metadata": check["metadata"]}
         if status == "False":
             await self.events.emit(obj=ref, reason="PrewarmCheckRefused", type_="Warning",
@@ -705,7 +711,7 @@ class Prewarm:
             return
         since = (current.get("lastTransitionTime") if current.get("state") == state else None) \
             or format_time(datetime.now(UTC))
-        body = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+        body = {"apiVersion": self.kueue.api_version, "kind": "Workload",
                 "metadata": {"name": wl["metadata"]["name"],
                              "namespace": wl["metadata"]["namespace"]},
                 "status": {"admissionChecks": [{"name": check, "state": state,
@@ -713,7 +719,7 @@ class Prewarm:
                                                 "lastTransitionTime": since}]}}
         try:
             await self.client.request(
-                "PATCH", f"{KUEUE}/namespaces/{wl['metadata']['namespace']}/workloads/"
+                "PATCH", f"{self.kueue.base}/namespaces/{wl['metadata']['namespace']}/workloads/"
                          f"{wl['metadata']['name']}/status",
                 params={"fieldManager": FIELD_MANAGER, "force": True}, body=body,
                 content_type="application/apply-patch+yaml")
@@ -724,7 +730,7 @@ class Prewarm:
 
     async def _event(self, wl: Body, *, reason: str, message: str,
                      type_: str = "Normal") -> None:
-        await self.events.emit(obj={"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+        await self.events.emit(obj={"apiVersion": self.kueue.api_version, "kind": "Workload",
                                     "metadata": wl["metadata"]},
                                reason=reason, message=message, type_=type_)
 

@@ -357,6 +357,26 @@ def check_problem(check: Mapping[str, Any], policies: Mapping[str, object]
     return None
 
 
+#: ``Active=False`` reasons of an AdmissionCheck this controller cannot serve.
+REASON_INVALID_PARAMETERS = "InvalidParameters"
+REASON_UNSUPPORTED_KUEUE = "UnsupportedKueueVersion"
+ACTIVE_MESSAGE = "vkprovider pre-warms inference displaced by admitted gangs"
+
+
+def check_active(check: Mapping[str, Any], policies: Mapping[str, object], *,
+                 kueue_problem: str = "") -> tuple[str, str, str]:
+    """The ``Active`` condition (status, reason, message) of an AdmissionCheck of this
+    controller: ``False`` with ``UnsupportedKueueVersion`` when the Kueue installed is one this
+    code does not speak (``kueue_problem`` says why), ``False`` with ``InvalidParameters`` when
+    its parameters make no sense (:func:`check_problem`), else ``True``."""
+    if kueue_problem:
+        return "False", REASON_UNSUPPORTED_KUEUE, kueue_problem
+    problem = check_problem(check, policies)
+    if problem is not None:
+        return "False", REASON_INVALID_PARAMETERS, f"{problem[0]}: {problem[1]}"
+    return "True", "Active", ACTIVE_MESSAGE
+
+
 # ---- the transition function -------------------------------------------------------------------
 
 
