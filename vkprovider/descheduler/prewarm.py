@@ -25,19 +25,27 @@ gang, quota reserved, until the replicas it will displace already serve from the
    once each Deployment has ``N + surge`` Ready replicas (readiness probes, on the cloud) and the
    plan did not grow, mark the intents ``Ready`` and set the check ``Ready``; Kueue admits the
    gang;
-5. when the gang's pods are bound (or every expected victim is gone), scale each Deployment back
-   to the recorded N: the ReplicaSet removes the Pending replacements of the preempted replicas
-   first (admission holds them meanwhile, so no instance starts for nothing), and the cloud
-   replicas keep serving until move-back brings them home.
+5. when the gang's pods are bound (or every expected victim is gone), take each surge back,
+   relative to the Deployment's count now (:func:`~vkprovider.descheduler.surge.scale_back`: an
+   HPA or a person who scaled up meanwhile keeps their replicas): the ReplicaSet removes the
+   Pending replacements of the preempted replicas first (admission holds them meanwhile, so no
+   instance starts for nothing), and the cloud replicas keep serving until move-back brings
+   them home.
 
 Fail-safe: a pre-warm not Ready within the policy's ``prewarm.timeout`` (no capacity, budget,
 cloud errors) is undone (scale back to N) and the check goes ``Ready`` anyway with a Warning
 Event (training is never blocked by inference), or ``Retry`` under ``onTimeout: Retry``.
 
 Restart safety: every step is decided by :func:`~vkprovider.descheduler.prewarm_plan.next_action`
-from the API alone (the Workload's check state and the intents on Deployments), and every write
-sets an absolute value (``replicas = N + surge``, ``replicas = N``), so a companion killed at any
-step finishes the story when it comes back and never surges twice.
+from the API alone (the Workload's check state and the intents on Deployments). The surge sets an
+absolute value (``replicas = N + surge``); the scale-back is written together with the intent
+marked ``scaled_back`` (one write, under the resourceVersion), so a companion killed at any step
+finishes the story when it comes back, never surges twice and never takes a surge back twice. An
+outcome recorded on the intents is written to the check whenever the check is still Pending on a
+Workload holding quota (:func:`~vkprovider.descheduler.prewarm_plan.outcome_to_write`), so a crash
+between the two writes does not leave the gang waiting a second timeout. The wait for a blocked
+Deployment counts from ``QuotaReserved``, not from queueing. An API error on one Workload backs
+that Workload off (:mod:`~vkprovider.descheduler.backoff`) and leaves the others alone.
 
 The AdmissionChecks it serves (``spec.controllerName: vkprovider.io/prewarm``) are kept
 ``Active=True``; one whose ``spec.parameters`` make no sense is ``Active=False`` with reason
