@@ -171,3 +171,18 @@ async def test_validating_webhook_refuses_an_invalid_cluster_queue(
     assert 'admission webhook "vclusterqueue.kb.io" denied the request' in str(refused.value)
     with pytest.raises(NotFoundError):
         await kube.get(f"{API}/clusterqueues/{namespace}-bad")
+
+
+async def test_the_companion_discovers_the_kueue_api_the_server_serves(
+    kueue: KueueManager, kube: KubeClient,
+) -> None:
+    """kueueapi.discover (issue 36): Kueue v0.17.0 serves v1beta2, which is what we speak; a
+    group nobody serves is "not installed" (None), not an error."""
+    from vkprovider.descheduler.kueueapi import discover
+    from vkprovider.kube.discovery import served_versions
+
+    found = await served_versions(kube, GROUP)
+    assert found is not None and "v1beta2" in found.versions, found
+    api = await discover(kube)
+    assert api.usable and api.version == "v1beta2" and api.served == found.versions
+    assert await served_versions(kube, "no-such-group.vkprovider.io") is None

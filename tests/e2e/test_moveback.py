@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -69,9 +72,10 @@ def moveback_policy(name: str, namespace: str, **move_back: Any) -> dict[str, An
 async def overflow_then_free(
     *, kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory, system: System,
     companion_kubeconfig: Path, objects: Cluster, replicas: int = 4, training_seconds: float = 12,
-    hpa: bool = False, container: dict[str, Any] | None = None,
+    hpa: bool = False, hpa_max: int | None = None, container: dict[str, Any] | None = None,
     before_preemption: Callable[[], Awaitable[None]] | None = None,
     overflow_after: str = "0s", companion_args: Sequence[str] = (),
+    crash_after_write: int = 0,
 ) -> tuple[list[str], ReadyWatcher]:
     """Inference inside; training preempts it onto the clouds; returns once all serve there.
 
@@ -85,7 +89,11 @@ async def overflow_then_free(
     system.companion = CompanionProcess(work_dir=system.work_dir, kubeconfig=companion_kubeconfig,
                                         node_name=system.node_name, interval=0.5,
                                         move_back_interval=1.0, extra_args=companion_args)
-    system.companion.start()
+    if crash_after_write:  # the crash-point test hook (descheduler/crashpoint.py)
+        system.companion.component.start(env={**os.environ,
+                                              "VKP_CRASH_AFTER_WRITE": str(crash_after_write)})
+    else:
+        system.companion.start()
     tag = uuid.uuid4().hex[:6]
     low, high = f"inf-{tag}", f"train-{tag}"
     for name, value in ((low, 100), (high, 1000)):
@@ -105,7 +113,7 @@ async def overflow_then_free(
             "metadata": {"name": "inference"},
             "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
                                         "name": "inference"},
-                     "minReplicas": replicas, "maxReplicas": replicas * 3,
+                     "minReplicas": replicas, "maxReplicas": hpa_max or replicas * 3,
                      "metrics": [{"type": "Resource", "resource": {
                          "name": "cpu", "target": {"type": "Utilization",
                                                    "averageUtilization": 80}}}]}})
@@ -304,3 +312,89 @@ async def test_kill_9_of_the_companion_mid_move_then_restart_loses_no_replica(
                            what="the finished moves in status.lastDecisions")
     assert "Admitted" in {d["decision"] for d in pol["status"]["lastDecisions"]}, \
         "decisions recorded before the kill were lost"
+
+
+async def deployment_events(kube: KubeClient, namespace: str) -> list[dict[str, Any]]:
+    body = await kube.get(f"/api/v1/namespaces/{namespace}/events",
+                          params={"fieldSelector": "involvedObject.kind=Deployment"})
+    return list(body["items"])
+
+
+async def test_an_hpa_at_max_replicas_is_skipped_saying_why_not_moved_over_and_over(
+    kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory, system: System,
+    companion_kubeconfig: Path, objects: Cluster,
+) -> None:
+    """Issue 36: an HPA at maxReplicas (likely exactly while overflowing) refuses minReplicas
+    N+1 with 422. The move used to die after writing its intent and the deletion cost, and the
+    next pass started another over it, forever. It is skipped with a Warning instead."""
+    _internal, watcher = await overflow_then_free(
+        kube=kube, namespace=namespace, gpu_nodes=gpu_nodes, system=system,
+        companion_kubeconfig=companion_kubeconfig, objects=objects, replicas=2, hpa=True,
+        hpa_max=2)
+    dep_path = f"/apis/apps/v1/namespaces/{namespace}/deployments/inference"
+    hpa_path = f"/apis/autoscaling/v2/namespaces/{namespace}/horizontalpodautoscalers/inference"
+    try:
+        events = await eventually(
+            lambda: deployment_events(kube, namespace), timeout=120, interval=0.5,
+            until=lambda ev: any(e["reason"] == "MoveBackSkipped" for e in ev),
+            what="a MoveBackSkipped Warning on the Deployment")
+    finally:
+        await watcher.stop()
+    skipped = next(e for e in events if e["reason"] == "MoveBackSkipped")
+    assert skipped["type"] == "Warning"
+    assert "maxReplicas 2" in skipped["message"] and "inference" in skipped["message"], skipped
+    assert not [e for e in events if e["reason"] == "MoveBackStarted"], "no move was started"
+    dep = await kube.get(dep_path)
+    assert INTENT not in (dep["metadata"].get("annotations") or {})
+    assert dep["spec"]["replicas"] == 2
+    assert (await kube.get(hpa_path))["spec"]["minReplicas"] == 2
+    ps = await pods(kube, namespace, "inference")
+    assert not any((p["metadata"].get("annotations") or {}).get(
+        "controller.kubernetes.io/pod-deletion-cost") for p in ps), "no pod marked for nothing"
+    assert watcher.minimum is not None and watcher.minimum >= 2
+
+
+async def test_a_recorded_move_with_no_live_task_is_finished_keeping_a_scale_made_meanwhile(
+    kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory, system: System,
+    companion_kubeconfig: Path, objects: Cluster,
+) -> None:
+    """Issue 36: an intent whose task died (an API error after the surge) used to stay for good
+    while the companion ran: a restart was the only thing that finished it, and scaling back to
+    the recorded N reverted whatever happened meanwhile. Here a move's intent is left as such a
+    task leaves it (surged 2 -> 3), and someone scaled to 5 meanwhile: the running companion
+    finishes it at its next pass, taking back only its own replica (5 -> 4)."""
+    await gpu_nodes.create(count=1, gpus=4)
+    await system.start(clouds=1, node_labels={"vkprovider.io/pool": namespace})
+    system.start_companion(kubeconfig=companion_kubeconfig)
+    await kube.create(f"/apis/apps/v1/namespaces/{namespace}/deployments",
+                      gpu_deployment("inference", replicas=2, pool=namespace))
+    ps = await eventually(lambda: pods(kube, namespace, "inference"), timeout=90,
+                          until=lambda ps: len(ps) == 2 and all(
+                              p["status"].get("phase") == "Running" for p in ps),
+                          what="2 replicas Running")
+    kept = ps[0]["metadata"]
+    # The companion is past its start-up (which finished recorded moves even before): its loops
+    # run, the admission loop wrote a policy's status; then a few move-back passes go by.
+    name = f"mb-{uuid.uuid4().hex[:6]}"
+    await objects.create(POLICIES, moveback_policy(name, namespace))
+    await eventually(lambda: kube.get(f"{POLICIES}/{name}"), timeout=60,
+                     until=lambda p: bool((p.get("status") or {}).get("conditions")),
+                     what="the companion's loops running")
+    await asyncio.sleep(3)
+    dep_path = f"/apis/apps/v1/namespaces/{namespace}/deployments/inference"
+    intent = {"pod": kept["name"], "pod_uid": kept["uid"], "replicas": 2,
+              "started": time.time(), "policy": "gone"}
+    await kube.patch(dep_path, {"metadata": {"annotations": {INTENT: json.dumps(intent)}},
+                                "spec": {"replicas": 5}})
+    dep = await eventually(lambda: kube.get(dep_path), timeout=60, interval=0.3,
+                           until=lambda d: INTENT not in (d["metadata"].get("annotations") or {}),
+                           what="the orphaned intent finished")
+    assert dep["spec"]["replicas"] == 4, "only the move's own surge replica is taken back"
+    events = await eventually(
+        lambda: deployment_events(kube, namespace), timeout=30,
+        until=lambda ev: any(e["reason"] in ("MovedBack", "MoveBackFailed") for e in ev),
+        what="the finished move's outcome")
+    failed = [e for e in events if e["reason"] == "MoveBackFailed"]
+    assert failed and kept["name"] in failed[0]["message"], events  # the pod stayed: rolled back
+    pod = await kube.get(f"/api/v1/namespaces/{namespace}/pods/{kept['name']}")
+    assert pod["metadata"]["uid"] == kept["uid"] and not pod["metadata"].get("deletionTimestamp")

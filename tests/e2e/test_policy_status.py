@@ -179,12 +179,15 @@ async def test_last_decisions_survive_a_companion_restart(
     assert system.companion is not None
     system.companion.stop()
     system.companion.start()  # a new process: nothing in memory
-    # a decision only the new process can make: a pod of another app, refused by this policy
-    await kube.create(f"/apis/apps/v1/namespaces/{namespace}/deployments",
-                      gpu_deployment("batch", replicas=1, pool=namespace))
+    # a decision only the new process can make: a third replica, refused by maxPods 1 (a pod
+    # no policy selects gets no decision at all)
+    await kube.patch(f"/apis/apps/v1/namespaces/{namespace}/deployments/inference/scale",
+                     {"spec": {"replicas": 3}})
+    known = {d["pod"] for d in recorded}
     after = await eventually(
         lambda: kube.get(f"{POLICIES}/{name}"), timeout=60,
-        until=lambda o: any(d["pod"].startswith(f"{namespace}/batch-") for d in decisions(o)),
+        until=lambda o: any(d["pod"].startswith(f"{namespace}/inference-")
+                            and d["pod"] not in known for d in decisions(o)),
         what="a decision recorded by the restarted companion")
     kept = decisions(after)
     assert kept[:len(recorded)] == recorded, \

@@ -524,3 +524,54 @@ async def test_an_admission_check_with_senseless_parameters_is_refused_by_name(
         until=lambda b: any(e["reason"] == "PrewarmCheckRefused" for e in b["items"]),
         timeout=30, what="a PrewarmCheckRefused event")
     assert any("spec.parameters.name" in e["message"] for e in events["items"])
+
+
+async def test_an_outcome_recorded_before_a_crash_is_still_written_to_the_check(
+    kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory, system: System,
+    companion_kubeconfig: Path, cluster_objects: Cluster, kueue_objects: list[str],
+    local_cluster: Any,
+) -> None:
+    """Issue 36: the restore records the outcome (Retry) on the intents first and writes the
+    check after; a crash between the two left the check Pending: the gang waited a second full
+    timeout and Kueue never saw Retry. Here the Deployment carries what that crash leaves (the
+    intent Restoring, outcome Retry, the surge already taken back) while Kueue holds the gang's
+    quota with the check Pending; the companion started on it writes Retry."""
+    story = await start_story(kube=kube, namespace=namespace, gpu_nodes=gpu_nodes, system=system,
+                              companion_kubeconfig=companion_kubeconfig, objects=cluster_objects,
+                              kueue_paths=kueue_objects, local_cluster=local_cluster,
+                              with_check=True, load=False)
+    assert story.check is not None
+    check = story.check
+    story.companion.kill()  # "crashed": nobody serves the check while the story is set up
+    try:
+        await story.gang()
+        wl = await eventually(story.workload, timeout=60, interval=0.3,
+                              until=lambda w: condition(w, "QuotaReserved").get("status")
+                              == "True" and check_state(w, check).get("state") == "Pending",
+                              what="the gang holding quota, the check Pending")
+        assert wl is not None
+        dep = await kube.get(story.dep_path)
+        intent = {"workload": f"{namespace}/{wl['metadata']['name']}",
+                  "workload_uid": wl["metadata"]["uid"], "check": check,
+                  "replicas": REPLICAS, "surge": DISPLACED, "phase": "Restoring",
+                  "started": time.time() - 120, "policy": f"pw-{story.tag}",
+                  "victims": [], "outcome": "Retry",
+                  "message": "timed out after 60s with 4 surge replica(s) not Ready"}
+        await kube.patch(story.dep_path, {"metadata": {
+            "resourceVersion": dep["metadata"]["resourceVersion"],
+            "labels": {INTENT: "true"}, "annotations": {INTENT: json.dumps(intent)}}})
+        story.companion.start()
+        told = await eventually(
+            story.workload, timeout=60, interval=0.2,
+            until=lambda w: check_state(w, check).get("state") == "Retry"
+            or condition(w, "Evicted").get("status") == "True",
+            what="the recorded Retry written to the check (or Kueue evicting on it)")
+        await eventually(lambda: kube.get(story.dep_path), timeout=60, interval=0.3,
+                         until=plan_label_gone, what="the intent cleared")
+    finally:
+        await story.watch.stop()
+    evicted = condition(told, "Evicted")
+    assert check_state(told, check).get("state") == "Retry" or evicted.get("reason") in (
+        "AdmissionCheck", "AdmissionCheckRetry"), (check_state(told, check), evicted)
+    timed_out = [e for e in await story.events("Workload") if e["reason"] == "PrewarmTimedOut"]
+    assert timed_out and "retrying later" in timed_out[0]["message"], timed_out

@@ -21,6 +21,7 @@ from vkprovider.descheduler.fit import (
 )
 from vkprovider.descheduler.kueue_demand import upcoming_claims
 from vkprovider.descheduler.prewarm_plan import GangPod, displacement
+from vkprovider.descheduler.surge import floor_to_restore, hpa_surge_floor, pod_gone, scale_back
 
 GPU = "nvidia.com/gpu"
 HEALTH = tuple(parse_health_taint(t) for t in DEFAULT_HEALTH_TAINTS)
@@ -291,3 +292,41 @@ def test_pending_pods_of_an_admitted_gang_hold_the_move_as_kueue_demand() -> Non
     fit = find_fit(pod_spec=INFERENCE, nodes=[node("n1")], pods=[pending],
                    exclude_nodes=frozenset())
     assert (fit.node, fit.held) == (None, ""), "without claims: a pending pod, as before"
+
+
+# ---- taking a surge back (issue 36): relative, never over someone else's change ------------
+
+
+
+@pytest.mark.parametrize("current, recorded, surge, back", [
+    (5, 4, 1, 4),    # our surge, nothing else: back to N
+    (8, 4, 1, 7),    # an HPA scaled up for load meanwhile: keep its 3, remove our 1
+    (12, 4, 4, 8),   # kubectl scale 8 -> 12 during a pre-warm of 4: keep the person's 4
+    (6, 4, 4, 4),    # a grown intent recorded, the scale to it not written (restart): to N
+    (4, 4, 1, 4),    # the surge never written (restart after the intent): nothing to remove
+    (3, 4, 1, 3),    # scaled down by someone else: theirs, untouched
+])
+def test_the_surge_is_taken_back_relative_to_the_count_now(current: int, recorded: int,
+                                                             surge: int, back: int) -> None:
+    assert scale_back(current=current, recorded=recorded, surge=surge) == back
+
+
+def test_an_hpa_at_max_replicas_has_no_room_for_a_surge() -> None:
+    assert hpa_surge_floor(hpa_min=2, hpa_max=6, replicas=4, surge=1) == 5
+    assert hpa_surge_floor(hpa_min=6, hpa_max=9, replicas=4, surge=1) == 6  # floor above N+1
+    assert hpa_surge_floor(hpa_min=2, hpa_max=4, replicas=4, surge=1) is None  # 422 otherwise
+    assert hpa_surge_floor(hpa_min=2, hpa_max=None, replicas=4, surge=1) == 5
+
+
+def test_an_hpa_floor_is_restored_only_while_it_is_ours() -> None:
+    assert floor_to_restore(current=5, surged_to=5, original=2)
+    assert floor_to_restore(current=2, surged_to=5, original=2)  # no-op, catches a stale cache
+    assert not floor_to_restore(current=7, surged_to=5, original=2)  # someone changed it
+
+
+def test_the_replaced_pod_is_judged_from_one_read_of_it() -> None:
+    assert pod_gone(None, uid="u1")
+    assert pod_gone({"metadata": {"uid": "u2"}}, uid="u1")  # a new pod of the same name
+    assert pod_gone({"metadata": {"uid": "u1", "deletionTimestamp": "2026-01-01T00:00:00Z"}},
+                    uid="u1")
+    assert not pod_gone({"metadata": {"uid": "u1", "deletionTimestamp": None}}, uid="u1")

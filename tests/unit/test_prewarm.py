@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
+from vkprovider.descheduler import kueueapi
 from vkprovider.descheduler import prewarm_plan as plan
+from vkprovider.descheduler.backoff import Backoff
 from vkprovider.placement import policy as pol
 
 GPU = "nvidia.com/gpu"
@@ -269,3 +271,88 @@ def test_spec_prewarm_defaults() -> None:
                                       "spec": {"providers": ["a"]}}).spec
     assert (spec.prewarm.enabled, spec.prewarm.timeout_seconds, spec.prewarm.on_timeout) == (
         True, 300.0, "Proceed")
+
+
+# ---- restart safety (issue 36): a recorded outcome is applied; timeouts count from quota ------
+
+
+def test_a_recorded_outcome_is_written_while_the_check_is_still_pending() -> None:
+    held = plan.WorkloadView(quota_reserved=True, check_state="Pending")
+    assert plan.outcome_to_write(outcome="Retry", view=held) == "Retry"
+    assert plan.outcome_to_write(outcome="Ready", view=held) == "Ready"
+    assert plan.outcome_to_write(outcome="", view=held) is None  # nothing to tell
+
+
+def test_an_outcome_kueue_acted_on_is_not_written_twice() -> None:
+    # Kueue saw Retry: evicted the Workload, released its quota, reset the check to Pending
+    assert plan.outcome_to_write(outcome="Retry", view=plan.WorkloadView(
+        quota_reserved=True, check_state="Pending", evicted=True)) is None
+    assert plan.outcome_to_write(outcome="Retry", view=plan.WorkloadView(
+        quota_reserved=False, check_state="Pending")) is None
+    assert plan.outcome_to_write(outcome="Retry", view=plan.WorkloadView(
+        quota_reserved=True, check_state="Retry")) is None
+    assert plan.outcome_to_write(outcome="Ready", view=plan.WorkloadView(exists=False)) is None
+
+
+def test_the_timeout_counts_from_quota_reserved_not_from_queueing() -> None:
+    wl = {"status": {
+        "conditions": [{"type": "QuotaReserved", "status": "True",
+                        "lastTransitionTime": "2026-01-01T01:00:00Z"}],
+        "admissionChecks": [{"name": "prewarm", "state": "Pending",
+                             "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}
+    assert plan.waiting_since(wl, "prewarm") == "2026-01-01T01:00:00Z"
+    wl["status"]["conditions"][0]["status"] = "False"  # not holding quota: the check's time
+    assert plan.waiting_since(wl, "prewarm") == "2026-01-01T00:00:00Z"
+    assert plan.waiting_since({}, "prewarm") is None
+
+
+def test_an_intent_records_that_the_surge_was_taken_back() -> None:
+    intent = plan.Intent(workload="ns/w", workload_uid="u", check="c", replicas=4, surge=2,
+                         phase=plan.RESTORING, started=1.0, policy="p", scaled_back=4)
+    assert plan.Intent.loads(intent.dumps()) == intent
+    with pytest.raises(ValueError, match="scaled_back"):
+        plan.Intent.loads(intent.dumps().replace('"scaled_back":4', '"scaled_back":"4"'))
+
+
+# ---- one failing object never starves the others (issue 36) ----------------------------------
+
+
+def test_a_failing_object_backs_off_alone_doubling_and_is_forgotten_on_success() -> None:
+    b = Backoff(base=1.0, cap=8.0)
+    assert b.ready("a", now=0) and b.ready("b", now=0)
+    assert b.failed("a", now=0) == 1.0
+    assert not b.ready("a", now=0.5) and b.ready("b", now=0.5)  # b is not held by a
+    assert b.ready("a", now=1.0)
+    assert [b.failed("a", now=1.0), b.failed("a", now=3.0), b.failed("a", now=7.0),
+            b.failed("a", now=15.0)] == [2.0, 4.0, 8.0, 8.0]  # doubling, capped
+    b.succeeded("a")
+    assert b.ready("a", now=15.0) and b.failed("a", now=15.0) == 1.0
+    b.keep(set())
+    assert b.ready("a", now=15.0)
+
+
+# ---- Kueue's version is checked, not assumed (issue 36) --------------------------------------
+
+
+def test_the_kueue_api_is_chosen_from_what_the_server_serves() -> None:
+    none = kueueapi.choose(None)
+    assert none.usable and not none.served and none.base == "/apis/kueue.x-k8s.io/v1beta2"
+    both = kueueapi.choose(["v1beta2", "v1beta1"], "v1beta2")
+    assert both.usable and both.version == "v1beta2"
+    newer_preferred = kueueapi.choose(["v1", "v1beta2"], "v1")
+    assert newer_preferred.usable and newer_preferred.version == "v1beta2"  # what we speak
+    old = kueueapi.choose(["v1beta1"], "v1beta1")
+    assert not old.usable and old.version == "v1beta1"  # to mark our checks, nothing else
+    assert "serves kueue.x-k8s.io v1beta1" in old.problem and "v1beta2" in old.problem
+    assert "Kueue v0.17.0" in old.problem
+
+
+def test_an_unsupported_kueue_marks_our_check_inactive_saying_why() -> None:
+    check = {"spec": {"controllerName": plan.CONTROLLER_NAME}}
+    assert plan.check_active(check, {}) == ("True", "Active", plan.ACTIVE_MESSAGE)
+    old = kueueapi.choose(["v1beta1"])
+    status, reason, message = plan.check_active(check, {}, kueue_problem=old.problem)
+    assert (status, reason) == ("False", "UnsupportedKueueVersion") and message == old.problem
+    bad = {"spec": {"controllerName": plan.CONTROLLER_NAME,
+                    "parameters": {"apiGroup": "x", "kind": "OverflowPolicy", "name": "p"}}}
+    assert plan.check_active(bad, {})[:2] == ("False", "InvalidParameters")

@@ -580,11 +580,13 @@ class OverflowAdmission:
             "labels") or {}
         refusals: list[tuple[str, str]] = []
         budget_refusals: dict[str, str] = {}
+        selected_by_any = False
         for policy in policies:
             selected, why = pol.policy_selects(policy, pod=pod, namespace_labels=ns_labels)
             if not selected:
                 refusals.append((policy.name, why))
                 continue
+            selected_by_any = True
             wait = pol.parse_duration(policy.spec.overflow_after)
             credit = (self.preemptions.credit_for(pod)
                       if self.preemptions is not None and now - since < wait else None)
@@ -631,8 +633,11 @@ class OverflowAdmission:
                     pod=key, decision="Admitted", policy=policy.name,
                     reason=f"{why}; {gpus} GPU(s) within the policy's limits"))
             return None
-        if not policies:
-            return None  # no policies: nothing is admitted, nothing to explain
+        if not selected_by_any:
+            # No policy is meant for this pod (a training gang's, say): not a refusal, so no
+            # Warning on every pending pod; Warnings are for pods a policy selects and cannot
+            # admit.
+            return None
         closest = pol.closest_refusal(policies, pod, namespace_labels=ns_labels,
                                       budget_refusals=budget_refusals)
         name, why = closest if closest else refusals[-1] if refusals else (None, "")

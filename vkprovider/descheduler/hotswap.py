@@ -26,9 +26,13 @@ replica until its replacement boots; instead, as move-back does (moveback.py):
 Events ``ReplacingHotReplica``, ``ReplacedHotReplica`` and ``HotReplicaNotReplaced`` (hot GPU),
 ``ReplacingInterruptedReplica``, ``ReplacedInterruptedReplica`` and
 ``InterruptedReplicaNotReplaced`` (announced interruption) on the Deployment;
-``vkprovider_hot_replacements_total{result, trigger}``. Restart-safe like move-back: a
-recorded intent is finished by scaling back to the recorded N. Deployments an HPA scales are
-left alone (not yet supported: the HPA owns ``replicas``).
+``vkprovider_hot_replacements_total{result, trigger}``. Restart-safe like move-back: every
+recorded intent with no live task (a previous process wrote it, or its task died on an API error)
+is finished at the next pass by taking the surge back, relative to the count now and in the same
+write that marks the intent (:func:`~vkprovider.descheduler.surge.scale_back`: a ``kubectl
+scale`` in between is kept, and a restart never takes it back twice). Whether the hot pod is
+gone is read from the API. Deployments an HPA scales are left alone (not yet supported: the HPA
+owns ``replicas``).
 
 It shares move-back's watches (pods, ReplicaSets, Deployments, HPAs), so it adds no API reads.
 """
@@ -41,7 +45,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from vkprovider.descheduler.moveback import (
@@ -56,6 +60,7 @@ from vkprovider.descheduler.objects import deployment_path as _dep_path
 from vkprovider.descheduler.objects import deployment_ref as _dep_ref
 from vkprovider.descheduler.objects import object_key as _key
 from vkprovider.descheduler.prewarm_plan import INTENT as PREWARM_INTENT
+from vkprovider.descheduler.surge import pod_gone, scale_back
 from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
 from vkprovider.logs import kv
 from vkprovider.placement import policy as pol
@@ -105,6 +110,10 @@ class SwapIntent:
     started: float  # epoch seconds
     policy: str
     trigger: str = HOT_GPU.name  # intents recorded before triggers existed were hot GPUs
+    scaled_back: int | None = None  # set in the write that took the surge back: to this count
+
+    def dumps(self) -> str:
+        return json.dumps(asdict(self))
 
 
 @dataclass
@@ -168,18 +177,32 @@ class HotSwap:
             await asyncio.sleep(self.interval)
 
     async def recover(self) -> None:
-        for dep in list(self.mb.deployments.store.values()):
+        """Finish every recorded swap with no live task and wait for them."""
+        self._recover_orphans()
+        tasks = list(self.in_flight.values())
+        if tasks:
+            await asyncio.wait(tasks)
+
+    def _recover_orphans(self) -> None:
+        """A recorded swap whose task is not running here is finished now, in its own task."""
+        for key, dep in list(self.mb.deployments.store.items()):
             raw = (dep["metadata"].get("annotations") or {}).get(INTENT)
-            if not raw:
-                continue
-            try:
-                intent = SwapIntent(**json.loads(raw))
-            except (TypeError, ValueError):
-                log.error("unreadable hot-swap intent; clearing", extra=kv(deployment=_key(dep)))
-                await self._clear_intent(dep)
-                continue
-            await self._finish(dep, intent, ok=None, reason="companion restarted mid-swap",
-                               min_ready=int((dep.get("status") or {}).get("readyReplicas") or 0))
+            if raw and key not in self.in_flight:
+                self.in_flight[key] = asyncio.get_running_loop().create_task(
+                    self._recover_one(dep, str(raw)), name=f"hot-swap recovery {key}")
+
+    async def _recover_one(self, dep: Body, raw: str) -> SwapResult:
+        try:
+            intent = SwapIntent(**json.loads(raw))
+        except (TypeError, ValueError):
+            log.error("unreadable hot-swap intent; clearing", extra=kv(deployment=_key(dep)))
+            await self._clear_intent(dep)
+            return SwapResult(deployment=_key(dep), pod="", result="skipped", seconds=0,
+                              min_ready=0, desired=0, reason="unreadable intent cleared")
+        return await self._finish(dep, intent, raw, ok=None,
+                                  reason="the swap was interrupted (companion restart or error)",
+                                  min_ready=int((dep.get("status") or {}).get("readyReplicas")
+                                                or 0))
 
     async def pass_once(self) -> None:
         for key, task in list(self.in_flight.items()):
@@ -188,6 +211,7 @@ class HotSwap:
                 if not task.cancelled() and task.exception() is not None:
                     log.error("hot-swap crashed",
                               extra=kv(deployment=key, error=repr(task.exception())))
+        self._recover_orphans()
         live = set(self.mb.deployments.store)
         for key in [k for k in self.cooldown_until if k not in live]:
             del self.cooldown_until[key]
@@ -222,11 +246,12 @@ class HotSwap:
         intent = SwapIntent(pod=pod["metadata"]["name"], pod_uid=pod["metadata"]["uid"],
                             replicas=n, started=self.clock(), policy=policy.name,
                             trigger=trigger.name)
+        raw = intent.dumps()
         try:
-            await mb.client.patch(_dep_path(dep), {"metadata": {
+            written = await mb.client.patch(_dep_path(dep), {"metadata": {
                 "resourceVersion": dep["metadata"]["resourceVersion"],
-                "annotations": {INTENT: json.dumps(asdict(intent))}}})
-        except ConflictError:
+                "annotations": {INTENT: raw}}})
+        except (ConflictError, NotFoundError):
             return SwapResult(deployment=_key(dep), pod=intent.pod, result="skipped", seconds=0,
                               min_ready=n, desired=n, reason="the Deployment changed",
                               trigger=trigger.name)
@@ -237,12 +262,20 @@ class HotSwap:
         await mb.events.emit(obj=_dep_ref(dep), reason=trigger.replacing,
                              message=f"Replacing {intent.pod}: {trigger.why}; surge "
                                      f"{n} -> {n + 1}, then {intent.pod} is removed")
-        with contextlib.suppress(NotFoundError):
-            await mb.client.patch(f"/api/v1/namespaces/{ns}/pods/{intent.pod}",
-                                  {"metadata": {"annotations": {COST: LOWEST_COST}}})
-        await mb.client.patch(f"{_dep_path(dep)}/scale", {"spec": {"replicas": n + 1}})
-        deadline = intent.started + policy.spec.move_back.timeout_seconds
         ok, reason, min_ready, cur = False, "timed out waiting for the new replica", n, dep
+        try:  # every way out finishes the swap: an error is a rollback, not a stranded intent
+            with contextlib.suppress(NotFoundError):
+                await mb.client.patch(f"/api/v1/namespaces/{ns}/pods/{intent.pod}",
+                                      {"metadata": {"annotations": {COST: LOWEST_COST}}})
+            if await mb._write_deployment(dep, lambda d: _surge_body(d, raw, n), suffix="/scale",
+                                          first=written) is None:
+                return await self._finish(cur, intent, raw, ok=False, min_ready=min_ready,
+                                          reason="the Deployment was scaled by someone else "
+                                                 "before the surge")
+        except APIError as exc:
+            return await self._finish(cur, intent, raw, ok=False, min_ready=min_ready,
+                                      reason=f"the surge was refused: {exc}")
+        deadline = intent.started + policy.spec.move_back.timeout_seconds
         while self.clock() < deadline:
             await mb._changed(mb.poll)
             cur = mb._deployment(dep)
@@ -256,31 +289,42 @@ class HotSwap:
             if fresh_ready and int(status.get("availableReplicas") or 0) >= n + 1:
                 ok, reason = True, "the new replica is ready"
                 break
-        return await self._finish(cur, intent, ok=ok, reason=reason, min_ready=min_ready)
+        return await self._finish(cur, intent, raw, ok=ok, reason=reason, min_ready=min_ready)
 
-    async def _finish(self, dep: Body, intent: SwapIntent, *, ok: bool | None, reason: str,
-                      min_ready: int) -> SwapResult:
-        """Scale back to the recorded N (the ReplicaSet removes the hot pod, or a not-ready
-        surge pod), then clean up; the same action finishes a swap recorded before a restart."""
+    async def _finish(self, dep: Body, intent: SwapIntent, raw: str, *, ok: bool | None,
+                      reason: str, min_ready: int) -> SwapResult:
+        """Take the surge back relative to the count now, in one write with the intent marked
+        (the ReplicaSet removes the hot pod, or a not-ready surge pod), then clean up; the same
+        action finishes a swap recorded before a restart or whose task died."""
         mb = self.mb
         key, ns, n = _key(dep), dep["metadata"]["namespace"], intent.replicas
         trigger = TRIGGERS.get(intent.trigger, HOT_GPU)
-        await mb.client.patch(f"{_dep_path(dep)}/scale", {"spec": {"replicas": n}})
+        back, generation = intent.scaled_back, 0
+        if back is None:
+            written = await mb._write_deployment(dep, lambda d: _scale_back_body(d, raw, intent))
+            if written is None:
+                return SwapResult(deployment=key, pod=intent.pod, result="skipped", seconds=0,
+                                  min_ready=min_ready, desired=n, trigger=trigger.name,
+                                  reason="the intent is gone; nothing to finish here")
+            back = int(written["spec"].get("replicas") or 0)
+            generation = int(written["metadata"].get("generation") or 0)
         deadline = self.clock() + 120
-        hot_gone = False
         while self.clock() < deadline:
             cur = mb._deployment(dep)
             status = cur.get("status") or {}
             min_ready = min(min_ready, int(status.get("readyReplicas") or 0))
-            if int(status.get("replicas") or 0) <= n and (
+            if int(status.get("replicas") or 0) <= back and (
                     int(status.get("observedGeneration") or 0)
-                    >= int(cur["metadata"].get("generation") or 0)):
-                hot_gone = not any(p["metadata"]["uid"] == intent.pod_uid
-                                   and not p["metadata"]["deletionTimestamp"]
-                                   for p in mb.pods.store.values())
+                    >= max(generation, int(cur["metadata"].get("generation") or 0))):
                 break
             await mb._changed(mb.poll)
-        replaced = hot_gone if ok is None else ok and hot_gone
+        try:  # one consistent read: the pod cache may lag the Deployment's
+            current: Body | None = await mb.client.get(
+                f"/api/v1/namespaces/{ns}/pods/{intent.pod}")
+        except NotFoundError:
+            current = None
+        hot_gone = pod_gone(current, uid=intent.pod_uid)
+        replaced = hot_gone
         if not hot_gone:
             with contextlib.suppress(NotFoundError):
                 await mb.client.patch(f"/api/v1/namespaces/{ns}/pods/{intent.pod}",
@@ -314,3 +358,29 @@ class HotSwap:
         with contextlib.suppress(NotFoundError):
             await self.mb.client.patch(_dep_path(dep),
                                        {"metadata": {"annotations": {INTENT: None}}})
+
+
+def _intent_there(dep: Mapping[str, Any], raw: str) -> bool:
+    return (dep["metadata"].get("annotations") or {}).get(INTENT) == raw
+
+
+def _surge_body(dep: Body, raw: str, n: int) -> Body | None:
+    """The scale write of the surge N -> N+1 while our intent is there and the count is N."""
+    if not _intent_there(dep, raw) or int(dep["spec"].get("replicas") or 0) != n:
+        return None
+    return {"metadata": {"resourceVersion": dep["metadata"]["resourceVersion"]},
+            "spec": {"replicas": n + 1}}
+
+
+def _scale_back_body(dep: Body, raw: str, intent: SwapIntent) -> Body | None:
+    """One write that takes the surge back relative to the count now and marks the intent."""
+    if not _intent_there(dep, raw):
+        return None
+    current = int(dep["spec"].get("replicas") or 0)
+    back = scale_back(current=current, recorded=intent.replicas, surge=1)
+    body: Body = {"metadata": {"resourceVersion": dep["metadata"]["resourceVersion"],
+                               "annotations": {INTENT: replace(intent,
+                                                               scaled_back=back).dumps()}}}
+    if back != current:
+        body["spec"] = {"replicas": back}
+    return body

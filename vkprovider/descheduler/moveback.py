@@ -41,10 +41,18 @@ Every outcome (``MovedBack``, ``MoveBackFailed``, and ``WouldMoveBack`` under ``
 Event on the Deployment and a ``status.lastDecisions`` entry of the pod's OverflowPolicy, recorded
 through the admission loop, which owns the policy status.
 
-Restart safety: steps 6 and 7 are the same action, "scale back to the recorded N", so a restarted
-companion finishes every recorded move by doing it: whether that rolls forward or back is decided
-by the ReplicaSet's own ranking (not-ready first, then deletion cost). Ready replicas never drop
-below N because nothing is removed before the surge pod is ready.
+Restart safety: steps 6 and 7 are the same action, "take the surge back", so every recorded move
+with no live task (a previous process wrote it, or its task died on an API error) is finished at
+the next pass by doing it: whether that rolls forward or back is decided by the ReplicaSet's own
+ranking (not-ready first, then deletion cost). The surge is taken back relative to the count now
+(:func:`~vkprovider.descheduler.surge.scale_back`: an HPA or a person who scaled up meanwhile
+keeps their replicas) in the same write that records it in the intent, so a restart never takes
+it back twice; an HPA's floor is restored only while it is still the one the surge set. An HPA
+at its ``maxReplicas`` has no room for a surge: the Deployment is skipped (a
+``MoveBackSkipped`` Warning on it says so) instead of a move the API server refuses. Whether the
+cloud replica is gone is read from the API (one GET of the pod), not from a watch cache that may
+lag the Deployment's. Ready replicas never drop below N because nothing is removed before the
+surge pod is ready.
 """
 
 from __future__ import annotations
@@ -57,10 +65,11 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from vkprovider.descheduler.admission import Decision, OverflowAdmission
+from vkprovider.descheduler.crashpoint import crash_point
 from vkprovider.descheduler.fit import (
     DEFAULT_HEALTH_TAINTS,
     Claim,
@@ -70,6 +79,7 @@ from vkprovider.descheduler.fit import (
     slim_pod,
 )
 from vkprovider.descheduler.kueue_demand import upcoming_claims
+from vkprovider.descheduler.kueueapi import KueueAPI
 from vkprovider.descheduler.loophealth import loop_problem
 from vkprovider.descheduler.metrics import CompanionMetrics
 from vkprovider.descheduler.objects import deployment_path as _dep_path
@@ -78,6 +88,8 @@ from vkprovider.descheduler.objects import hpa_path as _hpa_path
 from vkprovider.descheduler.objects import object_key as _key
 from vkprovider.descheduler.objects import pod_ref as _pod_ref
 from vkprovider.descheduler.prewarm_plan import INTENT as PREWARM_INTENT
+from vkprovider.descheduler.surge import floor_to_restore, hpa_surge_floor, pod_gone, scale_back
+from vkprovider.errors import VKError
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
 from vkprovider.kube.events import EventRecorder
@@ -90,7 +102,6 @@ log = logging.getLogger(__name__)
 
 Body = dict[str, Any]
 INTENT = "vkprovider.io/move-back"
-KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 COST = "controller.kubernetes.io/pod-deletion-cost"
 HOTSWAP_INTENT = "vkprovider.io/hot-swap"  # hotswap.INTENT (it imports this module)
 LOWEST_COST = "-2147483648"
@@ -105,6 +116,16 @@ class Intent:
     policy: str
     hpa: str | None = None
     hpa_min: int | None = None
+    hpa_floor: int | None = None  # the minReplicas the surge set (None: intents before it)
+    scaled_back: int | None = None  # set in the write that took the surge back: to this count
+
+    def dumps(self) -> str:
+        return json.dumps(asdict(self))
+
+
+class MoveBackError(VKError):
+    """A move could not write what it needed (the Deployment kept changing under it); its intent
+    stays and the next pass finishes it."""
 
 
 @dataclass
@@ -132,10 +153,13 @@ class MoveBack:
         clock: Callable[[], float] = time.time,
         health_taints: Sequence[str] = DEFAULT_HEALTH_TAINTS,
         on_pod: Callable[[str, Body], None] | None = None,
+        kueue: KueueAPI | None = None,
     ) -> None:
         self.metrics = metrics or CompanionMetrics()
         # also told of every pod change (the preemption fast path reads its victims here)
         self.on_pod = on_pod
+        self.kueue = kueue or KueueAPI()
+        kueue_base = self.kueue.base
         self.client = client
         self.events = events
         self.virtual = frozenset(node_names)  # the virtual nodes served (every one is "outside")
@@ -157,14 +181,14 @@ class MoveBack:
         self.hpas = Informer(client=client, path="/apis/autoscaling/v2/horizontalpodautoscalers",
                              name="hpas", transform=_slim_hpa, missing_ok=True)
         # Kueue (kueue_demand.py): what it places next; absent Kueue, empty and nothing changes
-        self.workloads = Informer(client=client, path=f"{KUEUE}/workloads",
+        self.workloads = Informer(client=client, path=f"{kueue_base}/workloads",
                                   name="kueue-workloads", transform=_slim_workload,
                                   missing_ok=True)
-        self.cluster_queues = Informer(client=client, path=f"{KUEUE}/clusterqueues",
+        self.cluster_queues = Informer(client=client, path=f"{kueue_base}/clusterqueues",
                                        name="clusterqueues", missing_ok=True)
-        self.local_queues = Informer(client=client, path=f"{KUEUE}/localqueues",
+        self.local_queues = Informer(client=client, path=f"{kueue_base}/localqueues",
                                      name="localqueues", missing_ok=True)
-        self.flavors = Informer(client=client, path=f"{KUEUE}/resourceflavors",
+        self.flavors = Informer(client=client, path=f"{kueue_base}/resourceflavors",
                                 name="kueue-flavors", missing_ok=True)
         self.fit_since: dict[str, float] = {}
         self.cooldown_until: dict[str, float] = {}
@@ -173,8 +197,16 @@ class MoveBack:
         self.results: collections.deque[MoveResult] = collections.deque(maxlen=_KEEP_RESULTS)
         self._skipped: dict[str, str] = {}
         self._held: dict[str, str] = {}  # Deployment -> why its move is held, as last told
-        self.informers = (self.nodes, self.pods, self.replicasets, self.deployments, self.hpas,
-                          self.workloads, self.cluster_queues, self.local_queues, self.flavors)
+        self._hpa_told: dict[str, str] = {}  # Deployment -> why its HPA leaves no room, as told
+        self.informers: tuple[Informer, ...] = (
+            self.nodes, self.pods, self.replicasets, self.deployments, self.hpas,
+            self.workloads, self.cluster_queues, self.local_queues, self.flavors)
+        if not self.kueue.usable:  # a Kueue this code does not speak: its objects count as none
+            kueue_informers = (self.workloads, self.cluster_queues, self.local_queues,
+                               self.flavors)
+            self.informers = tuple(i for i in self.informers if i not in kueue_informers)
+            for idle in kueue_informers:
+                idle.synced.set()
         self.beat: float | None = None  # time.monotonic() of the loop's last sign of life
 
     def _poke(self, _event: str, _obj: Body) -> None:
@@ -204,7 +236,6 @@ class MoveBack:
                 await informer.synced.wait()
             await self.admission.policies.synced.wait()
             self.beat = time.monotonic()
-            await self.recover()
             while True:
                 self.beat = time.monotonic()
                 try:
@@ -224,25 +255,44 @@ class MoveBack:
         self.admission.record_decision(Decision(pod=pod, decision=decision, reason=reason,
                                                 policy=policy))
 
-    # ---- restart: finish what a previous process recorded ------------------------------------
+    # ---- recovery: finish every recorded move that has no live task ---------------------------
 
     async def recover(self) -> None:
-        for dep in list(self.deployments.store.values()):
-            self.beat = time.monotonic()
+        """Finish every recorded move with no live task, and wait for them (at start, and on
+        every pass without waiting: :meth:`_recover_orphans`)."""
+        self._recover_orphans()
+        tasks = list(self.in_flight.values())
+        if tasks:
+            await asyncio.wait(tasks)
+
+    def _recover_orphans(self) -> None:
+        """A recorded move whose task is not running here (a previous process wrote it, or its
+        task died on an API error) is finished now, in its own task: take the surge back (the
+        ReplicaSet decides forward or back), then clear the intent. Until then the gate skips
+        the Deployment, so no second move is started over it."""
+        for key, dep in list(self.deployments.store.items()):
             raw = (dep["metadata"].get("annotations") or {}).get(INTENT)
-            if not raw:
+            if not raw or key in self.in_flight:
                 continue
-            try:
-                intent = Intent(**json.loads(raw))
-            except (TypeError, ValueError):
-                log.error("unreadable move-back intent; clearing",
-                          extra=kv(deployment=_key(dep)))
-                await self._clear_intent(dep)
-                continue
-            log.info("finishing a move recorded before a restart",
-                     extra=kv(deployment=_key(dep), pod=intent.pod))
-            await self._finish(dep, intent, ok=None, reason="companion restarted mid-move",
-                               min_ready=int((dep.get("status") or {}).get("readyReplicas") or 0))
+            self.in_flight[key] = asyncio.get_running_loop().create_task(
+                self._recover_one(dep, str(raw)), name=f"move-back recovery {key}")
+
+    async def _recover_one(self, dep: Body, raw: str) -> MoveResult:
+        self.beat = time.monotonic()
+        key = _key(dep)
+        try:
+            intent = Intent(**json.loads(raw))
+        except (TypeError, ValueError):
+            log.error("unreadable move-back intent; clearing", extra=kv(deployment=key))
+            await self._clear_intent(dep)
+            return MoveResult(deployment=key, result="skipped", seconds=0, min_ready=0,
+                              desired=0, reason="unreadable intent cleared")
+        log.info("finishing a recorded move that has no live task",
+                 extra=kv(deployment=key, pod=intent.pod))
+        return await self._finish(dep, intent, raw, ok=None,
+                                  reason="the move was interrupted (companion restart or error)",
+                                  min_ready=int((dep.get("status") or {}).get("readyReplicas")
+                                                or 0))
 
     # ---- the gate ------------------------------------------------------------------------------
 
@@ -252,6 +302,7 @@ class MoveBack:
     async def pass_once(self) -> None:
         self._reap()
         self._prune()
+        self._recover_orphans()
         policies = self._policies()
         now = self.clock()
         seen: set[str] = set()
@@ -266,9 +317,9 @@ class MoveBack:
             if policy is None or not policy.spec.move_back.enabled:
                 continue
             dep = self._deployment_of(pod)
-            if dep is None or {PREWARM_INTENT, HOTSWAP_INTENT} & set(
+            if dep is None or {PREWARM_INTENT, HOTSWAP_INTENT, INTENT} & set(
                     dep["metadata"].get("annotations") or {}):
-                continue  # (a pre-warm or a hot-swap owns the replica count until done)
+                continue  # (a pre-warm, a hot-swap or a recorded move owns the count until done)
             key = _key(dep)
             if key in seen or key in self.in_flight:
                 continue
@@ -281,6 +332,12 @@ class MoveBack:
             if _mid_rollout(dep):
                 self.fit_since.pop(key, None)
                 continue
+            full = self._hpa_full(dep)
+            if full:
+                self.fit_since.pop(key, None)
+                await self._tell_skipped(dep, full)
+                continue
+            self._hpa_told.pop(key, None)
             if claims is None:
                 claims = self.kueue_claims()
             move_back = policy.spec.move_back
@@ -334,6 +391,30 @@ class MoveBack:
         log.info("move held", extra=kv(deployment=key, reason=held_by, why=held))
         await self.events.emit(obj=_dep_ref(dep), reason="MoveBackHeld", message=message)
 
+    def _hpa_full(self, dep: Body) -> str:
+        """Why an HPA leaves no room for a surge replica ("" when it does, or there is none)."""
+        hpa = self._hpa_for(dep)
+        if hpa is None:
+            return ""
+        n = int(dep["spec"].get("replicas") or 0)
+        if hpa_surge_floor(hpa_min=_hpa_min(hpa), hpa_max=_hpa_max(hpa), replicas=n,
+                           surge=1) is not None:
+            return ""
+        return (f"its HorizontalPodAutoscaler {hpa['metadata']['name']} is at maxReplicas "
+                f"{_hpa_max(hpa)}: no room for the surge replica a move needs (raise "
+                f"maxReplicas to move replicas home)")
+
+    async def _tell_skipped(self, dep: Body, why: str) -> None:
+        """A ``MoveBackSkipped`` Warning on the Deployment, once per change of reason."""
+        key = _key(dep)
+        if self._hpa_told.get(key) == why:
+            return
+        self._hpa_told[key] = why
+        self.metrics.skipped.labels("the HPA is at maxReplicas").inc()
+        log.warning("move-back skipped", extra=kv(deployment=key, why=why))
+        await self.events.emit(obj=_dep_ref(dep), reason="MoveBackSkipped", type_="Warning",
+                               message=f"Not moving replicas back inside: {why}")
+
     def _reap(self) -> None:
         self.metrics.in_flight.set(sum(1 for t in self.in_flight.values() if not t.done()))
         for key, task in list(self.in_flight.items()):
@@ -377,7 +458,8 @@ class MoveBack:
         for uid in [u for u in self._skipped if u not in live_pods]:
             del self._skipped[uid]
         live = set(self.deployments.store) | set(self.in_flight)
-        for table in (self.fit_since, self.cooldown_until, self.failures, self._held):
+        for table in (self.fit_since, self.cooldown_until, self.failures, self._held,
+                      self._hpa_told):
             for key in [k for k in table if k not in live]:
                 del table[key]
 
@@ -388,17 +470,26 @@ class MoveBack:
         key = _key(dep)
         n = int(dep["spec"].get("replicas") or 0)
         hpa = self._hpa_for(dep)
+        floor = None
+        if hpa is not None:
+            floor = hpa_surge_floor(hpa_min=_hpa_min(hpa), hpa_max=_hpa_max(hpa), replicas=n,
+                                    surge=1)
+            if floor is None:  # (the gate saw room; the HPA changed since)
+                return MoveResult(deployment=key, result="skipped", seconds=0, min_ready=n,
+                                  desired=n, reason="the HPA has no room for a surge replica")
         intent = Intent(pod=pod["metadata"]["name"], pod_uid=pod["metadata"]["uid"], replicas=n,
                         started=self.clock(), policy=policy.name,
                         hpa=hpa["metadata"]["name"] if hpa else None,
-                        hpa_min=int(hpa["spec"].get("minReplicas") or 1) if hpa else None)
+                        hpa_min=_hpa_min(hpa) if hpa else None, hpa_floor=floor)
+        raw = intent.dumps()
         try:
-            await self.client.patch(_dep_path(dep), {"metadata": {
+            written = await self.client.patch(_dep_path(dep), {"metadata": {
                 "resourceVersion": dep["metadata"]["resourceVersion"],
-                "annotations": {INTENT: json.dumps(asdict(intent))}}})
-        except ConflictError:
+                "annotations": {INTENT: raw}}})
+        except (ConflictError, NotFoundError):
             return MoveResult(deployment=key, result="skipped", seconds=0, min_ready=n,
                               desired=n, reason="the Deployment changed; will look again")
+        crash_point("move-back: intent recorded")
         rs_uid = pod["metadata"]["ownerReferences"][0]["uid"]
         self.admission.hold.add(rs_uid)  # the surge pod must never be admitted to overflow
         before = {p["metadata"]["uid"] for p in self.pods.store.values()
@@ -407,20 +498,31 @@ class MoveBack:
         await self.events.emit(obj=_dep_ref(dep), reason="MoveBackStarted",
                                message=f"Moving {intent.pod} back inside: surge {n} -> {n + 1}")
         min_ready = n
+        cur = dep
         try:
-            with contextlib.suppress(NotFoundError):
-                await self.client.patch(f"/api/v1/namespaces/{ns}/pods/{intent.pod}",
-                                        {"metadata": {"annotations": {COST: LOWEST_COST}}})
-            if hpa is not None:
-                await self.client.patch(_hpa_path(hpa), {"spec": {"minReplicas": max(
-                    intent.hpa_min or 1, n + 1)}})
-            else:
-                await self.client.patch(f"{_dep_path(dep)}/scale", {"spec": {"replicas": n + 1}})
+            # From here on every way out finishes the move (forward or back): an error of the
+            # surge is a rollback, never a task that dies leaving its intent behind.
+            try:
+                with contextlib.suppress(NotFoundError):
+                    await self.client.patch(f"/api/v1/namespaces/{ns}/pods/{intent.pod}",
+                                            {"metadata": {"annotations": {COST: LOWEST_COST}}})
+                crash_point("move-back: deletion cost written")
+                if hpa is not None:
+                    await self.client.patch(_hpa_path(hpa), {"spec": {"minReplicas": floor}})
+                elif await self._write_deployment(
+                        dep, lambda d: _surge_body(d, raw, n), suffix="/scale",
+                        first=written) is None:
+                    return await self._finish(cur, intent, raw, ok=False, min_ready=min_ready,
+                                              reason="the Deployment was scaled by someone "
+                                                     "else before the surge")
+                crash_point("move-back: surge written")
+            except APIError as exc:
+                return await self._finish(cur, intent, raw, ok=False, min_ready=min_ready,
+                                          reason=f"the surge was refused: {exc}")
             deadline = intent.started + policy.spec.move_back.timeout_seconds
             ok = False
             reason = "timed out waiting for the internal replica"
             unschedulable_since: float | None = None
-            cur = dep
             while self.clock() < deadline:
                 await self._changed(self.poll)
                 cur = self._deployment(dep)
@@ -446,44 +548,113 @@ class MoveBack:
                         break
                 else:
                     unschedulable_since = None
-            return await self._finish(cur, intent, ok=ok, reason=reason, min_ready=min_ready)
+            return await self._finish(cur, intent, raw, ok=ok, reason=reason,
+                                      min_ready=min_ready)
         finally:
             self.admission.hold.discard(rs_uid)
 
-    async def _finish(self, dep: Body, intent: Intent, *, ok: bool | None, reason: str,
+    async def _write_deployment(self, dep: Body, body_for: Callable[[Body], Body | None], *,
+                                suffix: str = "", first: Body | None = None) -> Body | None:
+        """Patch the Deployment (``suffix`` ``/scale`` for the scale subresource) with
+        ``body_for(current)`` under its resourceVersion, ``current`` being ``first`` and then the
+        watch cache: a conflict waits for the cache to catch up and decides again. Returns what
+        the server answered, or None when ``body_for`` finds nothing to write (None) or the
+        Deployment is gone. Raises :class:`MoveBackError` when it keeps changing."""
+        cur = first
+        for _ in range(_WRITE_ATTEMPTS):
+            if cur is None:
+                cur = self._deployment(dep)
+            body = body_for(cur)
+            if body is None:
+                return None
+            try:
+                answer: Body = await self.client.patch(f"{_dep_path(dep)}{suffix}", body)
+                return answer
+            except NotFoundError:
+                return None
+            except ConflictError:
+                await self._changed(self.poll)
+                cur = None
+        raise MoveBackError(f"{_key(dep)} kept changing: gave up writing it after "
+                            f"{_WRITE_ATTEMPTS} attempts")
+
+    async def _restore_floor(self, *, ns: str, name: str, surged_to: int, original: int) -> None:
+        """Put an HPA's ``minReplicas`` back to ``original`` while it is still the floor the
+        surge set (under the HPA's resourceVersion); a floor someone changed since is left."""
+        for _ in range(_WRITE_ATTEMPTS):
+            hpa = self.hpas.store.get(f"{ns}/{name}")
+            if hpa is None:
+                return
+            current = int(hpa["spec"].get("minReplicas") or 1)
+            if not floor_to_restore(current=current, surged_to=surged_to, original=original):
+                log.info("HPA floor changed by someone else; left as it is",
+                         extra=kv(hpa=f"{ns}/{name}", floor=current, ours=surged_to))
+                return
+            try:
+                await self.client.patch(_hpa_path(hpa), {"metadata": {
+                    "resourceVersion": hpa["metadata"]["resourceVersion"]},
+                    "spec": {"minReplicas": original}})
+                crash_point("move-back: HPA floor restored")
+                return
+            except NotFoundError:
+                return
+            except ConflictError:
+                await asyncio.sleep(self.poll)  # the HPA cache catches up; decide again
+        raise MoveBackError(f"HPA {ns}/{name} kept changing: could not restore its floor")
+
+    async def _finish(self, dep: Body, intent: Intent, raw: str, *, ok: bool | None, reason: str,
                       min_ready: int) -> MoveResult:
-        """Scale back to the recorded N (forward or back, the ReplicaSet decides), clean up."""
+        """Take the surge back (forward or back, the ReplicaSet decides), judge, clean up.
+
+        ``raw`` is the intent as recorded on the Deployment: the scale-back is written only while
+        it is still there, in one write with the intent marked ``scaled_back`` (so a restart in
+        between never takes the surge back twice)."""
         key = _key(dep)
         ns = dep["metadata"]["namespace"]
         n = intent.replicas
-        if intent.hpa:
-            with contextlib.suppress(NotFoundError):
-                await self.client.patch(
-                    f"/apis/autoscaling/v2/namespaces/{ns}/horizontalpodautoscalers/{intent.hpa}",
-                    {"spec": {"minReplicas": intent.hpa_min}})
-        await self.client.patch(f"{_dep_path(dep)}/scale", {"spec": {"replicas": n}})
-        # Wait until the ReplicaSet settled on N, watching readiness the whole time.
+        back = intent.scaled_back
+        generation = 0
+        if back is None:
+            if intent.hpa:
+                await self._restore_floor(
+                    ns=ns, name=intent.hpa, original=intent.hpa_min or 1,
+                    surged_to=intent.hpa_floor or max(intent.hpa_min or 1, n + 1))
+            written = await self._write_deployment(dep, lambda d: _scale_back_body(d, raw,
+                                                                                    intent))
+            if written is None:  # gone, or the intent is no longer (or not yet) in the cache
+                return MoveResult(deployment=key, result="skipped", seconds=0,
+                                  min_ready=min_ready, desired=n,
+                                  reason="the intent is gone; nothing to finish here")
+            back = int(written["spec"].get("replicas") or 0)
+            generation = int(written["metadata"].get("generation") or 0)
+            crash_point("move-back: surge taken back")
+        # Wait until the ReplicaSet settled on the count, watching readiness the whole time.
         deadline = self.clock() + 120
-        virtual_gone = False
         while self.clock() < deadline:
             cur = self._deployment(dep)
             status = cur.get("status") or {}
             min_ready = min(min_ready, int(status.get("readyReplicas") or 0))
-            pod_exists = any(p["metadata"]["uid"] == intent.pod_uid
-                             and not p["metadata"]["deletionTimestamp"]
-                             for p in self.pods.store.values())
-            if int(status.get("replicas") or 0) <= n and (
+            if int(status.get("replicas") or 0) <= back and (
                     int(status.get("observedGeneration") or 0)
-                    >= int(cur["metadata"].get("generation") or 0)):
-                virtual_gone = not pod_exists
+                    >= max(generation, int(cur["metadata"].get("generation") or 0))):
                 break
             await self._changed(self.poll)
-        moved = virtual_gone if ok is None else ok and virtual_gone
+        # One consistent read of the cloud pod: the pod cache may lag the Deployment's.
+        try:
+            current: Body | None = await self.client.get(
+                f"/api/v1/namespaces/{ns}/pods/{intent.pod}")
+        except NotFoundError:
+            current = None
+        virtual_gone = pod_gone(current, uid=intent.pod_uid)
+        moved = virtual_gone
+        if moved and ok is False:
+            reason = f"{reason}; the ReplicaSet removed the cloud replica all the same"
         if not virtual_gone:
             with contextlib.suppress(NotFoundError):  # it stays: unmark it
                 await self.client.patch(f"/api/v1/namespaces/{ns}/pods/{intent.pod}",
                                         {"metadata": {"annotations": {COST: None}}})
         await self._clear_intent(dep)
+        crash_point("move-back: intent cleared")
         seconds = max(0.0, self.clock() - intent.started)
         result = MoveResult(deployment=key, result="moved" if moved else "rolled-back",
                             seconds=round(seconds, 2), min_ready=min_ready, desired=n,
@@ -537,6 +708,44 @@ class MoveBack:
 
 
 _KEEP_RESULTS = 256  # recent moves kept in memory (bench and tests read them)
+_WRITE_ATTEMPTS = 30  # conditional writes of a Deployment before a move gives up (next pass)
+
+
+def _hpa_min(hpa: Body) -> int:
+    return int(hpa["spec"].get("minReplicas") or 1)
+
+
+def _hpa_max(hpa: Body) -> int | None:
+    value = hpa["spec"].get("maxReplicas")
+    return int(value) if value is not None else None
+
+
+def _intent_there(dep: Body, raw: str) -> bool:
+    return (dep["metadata"].get("annotations") or {}).get(INTENT) == raw
+
+
+def _surge_body(dep: Body, raw: str, n: int) -> Body | None:
+    """The scale write of the surge N -> N+1, while our intent is on the Deployment and nobody
+    changed its count since it was recorded (None: do not surge)."""
+    if not _intent_there(dep, raw) or int(dep["spec"].get("replicas") or 0) != n:
+        return None
+    return {"metadata": {"resourceVersion": dep["metadata"]["resourceVersion"]},
+            "spec": {"replicas": n + 1}}
+
+
+def _scale_back_body(dep: Body, raw: str, intent: Intent) -> Body | None:
+    """One write that takes the surge back relative to the count now and records that it did
+    (None: our intent is not on the Deployment, there is nothing of ours to take back)."""
+    if not _intent_there(dep, raw):
+        return None
+    current = int(dep["spec"].get("replicas") or 0)
+    back = scale_back(current=current, recorded=intent.replicas, surge=1)
+    body: Body = {"metadata": {"resourceVersion": dep["metadata"]["resourceVersion"],
+                               "annotations": {INTENT: replace(intent,
+                                                               scaled_back=back).dumps()}}}
+    if back != current:
+        body["spec"] = {"replicas": back}
+    return body
 
 
 def _slim_owned(obj: Body) -> Body:
@@ -551,9 +760,10 @@ def _slim_hpa(obj: Body) -> Body:
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     return {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
-                         "uid": meta.get("uid")},
+                         "uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")},
             "spec": {"scaleTargetRef": spec.get("scaleTargetRef") or {},
-                     "minReplicas": spec.get("minReplicas")}}
+                     "minReplicas": spec.get("minReplicas"),
+                     "maxReplicas": spec.get("maxReplicas")}}
 
 
 def _slim_workload(obj: Body) -> Body:

@@ -25,19 +25,27 @@ gang, quota reserved, until the replicas it will displace already serve from the
    once each Deployment has ``N + surge`` Ready replicas (readiness probes, on the cloud) and the
    plan did not grow, mark the intents ``Ready`` and set the check ``Ready``; Kueue admits the
    gang;
-5. when the gang's pods are bound (or every expected victim is gone), scale each Deployment back
-   to the recorded N: the ReplicaSet removes the Pending replacements of the preempted replicas
-   first (admission holds them meanwhile, so no instance starts for nothing), and the cloud
-   replicas keep serving until move-back brings them home.
+5. when the gang's pods are bound (or every expected victim is gone), take each surge back,
+   relative to the Deployment's count now (:func:`~vkprovider.descheduler.surge.scale_back`: an
+   HPA or a person who scaled up meanwhile keeps their replicas): the ReplicaSet removes the
+   Pending replacements of the preempted replicas first (admission holds them meanwhile, so no
+   instance starts for nothing), and the cloud replicas keep serving until move-back brings
+   them home.
 
 Fail-safe: a pre-warm not Ready within the policy's ``prewarm.timeout`` (no capacity, budget,
 cloud errors) is undone (scale back to N) and the check goes ``Ready`` anyway with a Warning
 Event (training is never blocked by inference), or ``Retry`` under ``onTimeout: Retry``.
 
 Restart safety: every step is decided by :func:`~vkprovider.descheduler.prewarm_plan.next_action`
-from the API alone (the Workload's check state and the intents on Deployments), and every write
-sets an absolute value (``replicas = N + surge``, ``replicas = N``), so a companion killed at any
-step finishes the story when it comes back and never surges twice.
+from the API alone (the Workload's check state and the intents on Deployments). The surge sets an
+absolute value (``replicas = N + surge``); the scale-back is written together with the intent
+marked ``scaled_back`` (one write, under the resourceVersion), so a companion killed at any step
+finishes the story when it comes back, never surges twice and never takes a surge back twice. An
+outcome recorded on the intents is written to the check whenever the check is still Pending on a
+Workload holding quota (:func:`~vkprovider.descheduler.prewarm_plan.outcome_to_write`), so a crash
+between the two writes does not leave the gang waiting a second timeout. The wait for a blocked
+Deployment counts from ``QuotaReserved``, not from queueing. An API error on one Workload backs
+that Workload off (:mod:`~vkprovider.descheduler.backoff`) and leaves the others alone.
 
 The AdmissionChecks it serves (``spec.controllerName: vkprovider.io/prewarm``) are kept
 ``Active=True``; one whose ``spec.parameters`` make no sense is ``Active=False`` with reason
@@ -53,21 +61,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from vkprovider.descheduler import prewarm_plan as plan
 from vkprovider.descheduler.admission import Decision, OverflowAdmission
+from vkprovider.descheduler.backoff import Backoff
+from vkprovider.descheduler.kueueapi import KueueAPI
 from vkprovider.descheduler.loophealth import loop_problem
 from vkprovider.descheduler.metrics import CompanionMetrics
 from vkprovider.descheduler.moveback import INTENT as MOVE_BACK_INTENT
-from vkprovider.descheduler.moveback import MoveBack
+from vkprovider.descheduler.moveback import MoveBack, MoveBackError
 from vkprovider.descheduler.objects import deployment_path as _dep_path
 from vkprovider.descheduler.objects import deployment_ref as _dep_ref
 from vkprovider.descheduler.objects import object_key as _key
+from vkprovider.descheduler.surge import scale_back
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
 from vkprovider.kube.events import EventRecorder
@@ -79,9 +91,8 @@ from vkprovider.semantics.timefmt import TimeFormatError, format_time, parse_tim
 log = logging.getLogger(__name__)
 
 Body = dict[str, Any]
-KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 FIELD_MANAGER = "vkprovider-prewarm"
-REASON_INVALID_PARAMETERS = "InvalidParameters"
+REASON_INVALID_PARAMETERS = plan.REASON_INVALID_PARAMETERS
 DEFAULT_TIMEOUT = 300.0  # when no policy is left to say (it was deleted mid-pre-warm)
 
 
@@ -98,8 +109,11 @@ class Prewarm:
         tick: float = 1.0,
         metrics: CompanionMetrics | None = None,
         clock: Callable[[], float] = time.time,
+        kueue: KueueAPI | None = None,
     ) -> None:
         self.client = client
+        self.kueue = kueue or KueueAPI()
+        base = self.kueue.base
         self.events = events
         self.virtual = frozenset(node_names)
         self.admission = admission
@@ -109,18 +123,26 @@ class Prewarm:
         self.metrics = metrics or moveback.metrics
         self.clock = clock
         self._wake = asyncio.Event()
-        self.workloads = Informer(client=client, path=f"{KUEUE}/workloads", name="workloads",
+        self.workloads = Informer(client=client, path=f"{base}/workloads", name="workloads",
                                   handler=self._poke, missing_ok=True)
-        self.checks = Informer(client=client, path=f"{KUEUE}/admissionchecks",
+        self.checks = Informer(client=client, path=f"{base}/admissionchecks",
                                name="admissionchecks", handler=self._poke, missing_ok=True)
-        self.flavors = Informer(client=client, path=f"{KUEUE}/resourceflavors",
+        self.flavors = Informer(client=client, path=f"{base}/resourceflavors",
                                 name="resourceflavors", missing_ok=True)
         self.surged = Informer(client=client, path="/apis/apps/v1/deployments",
                                params={"labelSelector": f"{plan.LABEL}=true"},
                                name="prewarmed-deployments", handler=self._poke)
-        self.informers = (self.workloads, self.checks, self.flavors, self.surged)
+        self.informers: tuple[Informer, ...] = (self.workloads, self.checks, self.flavors,
+                                                self.surged)
+        if not self.kueue.usable:
+            # A Kueue this code does not speak: only its AdmissionChecks are read (to mark ours
+            # inactive, through the version it serves); Workloads and flavors are left alone.
+            self.informers = (self.checks, self.surged)
+            for idle in (self.workloads, self.flavors):
+                idle.synced.set()
         self._active_sent: dict[str, tuple[str, str, str]] = {}
         self._told: dict[str, str] = {}  # workload uid -> last waiting message written
+        self._backoff = Backoff(base=tick, cap=max(60.0, interval))  # per Workload uid
         self.beat: float | None = None
 
     def _poke(self, _event: str, _obj: Body) -> None:
@@ -167,6 +189,7 @@ class Prewarm:
         self.metrics.prewarm_surge_replicas.set(surged)
         seen: set[str] = set()
         busy = bool(intents)
+        now = self.clock()
         for wl in list(self.workloads.store.values()):
             uid = str(wl["metadata"].get("uid"))
             check = next((c["name"] for c in (wl.get("status") or {}).get("admissionChecks")
@@ -174,14 +197,34 @@ class Prewarm:
             if check is None and uid not in by_workload:
                 continue
             seen.add(uid)
-            busy |= await self._reconcile(wl, check or by_workload[uid][0][0].check,
-                                          ours.get(check or ""), by_workload.get(uid, []),
-                                          policies)
+            busy |= await self._isolated(uid, _key(wl), now, self._reconcile(
+                wl, check or by_workload[uid][0][0].check, ours.get(check or ""),
+                by_workload.get(uid, []), policies))
         for uid, recorded in by_workload.items():
             if uid not in seen:  # the Workload is gone: undo what was done for it
-                await self._reconcile(None, recorded[0][0].check, None, recorded, policies)
+                seen.add(uid)
+                await self._isolated(uid, recorded[0][0].workload, now, self._reconcile(
+                    None, recorded[0][0].check, None, recorded, policies))
         for uid in [u for u in self._told if u not in seen]:
             del self._told[uid]
+        self._backoff.keep(seen)
+        return busy
+
+    async def _isolated(self, uid: str, name: str, now: float,
+                        step: Coroutine[Any, Any, bool]) -> bool:
+        """Run one Workload's step; an API error there backs that Workload off (doubling) and
+        leaves the others alone. True while it needs another look soon."""
+        if not self._backoff.ready(uid, now=now):
+            step.close()
+            return True
+        try:
+            busy = await step
+        except (APIError, MoveBackError) as exc:
+            delay = self._backoff.failed(uid, now=now)
+            log.warning("pre-warm step failed; backing this Workload off",
+                        extra=kv(workload=name, error=str(exc), retry_in=round(delay, 1)))
+            return True
+        self._backoff.succeeded(uid)
         return busy
 
     # ---- AdmissionChecks -----------------------------------------------------------------------
@@ -203,15 +246,15 @@ class Prewarm:
         for name, check in self.checks.store.items():
             if (check.get("spec") or {}).get("controllerName") != plan.CONTROLLER_NAME:
                 continue
-            problem = plan.check_problem(check, policies)
-            if problem is None:
+            status, reason, message = plan.check_active(check, policies,
+                                                        kueue_problem=self.kueue.problem)
+            if status == "True":
                 usable[name] = check
-                status, reason, message = "True", "Active", "vkprovider pre-warms inference " \
-                                                            "displaced by admitted gangs"
-            else:
-                status, reason = "False", REASON_INVALID_PARAMETERS
-                message = f"{problem[0]}: {problem[1]}"
-            await self._write_active(check, status, reason, message)
+            try:
+                await self._write_active(check, status, reason, message)
+            except APIError as exc:  # one check's status write failing stops no other
+                log.warning("could not write an AdmissionCheck's Active condition",
+                            extra=kv(check=name, error=str(exc)))
         for name in [n for n in self._active_sent if n not in self.checks.store]:
             del self._active_sent[name]
         return usable
@@ -235,12 +278,12 @@ class Prewarm:
         others = [c for c in (check.get("status") or {}).get("conditions") or []
                   if c.get("type") != "Active"]
         try:
-            await self.client.patch(f"{KUEUE}/admissionchecks/{name}/status",
+            await self.client.patch(f"{self.kueue.base}/admissionchecks/{name}/status",
                                     {"status": {"conditions": [*others, cond]}})
         except NotFoundError:
             return
         self._active_sent[name] = want
-        ref = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "AdmissionCheck",
+        ref = {"apiVersion": self.kueue.api_version, "kind": "AdmissionCheck",
                "metadata": check["metadata"]}
         if status == "False":
             await self.events.emit(obj=ref, reason="PrewarmCheckRefused", type_="Warning",
@@ -288,7 +331,8 @@ class Prewarm:
         return plan.WorkloadView(exists=True, quota_reserved=conds.get("QuotaReserved") == "True",
                                  admitted=conds.get("Admitted") == "True",
                                  finished=conds.get("Finished") == "True", check_state=state,
-                                 gang_bound=bound, victims_gone=gone)
+                                 gang_bound=bound, victims_gone=gone,
+                                 evicted=conds.get("Evicted") == "True")
 
     def _settings(self, names: Sequence[str], policies: Mapping[str, pol.OverflowPolicy |
                                                                    pol.PolicyError]
@@ -517,7 +561,7 @@ class Prewarm:
 
     async def _wait_or_give_up(self, wl: Body, check: str, why: str, timeout: float,
                                on_timeout: str) -> bool:
-        since = _check_since(wl, check) or self.clock()
+        since = _since(plan.waiting_since(wl, check)) or self.clock()
         if self.clock() - since <= timeout:
             message = f"waiting: {why}"
             if self._told.get(wl["metadata"]["uid"]) != message:
@@ -561,42 +605,64 @@ class Prewarm:
 
     async def _restore(self, wl: Body | None, check: str,
                        recorded: list[tuple[plan.Intent, Body]], action: plan.Action) -> None:
-        """Scale each Deployment back to its recorded count; tell it once; clear the intents only
-        once the ReplicaSets removed the extra pods. Until then admission keeps holding the
+        """Take each Deployment's surge back, relative to its count now (an HPA or a person who
+        scaled up meanwhile keeps their replicas), in one write with the intent marked
+        Restoring and ``scaled_back`` (a restart never takes it back twice); tell it once; write
+        the recorded outcome to the check whenever it is still to be written; clear the intents
+        only once the ReplicaSets removed the extra pods. Until then admission keeps holding the
         Pending replacements of preempted replicas (the intent's "hold"): clearing it at the
         scale-down let one be admitted and start a cloud instance for nothing."""
         timed_out = bool(action.check)
         first = any(intent.phase != plan.RESTORING for intent, _ in recorded)
+        done: list[tuple[plan.Intent, Body]] = []
         for intent, dep in recorded:
-            if intent.phase != plan.RESTORING:
-                restoring = intent.moved(phase=plan.RESTORING, outcome=action.check,
-                                         message=action.reason)
-                with contextlib.suppress(NotFoundError):
-                    await self.client.patch(_dep_path(dep), {"metadata": {"annotations": {
-                        plan.INTENT: restoring.dumps()}}})
-            await self._scale(self._fresh(dep), intent, intent.replicas, restore=True)
+            if intent.scaled_back is None:
+                restoring = intent if intent.phase == plan.RESTORING else intent.moved(
+                    phase=plan.RESTORING, outcome=action.check, message=action.reason)
+                if intent.hpa:
+                    ns = dep["metadata"]["namespace"]
+                    top = ((self.moveback.hpas.store.get(f"{ns}/{intent.hpa}") or {}).get(
+                        "spec") or {}).get("maxReplicas")
+                    surged_to = max(intent.hpa_min or 1, intent.target)
+                    await self.moveback._restore_floor(
+                        ns=ns, name=intent.hpa, original=intent.hpa_min or 1,
+                        surged_to=surged_to if top is None else min(surged_to, int(top)))
+                raw = str((dep["metadata"].get("annotations") or {}).get(plan.INTENT))
+                written = await self.moveback._write_deployment(
+                    dep, functools.partial(_restore_body, raw=raw, restoring=restoring),
+                    first=dep)
+                if written is None:
+                    continue  # gone, or changed since it was read: the next pass decides again
+                intent = plan.intent_of(written) or restoring
+            done.append((intent, dep))
             if not first:
                 continue
-            text = f"Back to {intent.replicas} replicas: {action.reason}"
+            text = f"Back to {intent.scaled_back} replicas: {action.reason}"
             await self.events.emit(obj=_dep_ref(dep), reason="PrewarmRestored", message=text,
                                    type_="Warning" if timed_out else "Normal")
             if timed_out:
                 self._decide(intent.policy, wl, "PrewarmTimedOut",
                              f"{_key(dep)}: {action.reason}")
-        if first and wl is not None and action.check:
-            state = "Retry" if action.check == "Retry" else "Ready"
+        outcome = plan.outcome_to_write(outcome=action.check,
+                                        view=self._view(wl, check, recorded))
+        told = f"outcome {outcome}"
+        if wl is not None and outcome is not None and self._told.get(wl["metadata"]["uid"]) != told:
+            self._told[wl["metadata"]["uid"]] = told
             message = f"pre-warm {action.reason}; " + (
-                "retrying later" if state == "Retry" else "proceeding without it: the "
+                "retrying later" if outcome == "Retry" else "proceeding without it: the "
                 "displaced replicas overflow after preemption")
-            self.metrics.prewarm_checks.labels("retry" if state == "Retry" else "timed-out").inc()
+            self.metrics.prewarm_checks.labels("retry" if outcome == "Retry" else
+                                               "timed-out").inc()
             await self._event(wl, reason="PrewarmTimedOut", message=message, type_="Warning")
-            await self._set_check(wl, check, state, message)
-        elif first and wl is not None:
+            await self._set_check(wl, check, outcome, message)
+        elif first and wl is not None and not action.check:
             await self._event(wl, reason="PrewarmFinished",
                               message=f"surge undone: {action.reason}")
         # (an HPA owns the count after its floor is restored: nothing to wait for there)
-        if not all(intent.hpa or _settled(self._fresh(dep), intent.replicas)
-                   for intent, dep in recorded):
+        if len(done) < len(recorded) or not all(
+                intent.hpa or _settled(self._fresh(dep), intent.scaled_back
+                                       if intent.scaled_back is not None else intent.replicas)
+                for intent, dep in done):
             return  # the next pass (the Deployment's status changing) finishes it
         for _intent, dep in recorded:
             with contextlib.suppress(NotFoundError):
@@ -618,20 +684,26 @@ class Prewarm:
                 return hpa
         return None
 
-    async def _scale(self, dep: Body, intent: plan.Intent, replicas: int, *,
-                     restore: bool = False) -> None:
-        """Set the Deployment (or its HPA's minReplicas) to ``replicas``: absolute, idempotent."""
+    async def _scale(self, dep: Body, intent: plan.Intent, replicas: int) -> None:
+        """Surge the Deployment (or raise its HPA's minReplicas) to ``replicas``: absolute,
+        idempotent. An HPA's floor is clamped to its ``maxReplicas`` (the API server refuses
+        more): a surge the HPA has no room for never becomes Ready, and the timeout undoes it."""
         ns = dep["metadata"]["namespace"]
         try:
             if intent.hpa:
                 path = f"/apis/autoscaling/v2/namespaces/{ns}/horizontalpodautoscalers/" \
                        f"{intent.hpa}"
-                floor = intent.hpa_min if restore else max(intent.hpa_min or 1, replicas)
                 hpa = self.moveback.hpas.store.get(f"{ns}/{intent.hpa}")
+                floor = max(intent.hpa_min or 1, replicas)
+                top = (hpa or {}).get("spec", {}).get("maxReplicas")
+                if top is not None and floor > int(top):
+                    log.warning("the HPA has no room for the whole surge; clamped",
+                                extra=kv(deployment=_key(dep), hpa=intent.hpa, want=floor,
+                                         max_replicas=top))
+                    floor = int(top)
                 if hpa is None or hpa["spec"].get("minReplicas") != floor:
                     await self.client.patch(path, {"spec": {"minReplicas": floor}})
-                if not restore:
-                    return  # the HPA scales the Deployment up to its new floor
+                return  # the HPA scales the Deployment up to its new floor
             if int((dep.get("spec") or {}).get("replicas") or 0) != replicas:
                 await self.client.patch(f"{_dep_path(dep)}/scale",
                                         {"spec": {"replicas": replicas}})
@@ -647,7 +719,7 @@ class Prewarm:
             return
         since = (current.get("lastTransitionTime") if current.get("state") == state else None) \
             or format_time(datetime.now(UTC))
-        body = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+        body = {"apiVersion": self.kueue.api_version, "kind": "Workload",
                 "metadata": {"name": wl["metadata"]["name"],
                              "namespace": wl["metadata"]["namespace"]},
                 "status": {"admissionChecks": [{"name": check, "state": state,
@@ -655,7 +727,7 @@ class Prewarm:
                                                 "lastTransitionTime": since}]}}
         try:
             await self.client.request(
-                "PATCH", f"{KUEUE}/namespaces/{wl['metadata']['namespace']}/workloads/"
+                "PATCH", f"{self.kueue.base}/namespaces/{wl['metadata']['namespace']}/workloads/"
                          f"{wl['metadata']['name']}/status",
                 params={"fieldManager": FIELD_MANAGER, "force": True}, body=body,
                 content_type="application/apply-patch+yaml")
@@ -666,7 +738,7 @@ class Prewarm:
 
     async def _event(self, wl: Body, *, reason: str, message: str,
                      type_: str = "Normal") -> None:
-        await self.events.emit(obj={"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+        await self.events.emit(obj={"apiVersion": self.kueue.api_version, "kind": "Workload",
                                     "metadata": wl["metadata"]},
                                reason=reason, message=message, type_=type_)
 
@@ -699,13 +771,28 @@ def _ready(dep: Body) -> int:
     return int((dep.get("status") or {}).get("readyReplicas") or 0)
 
 
-def _check_since(wl: Body, check: str) -> float | None:
-    for entry in (wl.get("status") or {}).get("admissionChecks") or []:
-        if entry.get("name") == check and entry.get("lastTransitionTime"):
-            try:
-                return parse_time(str(entry["lastTransitionTime"])).timestamp()
-            except TimeFormatError:
-                return None
-    return None
+def _since(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return parse_time(text).timestamp()
+    except TimeFormatError:
+        return None
+
+
+def _restore_body(dep: Body, *, raw: str, restoring: plan.Intent) -> Body | None:
+    """One write that takes the surge back relative to the count now and records it in the
+    intent (phase Restoring, ``scaled_back``); None when the intent on the Deployment is no longer
+    ``raw`` (someone else finished it, or the cache lags: the next pass decides again)."""
+    if (dep["metadata"].get("annotations") or {}).get(plan.INTENT) != raw:
+        return None
+    current = int((dep.get("spec") or {}).get("replicas") or 0)
+    back = scale_back(current=current, recorded=restoring.replicas, surge=restoring.surge)
+    body: Body = {"metadata": {"resourceVersion": dep["metadata"]["resourceVersion"],
+                               "annotations": {plan.INTENT: restoring.moved(
+                                   scaled_back=back).dumps()}}}
+    if back != current:
+        body["spec"] = {"replicas": back}
+    return body
 
 

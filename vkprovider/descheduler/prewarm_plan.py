@@ -82,6 +82,7 @@ class Intent:
     ready_at: float | None = None
     outcome: str = ""  # with Restoring: Ready | Retry | "" (no check to write)
     message: str = ""
+    scaled_back: int | None = None  # set in the write that took the surge back: to this count
 
     @property
     def target(self) -> int:
@@ -110,6 +111,8 @@ class Intent:
         if not (isinstance(intent.replicas, int) and isinstance(intent.surge, int)
                 and intent.replicas >= 0 and intent.surge >= 1):
             raise ValueError("replicas and surge must be whole numbers (surge >= 1)")
+        if intent.scaled_back is not None and not isinstance(intent.scaled_back, int):
+            raise ValueError("scaled_back must be a whole number")
         return intent
 
     def moved(self, **changes: Any) -> Intent:
@@ -354,6 +357,26 @@ def check_problem(check: Mapping[str, Any], policies: Mapping[str, object]
     return None
 
 
+#: ``Active=False`` reasons of an AdmissionCheck this controller cannot serve.
+REASON_INVALID_PARAMETERS = "InvalidParameters"
+REASON_UNSUPPORTED_KUEUE = "UnsupportedKueueVersion"
+ACTIVE_MESSAGE = "vkprovider pre-warms inference displaced by admitted gangs"
+
+
+def check_active(check: Mapping[str, Any], policies: Mapping[str, object], *,
+                 kueue_problem: str = "") -> tuple[str, str, str]:
+    """The ``Active`` condition (status, reason, message) of an AdmissionCheck of this
+    controller: ``False`` with ``UnsupportedKueueVersion`` when the Kueue installed is one this
+    code does not speak (``kueue_problem`` says why), ``False`` with ``InvalidParameters`` when
+    its parameters make no sense (:func:`check_problem`), else ``True``."""
+    if kueue_problem:
+        return "False", REASON_UNSUPPORTED_KUEUE, kueue_problem
+    problem = check_problem(check, policies)
+    if problem is not None:
+        return "False", REASON_INVALID_PARAMETERS, f"{problem[0]}: {problem[1]}"
+    return "True", "Active", ACTIVE_MESSAGE
+
+
 # ---- the transition function -------------------------------------------------------------------
 
 
@@ -368,6 +391,7 @@ class WorkloadView:
     check_state: str | None = None  # Pending | Ready | Retry | Rejected; None: not listed
     gang_bound: bool = False  # every pod of the gang is bound to a node
     victims_gone: bool = False  # every recorded victim is gone or terminating
+    evicted: bool = False  # Kueue evicted it (condition Evicted=True): it acted on a Retry
 
 
 @dataclass(frozen=True)
@@ -481,3 +505,37 @@ def grow(*, intents: Mapping[str, Intent], victims: Mapping[str, Sequence[Body]]
             out.grown[key] = (intent, intent.moved(
                 surge=len(pods), victims=tuple(p["metadata"]["name"] for p in pods)))
     return out
+
+
+# ---- applying a recorded outcome, and how long a Workload has waited ---------------------------
+
+
+def outcome_to_write(*, outcome: str, view: WorkloadView) -> str | None:
+    """The check state to write for the ``outcome`` recorded on a Restoring intent, or None.
+
+    The outcome is recorded first and the check written after it; a restart in between must
+    still write it (else the gang waits a second full timeout and Kueue never sees ``Retry``).
+    So it is written whenever the check is still ``Pending`` on a Workload that holds quota and
+    was not evicted; not once Kueue acted on it (a ``Retry`` evicts the Workload, releases its
+    quota and puts the check back to ``Pending``: writing it again would retry twice)."""
+    if not outcome or not view.exists:
+        return None
+    if view.check_state != "Pending" or not view.quota_reserved or view.evicted:
+        return None
+    return "Retry" if outcome == "Retry" else "Ready"
+
+
+def waiting_since(workload: Mapping[str, Any], check: str) -> str | None:
+    """When the pre-warm of ``workload`` started waiting (RFC 3339), for its timeout: when Kueue
+    reserved quota (condition ``QuotaReserved=True``'s transition), which is when the check has
+    work to do; a gang that queued an hour for quota has not waited an hour for its pre-warm.
+    Falls back to the check's own transition time (None when neither is there)."""
+    status = workload.get("status") or {}
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "QuotaReserved" and cond.get("status") == "True" and cond.get(
+                "lastTransitionTime"):
+            return str(cond["lastTransitionTime"])
+    for entry in status.get("admissionChecks") or []:
+        if entry.get("name") == check and entry.get("lastTransitionTime"):
+            return str(entry["lastTransitionTime"])
+    return None

@@ -32,12 +32,14 @@ from vkprovider.asgiserve import bind, serve
 from vkprovider.descheduler.admission import OverflowAdmission
 from vkprovider.descheduler.fit import DEFAULT_HEALTH_TAINTS
 from vkprovider.descheduler.hotswap import HotSwap
+from vkprovider.descheduler.kueueapi import KueueAPI
+from vkprovider.descheduler.kueueapi import discover as discover_kueue
 from vkprovider.descheduler.metrics import CompanionMetrics
 from vkprovider.descheduler.moveback import MoveBack
 from vkprovider.descheduler.preemption import PreemptionTracker
 from vkprovider.descheduler.prewarm import Prewarm
 from vkprovider.eventloop import loop_name
-from vkprovider.kube import KubeClient
+from vkprovider.kube import APIError, KubeClient
 from vkprovider.kube.events import EventRecorder
 from vkprovider.kube.leader import LeaderElector
 from vkprovider.logs import kv
@@ -112,6 +114,27 @@ def metrics_app(*, registry: CollectorRegistry, health: HealthCheck) -> ASGIApp:
     return app
 
 
+async def _discover_kueue(client: KubeClient) -> KueueAPI:
+    """Which Kueue API to use (kueueapi.py): logged at info when Kueue is not installed or
+    supported, as an error when it is installed at a version this code does not speak."""
+    try:
+        kueue = await discover_kueue(client)
+    except APIError as exc:
+        log.warning("could not discover Kueue's API version; assuming the supported one",
+                    extra=kv(error=str(exc), version=KueueAPI().version))
+        return KueueAPI()
+    if kueue.problem:
+        log.error("unsupported Kueue: pre-warm and Kueue-aware move-back are off, and the "
+                  "pre-warm AdmissionChecks are marked inactive",
+                  extra=kv(served=",".join(kueue.served), problem=kueue.problem))
+    elif kueue.served:
+        log.info("Kueue found", extra=kv(version=kueue.version))
+    else:
+        log.info("Kueue not installed; its objects count as none until it is",
+                 extra=kv(version=kueue.version))
+    return kueue
+
+
 def companion_lease_name(nodes: Sequence[str]) -> str:
     """The leader-election Lease of a companion serving ``nodes`` (one companion per node set)."""
     if len(nodes) == 1:
@@ -139,16 +162,17 @@ async def run_companion(
     events = EventRecorder(client=client, component="vkprovider-companion")
     metrics = CompanionMetrics()
     preemptions = PreemptionTracker(client=client) if preemption_fast_path else None
+    kueue = await _discover_kueue(client)
     admission = OverflowAdmission(
         client=client, events=events, node_names=nodes, interval=interval, metrics=metrics,
         preemptions=preemptions)
     moveback = MoveBack(client=client, events=events, node_names=nodes, admission=admission,
                         interval=move_back_interval, headroom_gpus=headroom_gpus,
-                        metrics=metrics, health_taints=gpu_health_taints,
+                        metrics=metrics, health_taints=gpu_health_taints, kueue=kueue,
                         # the victims of preemptions, from the one watch of every pod
                         on_pod=preemptions.observe_pod if preemptions is not None else None)
     prewarm = Prewarm(client=client, events=events, node_names=nodes, admission=admission,
-                      moveback=moveback, metrics=metrics)
+                      moveback=moveback, metrics=metrics, kueue=kueue)
     sock = (bind(host="0.0.0.0", port=metrics_port, what=f"--metrics-port {metrics_port}")
             if metrics_port else None)
     health = CompanionHealth(admission=admission, moveback=moveback, standby=leader_elect,

@@ -1,0 +1,64 @@
+"""The arithmetic of a make-before-break surge, and of taking it back, with no I/O.
+
+Why it exists: move-back, pre-warm and the hot-replica swap all surge a Deployment (N -> N +
+surge) and later take the surge back. Writing the recorded N back as an absolute value silently
+reverted whatever happened in between (an HPA that scaled up for load, a ``kubectl scale``), and
+raising an HPA's ``minReplicas`` past its ``maxReplicas`` is refused by the API server (422),
+which left moves half done. These small decisions are kept pure so unit tests pin them and every
+loop takes the same one:
+
+* :func:`scale_back`: the count to write when the surge is undone, relative to the count now;
+* :func:`hpa_surge_floor`: the HPA floor a surge needs, or None when the HPA has no room;
+* :func:`floor_to_restore`: whether an HPA's ``minReplicas`` is still the one we set;
+* :func:`pod_gone`: whether the replaced pod is gone, judged from one read of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def scale_back(*, current: int, recorded: int, surge: int) -> int:
+    """The replica count that removes our surge and nothing else.
+
+    ``recorded`` is N before the surge, ``surge`` what was added, ``current`` the Deployment's
+    ``spec.replicas`` now. At or above ``N + surge`` the surge is taken off what is there (an HPA
+    or a person who scaled up meanwhile keeps their replicas); between N and ``N + surge`` the
+    surge was written only in part (a restart between growing the intent and scaling): back to
+    N; at or below N nothing of ours is left to remove (never surged, or scaled down by someone
+    else since): unchanged.
+    """
+    if current >= recorded + surge:
+        return current - surge
+    if current > recorded:
+        return recorded
+    return current
+
+
+def hpa_surge_floor(*, hpa_min: int, hpa_max: int | None, replicas: int,
+                    surge: int) -> int | None:
+    """The ``minReplicas`` that surges a Deployment an HPA scales from ``replicas`` to
+    ``replicas + surge``, or None when that is above the HPA's ``maxReplicas`` (the API server
+    refuses ``minReplicas > maxReplicas``; an HPA at its maximum, likely exactly while
+    overflowing, has no room for a surge replica)."""
+    floor = max(hpa_min, replicas + surge)
+    if hpa_max is not None and floor > hpa_max:
+        return None
+    return floor
+
+
+def floor_to_restore(*, current: int | None, surged_to: int, original: int) -> bool:
+    """Whether to write ``original`` back as the HPA's ``minReplicas``: only while it is still
+    the floor the surge set (or already the original: a no-op write that also catches a stale
+    cache). A floor someone changed since is theirs."""
+    return current in (surged_to, original)
+
+
+def pod_gone(pod: Mapping[str, Any] | None, *, uid: str) -> bool:
+    """Whether the pod with ``uid`` is gone, from one read of it by name (None: not found): a
+    different uid is a new pod of the same name, a deletion timestamp means it is going."""
+    if pod is None:
+        return True
+    meta = pod.get("metadata") or {}
+    return meta.get("uid") != uid or bool(meta.get("deletionTimestamp"))
