@@ -30,6 +30,7 @@ INJECTED_KINDS = (
     "crashes",
     "slow_deletes",
     "failed_deletes",
+    "vanished",
 )
 
 

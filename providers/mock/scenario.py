@@ -38,6 +38,8 @@ __all__ = [
     "RateLimitBurst",
     "Scenario",
     "ScenarioError",
+    "ScriptedAnswer",
+    "VanishingInstances",
     "load_scenario",
     "parse_scenario",
 ]
@@ -164,6 +166,13 @@ class DeleteFaults(_Strict):
     fail_rate: float = _Probability
 
 
+class ScriptedAnswer(_Strict):
+    """``count`` requests in a row answer ``status`` (an error; nothing is done)."""
+
+    status: int = Field(ge=400, le=599)
+    count: int = Field(default=1, ge=1, le=10_000)
+
+
 class LostCreateResponses(_Strict):
     """The duplicate trap: ``rate`` of the creates that make a new instance lose their answer.
 
@@ -174,6 +183,10 @@ class LostCreateResponses(_Strict):
 
     rate: float = _Probability
     mode: Literal["504", "disconnect"] = "504"
+    #: What the creates after each lost answer get (a retry by name too), in order, nothing
+    #: made: a cloud that dropped a create under load and then fails or turns requests away
+    #: (``[{status: 503, count: 3}, {status: 409, count: 20}]``; 409 is ``capacity_unavailable``).
+    then: list[ScriptedAnswer] = Field(default_factory=list)
 
 
 class PublishedHost(_Strict):
@@ -185,6 +198,21 @@ class PublishedHost(_Strict):
 
     tags: dict[str, str] = Field(min_length=1)
     host: str = Field(min_length=1, max_length=253)
+
+
+class VanishingInstances(_Strict):
+    """Instances that vanish: a host that died, or one deleted in the cloud's console.
+
+    An instance created with every one of ``tags`` is gone ``after`` seconds after it started
+    running: released (billing ends, its ports close) without anyone asking for a delete, and
+    absent from every list and get from then on. At most ``count`` instances vanish per entry
+    (an instance made again under the same name, by a retry, is left alone once it is used
+    up), counted since the fault profile was applied.
+    """
+
+    tags: dict[str, str] = Field(min_length=1)
+    after: float = Field(default=0.0, ge=0.0, le=MAX_DELAY_SECONDS, allow_inf_nan=False)
+    count: int = Field(default=1, ge=1)
 
 
 class Faults(_Strict):
@@ -200,6 +228,8 @@ class Faults(_Strict):
                                     allow_inf_nan=False)
     #: Instances created while this is in force report the first matching entry's host.
     published_hosts: list[PublishedHost] = Field(default_factory=list)
+    #: Running instances that disappear without a delete (see :class:`VanishingInstances`).
+    vanish: list[VanishingInstances] = Field(default_factory=list)
 
     def for_endpoint(self, endpoint: str) -> EndpointFaults | None:
         """The endpoint's own faults, else the ``*`` entry, else None."""

@@ -12,6 +12,7 @@ so they are atomic under asyncio without locks.
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import heapq
 import hmac
@@ -232,6 +233,8 @@ class MockCloudState:
         self._scenario: Scenario | None = None
         self._scenario_t0 = self._t0
         self.injected: dict[str, int] = {}
+        self._vanished: dict[int, int] = {}  # vanish entry -> instances it took (scenario)
+        self._after_loss: collections.deque[int] = collections.deque()  # scenario: see create
         self._seq = 0
         self._inventory: dict[tuple[str, str], InventoryOffer] = {}
         self._live: dict[str, Record] = {}
@@ -284,7 +287,27 @@ class MockCloudState:
                 due.append(record)
         if due:
             self._advance(due, now)
+        if self.scenario_faults.vanish:
+            self._vanish(now)
         return now
+
+    def _vanish(self, now: float) -> None:
+        """The scenario's vanishing instances (``faults.vanish``): released without a delete."""
+        gone: list[Record] = []
+        for index, rule in enumerate(self.scenario_faults.vanish):
+            for record in list(self._live.values()):
+                if self._vanished.get(index, 0) >= rule.count:
+                    break
+                if (record.deleting is None and record.run_started is not None
+                        and now >= record.run_started + rule.after
+                        and all(record.tags.get(k) == v for k, v in rule.tags.items())):
+                    self._vanished[index] = self._vanished.get(index, 0) + 1
+                    record.released = now
+                    self._remove(record)
+                    self._count("vanished")
+                    gone.append(record)
+        if gone:
+            self.listeners.sync_changed(gone)
 
     def _schedule(self, record: Record) -> None:
         """Note when ``record`` next changes by itself; after anything that may move it."""
@@ -440,6 +463,8 @@ class MockCloudState:
                     f"faults: {describe_errors(exc.errors())}"
                 ) from None
         self.scenario_faults = faults
+        self._vanished = {}
+        self._after_loss.clear()
         if self._scenario is not None:
             self._scenario = self._scenario.model_copy(update={"faults": faults})
         now = self.clock()
@@ -568,6 +593,11 @@ class MockCloudState:
         # Only what a create depends on is brought up to date: which deletes have released
         # their GPUs, and the instance of the same name (idempotency).
         now = self.clock()
+        if self._after_loss:  # scenario: what the creates after a lost answer get
+            status = self._after_loss.popleft()
+            self._count("errors")
+            raise MockCloudError(status=status, code=FAULT_CODES.get(status, "injected"),
+                                 message="injected fault on create (after a lost answer)")
         self._advance([self._live[i] for i in self._releasing if i in self._live], now)
         existing_id = self._names.get(body.name)
         existing = self._live.get(existing_id) if existing_id is not None else None
@@ -641,6 +671,8 @@ class MockCloudState:
         lost = self.scenario_faults.lost_create_responses
         if lost.rate and self.rng.random() < lost.rate:
             self._count("lost_creates")
+            self._after_loss = collections.deque(
+                a.status for a in lost.then for _ in range(a.count))
             raise LostResponse(mode=lost.mode)
         return self._instance_json(record), True
 

@@ -63,6 +63,7 @@ from vkprovider.kube.events import EventRecorder
 from vkprovider.kube.watching import Informer, object_key
 from vkprovider.logs import kv
 from vkprovider.metrics import Metrics
+from vkprovider.node.slicehold import carry_held, held_uids
 from vkprovider.node.workqueue import ShutDown, WorkQueue
 
 log = logging.getLogger(__name__)
@@ -498,6 +499,11 @@ class EndpointSliceController:
         self._hostname_only: dict[str, set[str]] = {}  # Service key -> pod uids
         self._told: set[tuple[str, str]] = set()  # (Service uid, pod uid) warned about
         self._pods_synced = asyncio.Event()
+        # Pods whose state is unknown (their cloud not listed yet, node/slicehold.py): their
+        # endpoints stay as the slices hold them. Until the pods are synced, every pod not told
+        # is unknown.
+        self._held: set[str] = set()
+        self._timed_out = False  # started on pods_sync_timeout: every untold pod is held
         self.running = False
         self.started = asyncio.Event()  # informers synced, workers started
         self.writes = 0  # API writes made (tests and benches read it)
@@ -514,6 +520,7 @@ class EndpointSliceController:
             container_ports=tuple((c, n, int(p), proto or "TCP")
                                   for c, n, p, proto in container_ports),
             endpoints=tuple(endpoints))
+        self._release(uid)
         old = self.pods.get(uid)
         if old == record:
             return
@@ -526,6 +533,7 @@ class EndpointSliceController:
 
     def remove_pod(self, *, uid: str) -> None:
         """The pod is gone from this node (deleted, or its endpoints should all go)."""
+        self._release(uid)
         old = self.pods.pop(uid, None)
         if old is None:
             return
@@ -538,8 +546,31 @@ class EndpointSliceController:
         self._touch_services(old)
 
     def mark_pods_synced(self) -> None:
-        """Every pod of the node has been told once: reconciling may start (and delete)."""
+        """Every pod of the node has been told once (or held): reconciling may start (and
+        delete what no told or held pod backs)."""
         self._pods_synced.set()
+        if self._timed_out:  # started after pods_sync_timeout: prune now
+            self._timed_out = False
+            for key in sorted(self._slices_by_service):
+                self._enqueue(key)
+
+    def hold_pod(self, *, uid: str) -> None:
+        """The pod's state is unknown for now (its cloud not listed yet): keep its endpoints as
+        the slices hold them until :meth:`set_pod` or :meth:`remove_pod` tells."""
+        self._held.add(uid)
+
+    def _release(self, uid: str) -> None:
+        if uid not in self._held:
+            return
+        self._held.discard(uid)
+        if self.running and uid not in self.pods:  # its kept endpoints may have to go
+            for key, names in self._slices_by_service.items():
+                if any(uid in held_uids({n: self.slices.store[n]}, held={uid}.__contains__)
+                       for n in names if n in self.slices.store):
+                    self._enqueue(key)
+
+    def _is_held(self, uid: str) -> bool:
+        return uid in self._held or (self._timed_out and uid not in self.pods)
 
     # ---- loops -----------------------------------------------------------------------------
 
@@ -555,7 +586,9 @@ class EndpointSliceController:
                     async with asyncio.timeout(self.pods_sync_timeout):
                         await self._pods_synced.wait()
                 except TimeoutError:
-                    log.warning("pods not marked synced; reconciling EndpointSlices anyway",
+                    self._timed_out = True
+                    log.warning("pods not marked synced; reconciling EndpointSlices anyway, "
+                                "keeping the endpoints of pods not told yet",
                                 extra=kv(node=self.node, pods=len(self.pods)))
             self.running = True
             keys = set(self._slices_by_service)
@@ -688,6 +721,10 @@ class EndpointSliceController:
         existing = {self.slices.store[k]["metadata"]["name"]: self.slices.store[k]
                     for k in sorted(self._slices_by_service.get(key, ()))
                     if k in self.slices.store}
+        svc = self.services.store.get(key)
+        if (self._held or self._timed_out) and svc is not None \
+                and selects(svc) is not None:
+            carry_held(desired, existing, held=self._is_held)  # unknown: kept as they are
         failed: list[str] = []
         for name, body in desired.items():
             current = existing.get(name)

@@ -75,7 +75,7 @@ from vkprovider.kube.sharing import TreeSharer
 from vkprovider.kube.watching import Informer, SharedSlim, object_key
 from vkprovider.logs import kv
 from vkprovider.metrics import Metrics
-from vkprovider.node import interruption, podstatus
+from vkprovider.node import duplicates, interruption, podstatus, vanished
 from vkprovider.node.addressscreen import AddressScreen
 from vkprovider.node.budgetbook import (
     OUT_OF_REASONS,
@@ -87,6 +87,7 @@ from vkprovider.node.budgetbook import (
     allocatable,
     pod_requests,
 )
+from vkprovider.node.listing import Lister, ListResult
 from vkprovider.node.placements import InstanceKey, Placed, Placements
 from vkprovider.node.policygate import PolicyGate
 from vkprovider.node.providercaps import (
@@ -108,6 +109,9 @@ from vkprovider.placement.budget import Usage, pod_gpus
 from vkprovider.semantics.timefmt import TimeFormatError, parse_time
 
 POLICIES_PATH = "/apis/vkprovider.io/v1alpha1/overflowpolicies"
+#: Beyond the request timeout, how long after a create failed a list must start before its
+#: silence proves the create did not happen (clouds whose list lags behind their creates).
+UNSURE_SETTLE_SECONDS = 30.0
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +195,15 @@ class PodController:
         self.verbose_events = settings.pods.lifecycle_events == "verbose"
         self.cooldown: dict[str, float] = {}  # provider -> clock() until which it said 429
         self.unsure: dict[str, tuple[str, float]] = {}  # uid -> (provider, since): create unknown
+        # An unknown create stays pinned until a list that started this long after it failed
+        # has not shown it (its request may still land, and a list may lag behind a create).
+        self.unsure_hold_seconds = max(
+            [p.timeout_seconds for p in settings.providers]
+            + [settings.gpu_providers.timeout_seconds]) + UNSURE_SETTLE_SECONDS
+        self.vanished = vanished.VanishBook()  # instances gone under their pods (vanished.py)
+        # Every provider listed at once, none under the lock (node/listing.py): a sweep waits
+        # for its new lists one interval at most.
+        self.lister = Lister(clock=clock, wait=settings.pods.status_interval_seconds)
         self.orphans: dict[InstanceKey, float] = {}  # (provider, id) -> first sighting
         self.running_seen: dict[str, float] = {}  # uid -> wall time the instance was running
         self.offers: list[Offer] = []
@@ -333,6 +346,7 @@ class PodController:
             self.blocks.unblock_provider(name)  # the next account under this name starts afresh
             self.unsure = {uid: ((alias if where == name else where), since)
                            for uid, (where, since) in self.unsure.items()}
+            self.vanished.rename_provider(name, alias)
             self.draining.discard(name)
             self.draining.add(alias)
             self.caps.pop(name, None)
@@ -472,7 +486,23 @@ class PodController:
             if pod is not None and placed.instance.state == InstanceState.RUNNING:
                 self.replicas.running(uid=uid, pod=pod, provider=placed.provider,
                                       instance=placed.instance)
+        for uid in self.pod_keys:  # on a cloud not listed yet: endpoints kept as they are
+            ran_on = self._annotations(uid).get(duplicates.PROVIDER_ANNOTATION)
+            if uid not in self.placed and ran_on is not None and ran_on in self.listed \
+                    and not self.listed[ran_on]:
+                self.replicas.hold(uid)
         self.replicas.synced()
+
+    def _release_held(self, started: Mapping[str, float]) -> None:
+        """Held endpoints (see :meth:`_publish_running`) of pods whose cloud has now been
+        listed without their instance: they go. Those listed with it are published by their
+        reconcile."""
+        for uid in self.replicas.held():
+            if uid in self.placed:
+                continue
+            ran_on = self._annotations(uid).get(duplicates.PROVIDER_ANNOTATION)
+            if ran_on in started or ran_on not in self.listed or uid not in self.pod_keys:
+                self.replicas.forget(uid)
 
     def _on_pod(self, event: str, pod: Body) -> None:
         uid = str(pod["metadata"].get("uid", ""))
@@ -526,30 +556,71 @@ class PodController:
     # ---- the sweep: one list per provider ----------------------------------------------------
 
     async def sweep(self) -> None:
-        async with self.providers_lock:  # one view of the providers for the whole sweep
-            with self.metrics.sweep_duration.time():
-                await self._sweep()
+        """One sweep: every provider listed at once (node/listing.py, no lock held over the
+        calls); the answers applied under ``providers_lock`` (one view of the providers);
+        then the cloud calls the answers ask for (duplicates, orphans), in parallel."""
+        with self.metrics.sweep_duration.time():
+            async with self.providers_lock:
+                serving = list(self.providers.items())
+            results = await self.lister.round(serving)
+            async with self.providers_lock:
+                doomed = self._apply_lists(results, served=[n for n, _ in serving])
+            await self._bounded(doomed)
+            await self._collect_orphans(self.clock())
+            await self._sweep_registry_auth()
+            await self.spend.maybe_record()
 
-    async def _sweep(self) -> None:
+    async def _bounded(self, deletes: list[tuple[str, str, str]]) -> None:
+        """Delete ``(provider, instance id, why)`` in parallel, at most 8 calls at once."""
+        if not deletes:
+            return
+        gate = asyncio.Semaphore(8)
+
+        async def one(provider: str, instance_id: str, why: str) -> None:
+            async with gate:
+                await self._delete_instance(provider, instance_id, why=why)
+
+        await asyncio.gather(*(one(*d) for d in deletes))
+
+    def _served_as(self, result: ListResult) -> str | None:
+        """The name a listed provider is served under now (retired: its alias; replaced by a
+        new adapter of the same account: its name); None once it is gone."""
+        for key, value in self.providers.items():
+            if value is result.provider:
+                return key
+        return result.name if result.name in self.providers else None
+
+    def _apply_lists(self, results: list[ListResult], *, served: list[str]
+                     ) -> list[tuple[str, str, str]]:
+        """Take the lists that finished into the view of every pod; no await (the caller holds
+        ``providers_lock``). Returns the duplicate instances to delete."""
         now = self.clock()
         seen: dict[str, Placed] = {}
         fresh: list[str] = []  # pods whose instance record is new in this sweep
-        for name, provider in list(self.providers.items()):
-            listed_at = datetime.now(UTC)  # before the call: never count what was not billed
-            try:
-                instances = await provider.list()
-            except ProviderError as exc:
+        doomed: list[tuple[str, str, str]] = []
+        started: dict[str, float] = {}  # provider -> start of its list that answered now
+        answered: set[str] = set()
+        for result in results:
+            name = self._served_as(result)
+            if name is None:
+                continue  # removed while it was listed
+            answered.add(name)
+            if result.instances is None:
                 self.listed[name] = False
-                self._count(name, "list", exc)
-                log.warning("provider list failed", extra=kv(provider=name, error=str(exc)))
+                self._count(name, "list", result.error)
+                log.warning("provider list failed",
+                            extra=kv(provider=name, error=str(result.error)))
                 continue
+            at = result.started
+            started[name] = at
             self._count(name, "list", None)
             self.listed[name] = True
             self.listed_once.add(name)
-            self.last_list[name] = now
-            ours = [i for i in instances
+            self.last_list[name] = at
+            ours = [i for i in result.instances
                     if i.tags.get(TAG_UID) and i.tags.get(TAG_NODE) == self.node]
-            self.spend.book.observe(provider=name, instances=ours, at=listed_at)
+            # the list's start: never count what was not billed
+            self.spend.book.observe(provider=name, instances=ours, at=result.started_wall)
             cost = 0.0
             for listed in ours:
                 uid = listed.tags[TAG_UID]
@@ -557,7 +628,16 @@ class PodController:
                 cost += inst.price_per_hour
                 other = seen.get(uid)
                 if other is not None and other.instance.id != inst.id:
-                    await self._delete_duplicate(keep=other, extra=Placed(name, inst, now))
+                    keep, drop = duplicates.keep_first(
+                        other, Placed(name, inst, at), annotations=self._annotations(uid))
+                    log.error("two instances for one pod; deleting the one not serving",
+                              extra=kv(uid=uid, keep=keep.instance.id, delete=drop.instance.id))
+                    doomed.append((drop.provider, drop.instance.id, "duplicate"))
+                    if keep is other:
+                        continue
+                    inst, name_kept = keep.instance, keep.provider
+                    seen[uid] = Placed(provider=name_kept, instance=inst, seen_at=at)
+                    fresh.append(uid)
                     continue
                 prev = self.placed.get(uid)
                 if prev is not None and prev.instance is inst and prev.provider == name \
@@ -565,30 +645,37 @@ class PodController:
                     # Listed exactly as before (the adapter hands back the same Instance):
                     # the same record, seen again. Readers that cache by record (the kubelet
                     # API's view) keep their work, and 5,000 pods cost no new records a sweep.
-                    prev.seen_at = now
+                    prev.seen_at = at
                     seen[uid] = prev
                 else:
-                    seen[uid] = Placed(provider=name, instance=inst, seen_at=now)
+                    seen[uid] = Placed(provider=name, instance=inst, seen_at=at)
                     fresh.append(uid)
             self.metrics.instances.labels(name).set(len(ours))
             self.metrics.cost.labels(name).set(round(cost, 6))
-        # Keep what we created since the list began (lists may lag behind creates), and what
-        # providers we could not list reported last time.
+        for name in served:
+            if name not in answered and name in self.providers:
+                self.listed[name] = False  # its list is still out: unknown this sweep
+        # Keep what we created since its provider's list began (lists may lag behind creates),
+        # and what providers we could not list reported last time.
         for uid, placed in self.placed.items():
             if uid in seen:
                 continue
-            if placed.seen_at > now or not self.listed.get(placed.provider, False):
+            began = started.get(placed.provider)
+            if began is None or placed.seen_at > began:
                 seen[uid] = placed
         before = self.placed.snapshot()
+        gone = vanished.detect(before=before, after=seen, listed=self.listed,
+                               list_started=started, deleting=self.placed.deleting_since,
+                               pods=self._live_pod)
         self.placed.replace(seen)
         self.addresses.keep_only(seen)
         self._claim_listed(fresh)  # counted against budgets before any worker creates more
+        vanished.found(self, gone)  # endpoints withdrawn now; the pod is told by its reconcile
+        self._release_held(started)
+        hold = self.unsure_hold_seconds
         for uid, (where, since) in list(self.unsure.items()):
-            if uid in seen or (self.listed.get(where) and self.last_list[where] > since):
+            if uid in seen or (where in started and started[where] >= since + hold):
                 del self.unsure[uid]  # the list has spoken: it exists, or it never happened
-        await self._collect_orphans(now)
-        await self._sweep_registry_auth()
-        await self.spend.maybe_record()
         full = now - self.last_resync >= self.settings.pods.resync_seconds
         if full:
             self.last_resync = now
@@ -601,6 +688,19 @@ class PodController:
             elif full or self.changed_in_sweep(uid, before.get(uid)):
                 self.queue.add(uid)
         self.metrics.queue_depth.set(len(self.queue))
+        return doomed
+
+    def _annotations(self, uid: str) -> dict[str, str]:
+        key = self.pod_keys.get(uid)
+        pod = self.informer.store.get(key) if key else None
+        return dict((pod or {}).get("metadata", {}).get("annotations") or {})
+
+    def _live_pod(self, uid: str) -> bool:
+        """Whether the pod is on the node, not being deleted and not finished."""
+        key = self.pod_keys.get(uid)
+        pod = self.informer.store.get(key) if key else None
+        return (pod is not None and not pod["metadata"].get("deletionTimestamp")
+                and (pod.get("status") or {}).get("phase") not in _TERMINAL)
 
     async def _sweep_registry_auth(self) -> None:
         """Cloud-side pull credentials no instance uses any more are deleted (RunPod); cheap
@@ -642,16 +742,11 @@ class PodController:
             or uid in self.unsure
         )
 
-    async def _delete_duplicate(self, *, keep: Placed, extra: Placed) -> None:
-        log.error("two instances for one pod; deleting the newer",
-                  extra=kv(uid=keep.instance.tags.get(TAG_UID), keep=keep.instance.id,
-                           delete=extra.instance.id))
-        await self._delete_instance(extra.provider, extra.instance.id, why="duplicate")
-
     async def _collect_orphans(self, now: float) -> None:
         if not self.informer.synced.is_set():
             return
         live: set[InstanceKey] = set()
+        doomed: list[tuple[str, str, str]] = []
         for uid, placed in self.placed.items():
             key = placed.key
             live.add(key)
@@ -662,10 +757,11 @@ class PodController:
                 continue
             first = self.orphans.setdefault(key, now)
             if now - first >= self.settings.pods.orphan_grace_seconds and first < now:
-                await self._delete_instance(placed.provider, placed.instance.id, why="orphan")
+                doomed.append((placed.provider, placed.instance.id, "orphan"))
                 self.metrics.orphans_deleted.labels(placed.provider).inc()
         for key in [k for k in self.orphans if k not in live]:
             del self.orphans[key]
+        await self._bounded(doomed)  # in parallel: one slow cloud never holds up the others
 
     def _delete_in_progress(self, placed: Placed) -> bool:
         """Whether our delete of this instance may still be under way.
@@ -719,10 +815,14 @@ class PodController:
         if phase in _TERMINAL:
             self.book.drop(uid)
             self.told_budget.pop(uid, None)
+            self.vanished.forget(uid)
             if placed is not None:
                 await self._stop_spend(placed)
             return
         if placed is None:
+            if uid in self.vanished and (await vanished.tell(self, pod, uid)
+                                         or not vanished.wants_restart(pod)):
+                return  # restartPolicy Never: the pod failed (its status is on its way)
             await self._create(pod, uid)
             return
         await self._sync(pod, uid, placed)
@@ -740,6 +840,7 @@ class PodController:
         self.told_budget.pop(uid, None)
         self.first_seen.pop(uid, None)
         self.unsure.pop(uid, None)
+        self.vanished.forget(uid)
         self.running_seen.pop(uid, None)
         self.told_blind.discard(uid)
         self.told_no_capacity.pop(uid, None)
@@ -900,6 +1001,8 @@ class PodController:
         # provider is safe: idempotent by name, it returns the instance if it exists after all.
         unsure = self.unsure.get(uid)
         ran_on = (meta.get("annotations") or {}).get(f"{podstatus.ANNOTATION_PREFIX}provider")
+        if uid in self.vanished:
+            ran_on = None  # a list proved its instance gone: a new one goes where it fits best
         pinned = unsure[0] if unsure else (ran_on if ran_on in self.providers else None)
         sticky = pinned is not None
         order = plan if pinned is None else [
@@ -1003,7 +1106,8 @@ class PodController:
                 self._count(name, "create", exc)
                 if isinstance(exc, RateLimited) and exc.retry_after:
                     self.cooldown[name] = self.clock() + exc.retry_after
-                self.unsure.setdefault(uid, (self._key_of(provider, name), self.clock()))
+                # pinned to it, counted from this failure (the latest request may land last)
+                self.unsure[uid] = (self._key_of(provider, name), self.clock())
                 if self._past_create_deadline(meta):
                     # Failed, not forgotten: an instance that did start is deleted once listed
                     await self._give_up(pod, f"the last try: {name}: {exc}")
@@ -1145,6 +1249,9 @@ class PodController:
 
     def _until_create_deadline(self, meta: Body) -> float:
         created = _parse_time(meta.get("creationTimestamp"))
+        lost = self.vanished.since(str(meta.get("uid")))
+        if lost is not None and (created is None or lost > created):
+            created = lost  # a new instance after a vanished one: counted from the vanishing
         age = (datetime.now(UTC) - created).total_seconds() if created else 0.0
         return self.settings.pods.create_deadline_seconds - age
 
@@ -1200,6 +1307,11 @@ class PodController:
             pod=pod, instance=inst, node_name=self.node, now=datetime.now(UTC),
             probe_started=None if probe is None else probe.started,
             probe_ready=None if probe is None else probe.ready)
+        lost = self.vanished.get(uid)
+        if lost is not None and lost.handled:
+            vanished.carry(status, vanish=lost, instance_restarts=inst.restart_count)
+        elif lost is not None:
+            self.vanished.forget(uid)  # listed again before it was told: it was not gone
         old = pod.get("status") or {}
         changed = podstatus.status_changed(old, status)
         if changed or stale:
@@ -1356,6 +1468,7 @@ class PodController:
 
     async def aclose(self) -> None:
         await self.queue.shutdown()
+        await self.lister.aclose()
         for provider in list(self.providers.values()):
             with contextlib.suppress(Exception):
                 await provider.aclose()

@@ -109,6 +109,20 @@ class Replicas:
         self._tracked: dict[str, _Tracked] = {}
         self._draining: dict[str, float] = {}  # uid -> clock() when endpoints went terminating
         self._published: set[str] = set()  # uids the sink knows
+        self._held: set[str] = set()  # uids whose endpoints the sink keeps as they are
+
+    def hold(self, uid: str) -> None:
+        """Its instance is unknown for now (its cloud not listed since a restart): the sink
+        keeps whatever endpoints it has for it, until it runs, stops or is forgotten."""
+        hold = getattr(self._sink, "hold_pod", None)
+        if hold is None or uid in self._published:
+            return
+        hold(uid=uid)
+        self._held.add(uid)
+        self._published.add(uid)  # forget() tells the sink to drop them
+
+    def held(self) -> list[str]:
+        return sorted(self._held)
 
     # ---- the instance runs -------------------------------------------------------------------
 
@@ -205,6 +219,7 @@ class Replicas:
         """The pod is gone (or its instance is): no probes, no endpoints."""
         self._tracked.pop(uid, None)
         self._draining.pop(uid, None)
+        self._held.discard(uid)
         if self._prober is not None:
             self._prober.forget(uid)
         if uid in self._published:
@@ -233,6 +248,7 @@ class Replicas:
         ]
         if not targets and uid not in self._published:
             return
+        self._held.discard(uid)
         self._published.add(uid)
         self._sink.set_pod(namespace=str(meta.get("namespace", "")),
                            name=str(meta.get("name", "")), uid=uid,

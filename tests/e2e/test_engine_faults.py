@@ -1,0 +1,207 @@
+"""The pod engine under cloud faults (issue 35): vanished instances, lagging and dead lists,
+restarts with one cloud down. Real control plane, real provider process, mock clouds with the
+scenario faults of providers/mock/scenario.py.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from typing import Any
+
+import pytest
+
+from vkprovider.kube import KubeClient
+from vkprovider.testing.waiting import eventually
+
+from .conftest import System
+from .test_pods import create_pod, events_for, list_pods, node_ready, pod_spec
+from .test_traffic import endpoint_ready, server, service, slices
+
+pytestmark = pytest.mark.cluster
+
+
+def by_name(pods: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    return next((p for p in pods if p["metadata"]["name"] == name), {})
+
+
+def is_ready(pod: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def container(pod: dict[str, Any]) -> dict[str, Any]:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
+    return dict(statuses[0])
+
+
+def log_lines(text: str, message: str) -> list[dict[str, Any]]:
+    out = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("msg") == message:
+            out.append(record)
+    return out
+
+
+async def test_a_vanished_instance_is_a_container_that_died(
+    kube: KubeClient, namespace: str, system: System
+) -> None:
+    await system.start(pods={"capacity_block_seconds": 1})
+    cloud = system.clouds[0]
+    await node_ready(kube, system.node_name)
+    await service(kube, namespace, "web", "web")
+    for name, policy in (("never", "Never"), ("always", "Always")):
+        await create_pod(kube, namespace, name,
+                         pod_spec(system.node_name, container=server(), restartPolicy=policy),
+                         labels={"app": "web"})
+    await eventually(lambda: slices(kube, namespace, "web", ours=True), timeout=90,
+                     until=lambda s: endpoint_ready(s, "never") and endpoint_ready(s, "always"),
+                     what="both replicas Ready in the Service")
+    before = {p["metadata"]["name"]: p for p in await list_pods(kube, namespace)}
+
+    # Both instances vanish (host lost), and the cloud has no capacity for a new one for now.
+    await cloud.admin("PUT", "/admin/scenario", json={"name": "vanish", "faults": {
+        "vanish": [{"tags": {"vkprovider.io/pod": "never"}},
+                   {"tags": {"vkprovider.io/pod": "always"}}],
+        "capacity_outages": [{"gpu_type": "H100", "count": 0}]}})
+    await eventually(cloud.stats, until=lambda s: s["injected_vanished"] == 2, timeout=30,
+                     what="both instances vanished")
+    await eventually(lambda: slices(kube, namespace, "web", ours=True), timeout=30,
+                     until=lambda s: endpoint_ready(s, "never") is None
+                     and endpoint_ready(s, "always") is None,
+                     what="the endpoints of the vanished instances withdrawn (no new instance "
+                          "can be made: nothing else would take them away)")
+
+    pods = await eventually(lambda: list_pods(kube, namespace), timeout=60,
+                            until=lambda ps: (by_name(ps, "never").get("status") or {})
+                            .get("phase") == "Failed"
+                            and container(by_name(ps, "always")).get("restartCount") == 1,
+                            what="the Never pod Failed, the Always pod's restart counted")
+    never = by_name(pods, "never")
+    assert never["status"]["reason"] == "InstanceVanished", never["status"]
+    terminated = container(never)["state"]["terminated"]
+    assert terminated["reason"] == "InstanceVanished" and "vanished" in terminated["message"]
+    always = by_name(pods, "always")
+    assert always["status"]["phase"] == "Running", "a restarting pod stays Running"
+    assert not is_ready(always)
+    last = container(always)["lastState"]["terminated"]
+    assert last["reason"] == "InstanceVanished", last
+    said = [e["reason"] for e in await events_for(kube, namespace, "always")]
+    assert "InstanceVanished" in said, said
+
+    await cloud.admin("DELETE", "/admin/scenario")  # capacity is back
+    pods = await eventually(lambda: list_pods(kube, namespace), timeout=90,
+                            until=lambda ps: is_ready(by_name(ps, "always")),
+                            what="the Always pod Ready on a new instance")
+    always = by_name(pods, "always")
+    assert container(always)["restartCount"] == 1
+    old_id = before["always"]["metadata"]["annotations"]["vkprovider.io/instance-id"]
+    assert always["metadata"]["annotations"]["vkprovider.io/instance-id"] != old_id
+    await eventually(lambda: slices(kube, namespace, "web", ours=True), timeout=30,
+                     until=lambda s: endpoint_ready(s, "always") is True,
+                     what="the new instance back in the Service")
+    per_uid = collections.Counter(e["uid"] for e in await cloud.ledger())
+    assert per_uid[never["metadata"]["uid"]] == 1, "restartPolicy Never: never run twice"
+    assert per_uid[always["metadata"]["uid"]] == 2
+
+
+async def test_a_lagging_list_never_yields_two_instances_for_one_pod(
+    kube: KubeClient, namespace: str, system: System
+) -> None:
+    # cloud0 loses the answer of a create it did make, fails the adapter's retries (the create
+    # is unsure), then has no capacity for a while; its list shows an instance only 20 s
+    # after it was made. cloud1 has room.
+    await system.start(clouds=2, pods={"capacity_block_seconds": 60},
+                       inventories=["H100:us-east:16:1.99", "H100:eu-west:16:2.19"])
+    cloud0, cloud1 = system.clouds
+    await node_ready(kube, system.node_name)
+    await cloud0.admin("PUT", "/admin/scenario", json={"name": "lagging", "faults": {
+        "lost_create_responses": {"rate": 1.0, "then": [{"status": 503, "count": 3},
+                                                         {"status": 409, "count": 50}]},
+        "list_lag_seconds": 20}})
+    await create_pod(kube, namespace, "once", pod_spec(system.node_name))
+    pods = await eventually(lambda: list_pods(kube, namespace), timeout=120,
+                            until=lambda ps: (by_name(ps, "once").get("status") or {})
+                            .get("phase") == "Running",
+                            what="the pod Running")
+    uid = by_name(pods, "once")["metadata"]["uid"]
+    assert (await cloud0.stats())["injected_lost_creates"] == 1
+    ledger = [e for e in await cloud0.ledger() + await cloud1.ledger() if e["uid"] == uid]
+    assert len(ledger) == 1, f"one instance per pod, not {ledger}"
+    assert by_name(pods, "once")["metadata"]["annotations"]["vkprovider.io/provider"] == "cloud0"
+
+
+async def test_a_black_holed_cloud_stalls_no_other(
+    kube: KubeClient, namespace: str, system: System
+) -> None:
+    provider = await system.start(clouds=2, inventories=["A100:us-east:8:1.29",
+                                                         "H100:eu-west:16:2.19"])
+    cloud0, cloud1 = system.clouds
+    await node_ready(kube, system.node_name)
+    # cloud0's lists hang far longer than the adapter's whole retry cycle
+    await cloud0.admin("PUT", "/admin/scenario", json={"name": "black-hole", "faults": {
+        "endpoints": {"list": {"hang_rate": 1.0, "hang_seconds": 300}}}})
+    await eventually(cloud0.stats, until=lambda s: s["injected_hangs"] >= 1, timeout=30,
+                     what="a list of cloud0 hanging")
+    failed_before = len([r for r in log_lines(provider.log_text(), "provider list failed")
+                         if r.get("provider") == "cloud0"])
+    await create_pod(kube, namespace, "healthy", pod_spec(system.node_name))
+    await eventually(lambda: list_pods(kube, namespace), timeout=60,
+                     until=lambda ps: (by_name(ps, "healthy").get("status") or {})
+                     .get("phase") == "Running",
+                     what="the pod on cloud1 Running")
+    failed = [r for r in log_lines(provider.log_text(), "provider list failed")
+              if r.get("provider") == "cloud0"]
+    assert len(failed) == failed_before, (
+        "cloud1's status came while cloud0's list was still hanging, not after it failed")
+    assert (await cloud1.stats())["instances_created"] == 1
+
+
+async def test_a_restart_with_one_cloud_unlisted_keeps_its_replicas_in_services(
+    kube: KubeClient, namespace: str, system: System
+) -> None:
+    provider = await system.start(clouds=2, inventories=["H100:us-east:1:1.99",
+                                                         "H100:eu-west:16:2.19"])
+    cloud0, cloud1 = system.clouds
+    await node_ready(kube, system.node_name)
+    await service(kube, namespace, "web", "web")
+    await create_pod(kube, namespace, "a", pod_spec(system.node_name, container=server()),
+                     labels={"app": "web"})
+    await eventually(lambda: slices(kube, namespace, "web", ours=True), timeout=60,
+                     until=lambda s: endpoint_ready(s, "a") is True, what="a Ready")
+    await create_pod(kube, namespace, "b", pod_spec(system.node_name, container=server()),
+                     labels={"app": "web"})
+    await eventually(lambda: slices(kube, namespace, "web", ours=True), timeout=60,
+                     until=lambda s: endpoint_ready(s, "b") is True, what="b Ready")
+    pods = await list_pods(kube, namespace)
+    assert by_name(pods, "a")["metadata"]["annotations"]["vkprovider.io/provider"] == "cloud0"
+    assert by_name(pods, "b")["metadata"]["annotations"]["vkprovider.io/provider"] == "cloud1"
+
+    provider.kill()
+    await cloud0.admin("PUT", "/admin/scenario", json={"name": "broken-lists", "faults": {
+        "endpoints": {"list": {"error_rate": 1.0, "error_status": 500}}}})
+    provider.start()
+
+    async def log() -> str:
+        return provider.log_text()
+
+    await eventually(log, timeout=60,
+                     until=lambda t: len(log_lines(t, "endpointslices synced; starting "
+                                                      "workers")) == 2,
+                     what="the restarted provider reconciling EndpointSlices")
+    start = (await cloud1.stats())["list_calls"]
+    seen: list[tuple[bool | None, bool | None]] = []
+
+    async def observe() -> int:
+        s = await slices(kube, namespace, "web", ours=True)
+        seen.append((endpoint_ready(s, "a"), endpoint_ready(s, "b")))
+        return int((await cloud1.stats())["list_calls"]) - start
+
+    await eventually(observe, until=lambda n: n >= 6, timeout=60,
+                     what="six sweeps of the restarted provider")
+    assert all(a is True and b is True for a, b in seen), (
+        f"both replicas stay in the Service while cloud0 cannot be listed: {seen}")
