@@ -29,6 +29,7 @@ from vkprovider.testing.cluster import LocalCluster
 from vkprovider.testing.harness import (
     MockCloudProcess,
     ProviderProcess,
+    grant_provider_node,
     service_account_kubeconfig,
 )
 from vkprovider.testing.waiting import eventually
@@ -100,7 +101,6 @@ async def start(*, kube: KubeClient, namespace: str, work: Path, kubeconfig: Pat
                                  inventory=inventory)
         await cloud.start()
         clouds.append(cloud)
-    other = await other_node_instance(clouds[1])
     provider = ProviderProcess(
         work_dir=work, kubeconfig=kubeconfig, node_name=node, clouds=clouds,
         client_ca_file=client_ca,
@@ -109,7 +109,21 @@ async def start(*, kube: KubeClient, namespace: str, work: Path, kubeconfig: Pat
         node={"lease_duration_seconds": 10, "lease_renew_seconds": 2,
               "status_interval_seconds": 1},
         extra={"gpu_providers": {"enabled": False}})
+    await grant_provider_node(kube=kube, node=node)  # its Node and Leases, by name (RBAC)
     provider.start()
+    try:
+        return node, provider, await _run_pods(kube=kube, namespace=namespace, node=node,
+                                               clouds=clouds)
+    except BaseException:
+        provider.stop()  # the caller never saw it: its finally cannot stop it
+        raise
+
+
+async def _run_pods(*, kube: KubeClient, namespace: str, node: str,
+                    clouds: list[MockCloudProcess]) -> MockProvider:
+    """The node Ready, REPLICAS pods Running on it, an instance of another node beside them."""
+    other = await other_node_instance(clouds[1])
+
     async def get_node() -> dict[str, Any]:
         try:
             return await kube.get(f"/api/v1/nodes/{node}")
@@ -143,7 +157,7 @@ async def start(*, kube: KubeClient, namespace: str, work: Path, kubeconfig: Pat
     counts = [len(await node_instances(c, node)) for c in clouds]
     assert sum(counts) == REPLICAS, f"instances per cloud: {counts}"
     print(f"\ninstances of {node} per cloud: {counts}")
-    return node, provider, other
+    return other
 
 
 async def other_node_instance(cloud: MockCloudProcess) -> MockProvider:
