@@ -24,6 +24,7 @@ from vkprovider.config import LeaderElectionSettings, NodeSettings
 from vkprovider.descheduler.service import companion_lease_name
 from vkprovider.node.lease import LEASE_NAMESPACE
 from vkprovider.node.spend import spend_lease_path
+from vkprovider.node.virtualnode import decommission_marker_path
 from vkprovider.testing.harness import MANIFESTS_NODE, node_rbac
 
 BASE = Path(__file__).resolve().parents[2] / "manifests" / "base"
@@ -51,6 +52,7 @@ def calls(group: str, resource: str, verbs: str, *, namespace: str | None = ANY,
 
 LEADER_LEASE = LeaderElectionSettings(namespace=NS).lease(node_name=NODE)
 SPEND_LEASE = spend_lease_path(namespace=NS, node=NODE).rsplit("/", 1)[1]
+MARKER_LEASE = decommission_marker_path(namespace=NS, node=NODE).rsplit("/", 1)[1]
 COORD = "coordination.k8s.io"
 
 #: What `vkprovider run` calls (vkprovider/node, vkprovider/kube, vkprovider/api).
@@ -76,6 +78,7 @@ PROVIDER_CALLS = [
     *calls(COORD, "leases", "patch", namespace=LEASE_NAMESPACE, names=(NODE,)),
     *calls(COORD, "leases", "create", namespace=NS),  # kube/leader.py, node/spend.py
     *calls(COORD, "leases", "get patch", namespace=NS, names=(LEADER_LEASE, SPEND_LEASE)),
+    *calls(COORD, "leases", "get", namespace=NS, names=(MARKER_LEASE,)),  # node/virtualnode.py
 ]
 
 #: What `vkprovider descheduler` calls (vkprovider/descheduler).
@@ -216,7 +219,8 @@ def test_the_chart_names_the_objects_its_settings_name() -> None:
 
     assert named("vkprovider") == [["n1"], ["n1"]]
     assert named("vkprovider-node-lease") == [["n1"]]
+    leases = [LeaderElectionSettings(lease_name="my-lease").lease(node_name="n1"),
+              spend_lease_path(namespace="ns1", node="n1").rsplit("/", 1)[1]]
     assert named("vkprovider-leader-election") == [
-        [LeaderElectionSettings(lease_name="my-lease").lease(node_name="n1"),
-         spend_lease_path(namespace="ns1", node="n1").rsplit("/", 1)[1]]]
+        leases, [*leases, decommission_marker_path(namespace="ns1", node="n1").rsplit("/", 1)[1]]]
     assert named("vkprovider-companion-leader") == [[companion_lease_name(["b-node", "a-node"])]]
