@@ -8,17 +8,21 @@ names the policy in an annotation; the scheduler then places it on the virtual n
 policy admits stays Pending, and one Event per change of mind says which policy came closest and
 why it said no.
 
-It watches only what it needs: unscheduled pods (``spec.nodeName=``), pods on the virtual nodes
-it serves (for budgets, counted across all of them), those Nodes (for their taints), and
-OverflowPolicies.
+It watches only what it needs: unscheduled pods (``spec.nodeName=``, whole: the candidates),
+every pod in one slim watch (budgets; move-back and pre-warm read the same cache), ReplicaSets
+(``maxExternalFraction``), the virtual Nodes (for their taints), and OverflowPolicies.
 
 Several virtual nodes (one provider Deployment each, e.g. per cloud or region) are served by one
 companion. A pod is given a toleration for the taint of each node its policy may use
 (``spec.nodes``, or every served node); nodes that should be told apart carry their own taint
 value (``node.taint_value``), so the scheduler keeps a policy's pods to its nodes.
 
-Budgets count admitted pods that are not bound yet, so a burst cannot overshoot a pod or GPU
-limit. A price is known only once a cloud accepted the pod
+Budgets are counted from that one pod watch, classified by ``spec.nodeName``: a pod that binds is
+one change there, never a moment in neither of two watches, so a pass cannot admit past
+``maxPods``/``maxGPUs`` while pods are being bound; a pod admitted by this process counts from
+its patch on, before the watch shows it. A cloud pod counts until its object is gone, terminating
+or not (the provider deletes it only after the instance, which bills until then).
+A price is known only once a cloud accepted the pod
 (the provider writes ``vkprovider.io/price-per-hour``), so under a $/h limit the companion admits
 the next pod only when every earlier one of that policy is priced: it never overshoots, at the
 cost of admitting one pod per cloud round trip under a price cap.
@@ -40,12 +44,14 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from vkprovider.descheduler import prewarm_plan
+from vkprovider.descheduler.fit import slim_pod
 from vkprovider.descheduler.loophealth import loop_problem
 from vkprovider.descheduler.metrics import CompanionMetrics
 from vkprovider.descheduler.objects import pod_ref as _pod_ref
@@ -60,12 +66,11 @@ from vkprovider.placement.budget import (
     POLICY_ANNOTATION,
     Usage,
     budget_refusal,
-    is_live,
     pod_gpus,
     pod_policy,
     pod_price,
-    usage_by_policy,
 )
+from vkprovider.semantics.gpus import GPU_RESOURCE
 from vkprovider.semantics.taints import tolerates
 from vkprovider.semantics.timefmt import TimeFormatError, format_time, parse_time
 
@@ -373,6 +378,57 @@ def policy_conditions(*, policy: pol.OverflowPolicy, problems: Sequence[pol.Prob
     return with_transition_times(conditions, old, now=now)
 
 
+#: How long a pod this process admitted is counted although the pod watch has not shown it
+#: annotated (it was deleted before the watch caught up, say): then the watch is the truth.
+_ADMITTED_UNSEEN_SECONDS = 60.0
+
+
+def slim_gpus(pod: Mapping[str, Any]) -> int:
+    """GPUs of a pod as the pod watch keeps it (:func:`fit.slim_pod`: summed requests)."""
+    return int(((pod.get("spec") or {}).get("requests") or {}).get(GPU_RESOURCE) or 0)
+
+
+def counts_against_budget(pod: Mapping[str, Any], *, served: AbstractSet[str]) -> bool:
+    """Whether a (slim) pod counts against its OverflowPolicy's budget now.
+
+    A pod on a served virtual node counts until its object is gone, terminating or not: the
+    provider deletes the pod only after the cloud instance is deleted, and the instance bills
+    until then. An unbound pod the companion admitted counts unless it is being deleted (it has
+    no instance). A pod that ended (Succeeded, Failed) does not: the provider deleted its
+    instance. A pod bound to any other node is not outside.
+    """
+    if not pod_policy(pod):
+        return False
+    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return False
+    node = (pod.get("spec") or {}).get("nodeName")
+    if node:
+        return node in served
+    return not (pod.get("metadata") or {}).get("deletionTimestamp")
+
+
+def budget_usage(pods: Iterable[Mapping[str, Any]], *, served: AbstractSet[str]
+                 ) -> dict[str, Usage]:
+    """Each policy's pods, GPUs and $/h from one view of every (slim) pod."""
+    out: dict[str, Usage] = {}
+    for pod in pods:
+        if not counts_against_budget(pod, served=served):
+            continue
+        name = str(pod_policy(pod))
+        out[name] = out.get(name, Usage()).plus(gpus=slim_gpus(pod),
+                                                price_per_hour=pod_price(pod))
+    return out
+
+
+def slim_replicaset(obj: Body) -> Body:
+    """A ReplicaSet as the companion needs it: who owns it, how many replicas it wants."""
+    meta = obj.get("metadata") or {}
+    return {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
+                         "uid": meta.get("uid"),
+                         "ownerReferences": meta.get("ownerReferences") or []},
+            "spec": {"replicas": (obj.get("spec") or {}).get("replicas")}}
+
+
 class OverflowAdmission:
     def __init__(
         self,
@@ -393,15 +449,20 @@ class OverflowAdmission:
         self.node_names = tuple(dict.fromkeys(node_names))
         self.interval = interval
         self.clock = clock
+        # candidates: unscheduled pods, whole (policies select on their labels, tolerations,
+        # priority, conditions)
         self.pending = Informer(client=client, path="/api/v1/pods",
                                 params={"fieldSelector": "spec.nodeName="}, name="unscheduled",
                                 handler=self._poke)
-        # one watch per served virtual node: the field selector takes one node name
-        self.external_by_node = {
-            node: Informer(client=client, path="/api/v1/pods",
-                           params={"fieldSelector": f"spec.nodeName={node}"},
-                           name=f"external {node}")
-            for node in self.node_names}
+        # budgets: every pod, slim, in ONE watch (move-back and pre-warm read it too). A pod that
+        # binds is one MODIFIED event here, so no pass can miss it between two watches.
+        self.pods = Informer(client=client, path="/api/v1/pods", name="all-pods",
+                             transform=slim_pod, handler=self._on_pod)
+        #: told of every change of ``pods`` (move-back's wake-up, the preemption tracker)
+        self.pod_listeners: list[Callable[[str, Body], None]] = []
+        # owners and their replica counts (maxExternalFraction; move-back's Deployment lookup)
+        self.replicasets = Informer(client=client, path="/apis/apps/v1/replicasets",
+                                    name="replicasets", transform=slim_replicaset)
         self.virtual_nodes = Informer(client=client, path="/api/v1/nodes",
                                       params={"labelSelector": "type=virtual-kubelet"},
                                       name="virtual-nodes", transform=_slim_node_taints)
@@ -418,7 +479,7 @@ class OverflowAdmission:
         self.prewarmed = Informer(client=client, path="/apis/apps/v1/deployments",
                                   params={"labelSelector": f"{prewarm_plan.LABEL}=true"},
                                   name="prewarmed", handler=self._poke)
-        self.informers = (self.pending, *self.external_by_node.values(), self.virtual_nodes,
+        self.informers = (self.pending, self.pods, self.replicasets, self.virtual_nodes,
                           self.policies, self.namespaces, self.gpu_providers, self.prewarmed,
                           *((preemptions.informer,) if preemptions is not None else ()))
         self._wake = asyncio.Event()
@@ -428,10 +489,19 @@ class OverflowAdmission:
         self._status_sent: dict[str, Body] = {}
         self.beat: float | None = None  # time.monotonic() of the loop's last sign of life
         self._unpriced: set[str | None] = set()
+        # pods admitted here: uid -> (policy, GPUs, when), until the pod watch shows them
+        self._admitted: dict[str, tuple[str, int, float]] = {}
         self.hold: set[str] = set()  # ReplicaSet UIDs mid move-back: their pods stay inside
 
     def _poke(self, _event: str, _obj: Body) -> None:
         self._wake.set()
+
+    def _on_pod(self, event: str, obj: Body) -> None:
+        for listener in self.pod_listeners:
+            try:
+                listener(event, obj)
+            except Exception:  # one listener's bug must not keep the others uninformed
+                log.exception("pod listener failed")
 
     def _wake_now(self) -> None:
         self._wake.set()
@@ -488,8 +558,27 @@ class OverflowAdmission:
         self._wake.set()
 
     def external(self) -> list[Body]:
-        """Pods on every served virtual node (budgets count all of them)."""
-        return [p for informer in self.external_by_node.values() for p in informer.store.values()]
+        """Pods on every served virtual node (slim, from the one pod watch)."""
+        return [p for p in self.pods.store.values()
+                if (p.get("spec") or {}).get("nodeName") in self.node_names]
+
+    def budget_usage(self) -> dict[str, Usage]:
+        """What each policy has spent, from one view: the pod watch, plus pods this process
+        admitted that the watch does not show annotated yet (the patch's own answer is ahead of
+        the watch). :func:`counts_against_budget` says which pods count."""
+        view = list(self.pods.store.values())
+        usage = budget_usage(view, served=frozenset(self.node_names))
+        by_uid = {p["metadata"].get("uid"): p for p in view}
+        now = time.monotonic()
+        for uid, (policy, gpus, at) in list(self._admitted.items()):
+            seen = by_uid.get(uid)
+            if seen is not None and pod_policy(seen):
+                del self._admitted[uid]  # the watch has it: counted above
+            elif seen is None and now - at > _ADMITTED_UNSEEN_SECONDS:
+                del self._admitted[uid]  # deleted before the watch told us (bounded memory)
+            else:
+                usage[policy] = usage.get(policy, Usage()).plus(gpus=gpus)
+        return usage
 
     def served_taints(self) -> list[dict[str, Any]]:
         """The taint of every served virtual node (the default for one not registered yet)."""
@@ -527,11 +616,12 @@ class OverflowAdmission:
                       and not any(o.get("uid") in self.hold
                                   for o in p["metadata"].get("ownerReferences") or [])
                       and self._prewarm_role(p) != "hold"]
-        in_flight = [p for p in self.pending.store.values() if pod_policy(p)]
-        usage = usage_by_policy([*self.external(), *in_flight])
+        usage = self.budget_usage()
         per_gpu = self._price_per_gpu()
-        self._unpriced = {pod_policy(p) for p in [*self.external(), *in_flight]
-                          if pod_policy(p) and not pod_price(p) and is_live(p)}
+        served = frozenset(self.node_names)
+        self._unpriced = {pod_policy(p) for p in self.pods.store.values()
+                          if counts_against_budget(p, served=served) and not pod_price(p)}
+        self._unpriced |= {policy for policy, _gpus, _at in self._admitted.values()}
         now = self.clock()
         for pod in sorted(candidates, key=lambda p: p["metadata"].get("creationTimestamp", "")):
             self.beat = time.monotonic()  # a long burst is progress, not a stalled loop
@@ -566,7 +656,7 @@ class OverflowAdmission:
             price = pod_price(pod)
             if name and price:
                 dollars, gpus = spent.get(name, (0.0, 0))
-                spent[name] = (dollars + price, gpus + max(1, pod_gpus(pod)))
+                spent[name] = (dollars + price, gpus + max(1, slim_gpus(pod)))
         return {k: d / g for k, (d, g) in spent.items() if g}
 
     async def _decide(self, pod: Body, policies: list[pol.OverflowPolicy],
@@ -655,18 +745,17 @@ class OverflowAdmission:
                       if o.get("controller")), None)
         if owner is None or owner.get("kind") != "ReplicaSet":
             return None
-        ns = pod["metadata"]["namespace"]
-        try:
-            rs = await self.client.get(f"/apis/apps/v1/namespaces/{ns}/replicasets/"
-                                       f"{owner['name']}")
-        except NotFoundError:
-            return None
+        rs = self.replicasets.store.get(f"{pod['metadata']['namespace']}/{owner['name']}")
+        if rs is None or rs["metadata"].get("uid") != owner.get("uid"):
+            return None  # not in the watch (yet), or gone
         replicas = int((rs.get("spec") or {}).get("replicas") or 0)
         if replicas <= 0:
             return None
-        external = sum(1 for p in [*self.external(), *self.pending.store.values()]
-                       if pod_policy(p) and any(o.get("uid") == owner.get("uid") for o in
-                                                p["metadata"].get("ownerReferences") or []))
+        served = frozenset(self.node_names)
+        external = sum(1 for p in self.pods.store.values()
+                       if counts_against_budget(p, served=served)
+                       and any(o.get("uid") == owner.get("uid") for o in
+                               p["metadata"].get("ownerReferences") or []))
         if (external + 1) / replicas > limit:
             return (f"maxExternalFraction {limit} would be exceeded for {owner['name']} "
                     f"({external + 1} of {replicas} replicas external)")
@@ -683,6 +772,8 @@ class OverflowAdmission:
                                     patch)
         except (ConflictError, NotFoundError):
             return False  # changed or gone since we looked: the next pass decides again
+        # counted from now on, whether or not the pod watch has shown the patch yet
+        self._admitted[meta["uid"]] = (policy.name, pod_gpus(pod), time.monotonic())
         log.info("admitted to overflow", extra=kv(pod=f"{meta['namespace']}/{meta['name']}",
                                                   policy=policy.name))
         return True

@@ -165,7 +165,7 @@ class HotSwap:
 
     async def run(self) -> None:
         """Run beside move-back (which runs the shared watches) until cancelled."""
-        for informer in self.mb.informers:
+        for informer in (*self.mb.informers, self.mb.pods, self.mb.replicasets):
             await informer.synced.wait()
         await self.mb.admission.policies.synced.wait()
         await self.recover()

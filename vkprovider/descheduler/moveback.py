@@ -76,7 +76,6 @@ from vkprovider.descheduler.fit import (
     find_fit,
     parse_health_taint,
     slim_node,
-    slim_pod,
 )
 from vkprovider.descheduler.kueue_demand import upcoming_claims
 from vkprovider.descheduler.kueueapi import KueueAPI
@@ -172,10 +171,11 @@ class MoveBack:
         health = tuple(parse_health_taint(t) for t in health_taints)
         self.nodes = Informer(client=client, path="/api/v1/nodes", name="nodes",
                               transform=functools.partial(slim_node, health_taints=health))
-        self.pods = Informer(client=client, path="/api/v1/pods", name="all-pods",
-                             transform=slim_pod, handler=self._on_pod)
-        self.replicasets = Informer(client=client, path="/apis/apps/v1/replicasets",
-                                    name="replicasets", transform=_slim_owned)
+        # every pod and every ReplicaSet: admission's watches (one view for budgets and moves),
+        # run by the admission loop
+        self.pods = admission.pods
+        admission.pod_listeners.append(self._on_pod)
+        self.replicasets = admission.replicasets
         self.deployments = Informer(client=client, path="/apis/apps/v1/deployments",
                                     name="deployments", handler=self._poke)
         self.hpas = Informer(client=client, path="/apis/autoscaling/v2/horizontalpodautoscalers",
@@ -199,7 +199,7 @@ class MoveBack:
         self._held: dict[str, str] = {}  # Deployment -> why its move is held, as last told
         self._hpa_told: dict[str, str] = {}  # Deployment -> why its HPA leaves no room, as told
         self.informers: tuple[Informer, ...] = (
-            self.nodes, self.pods, self.replicasets, self.deployments, self.hpas,
+            self.nodes, self.deployments, self.hpas,
             self.workloads, self.cluster_queues, self.local_queues, self.flavors)
         if not self.kueue.usable:  # a Kueue this code does not speak: its objects count as none
             kueue_informers = (self.workloads, self.cluster_queues, self.local_queues,
@@ -232,7 +232,7 @@ class MoveBack:
         async with asyncio.TaskGroup() as tg:
             for informer in self.informers:
                 tg.create_task(informer.run(), name=f"informer {informer.name}")
-            for informer in self.informers:
+            for informer in (*self.informers, self.pods, self.replicasets):
                 await informer.synced.wait()
             await self.admission.policies.synced.wait()
             self.beat = time.monotonic()
@@ -746,14 +746,6 @@ def _scale_back_body(dep: Body, raw: str, intent: Intent) -> Body | None:
     if back != current:
         body["spec"] = {"replicas": back}
     return body
-
-
-def _slim_owned(obj: Body) -> Body:
-    """A ReplicaSet as move-back needs it: who owns it."""
-    meta = obj.get("metadata") or {}
-    return {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
-                         "uid": meta.get("uid"),
-                         "ownerReferences": meta.get("ownerReferences") or []}}
 
 
 def _slim_hpa(obj: Body) -> Body:
