@@ -87,6 +87,7 @@ from vkprovider.descheduler.objects import hpa_path as _hpa_path
 from vkprovider.descheduler.objects import object_key as _key
 from vkprovider.descheduler.objects import pod_ref as _pod_ref
 from vkprovider.descheduler.prewarm_plan import INTENT as PREWARM_INTENT
+from vkprovider.descheduler.scoped import TaskScope
 from vkprovider.descheduler.surge import floor_to_restore, hpa_surge_floor, pod_gone, scale_back
 from vkprovider.errors import VKError
 from vkprovider.kube import KubeClient
@@ -194,6 +195,7 @@ class MoveBack:
         self.cooldown_until: dict[str, float] = {}
         self.failures: dict[str, int] = {}
         self.in_flight: dict[str, asyncio.Task[MoveResult]] = {}
+        self.scope = TaskScope()  # the moves' tasks end with run(): none outlives leadership
         self.results: collections.deque[MoveResult] = collections.deque(maxlen=_KEEP_RESULTS)
         self._skipped: dict[str, str] = {}
         self._held: dict[str, str] = {}  # Deployment -> why its move is held, as last told
@@ -229,20 +231,25 @@ class MoveBack:
         return self.deployments.store.get(_key(dep), dep)
 
     async def run(self) -> None:
-        async with asyncio.TaskGroup() as tg:
-            for informer in self.informers:
-                tg.create_task(informer.run(), name=f"informer {informer.name}")
-            for informer in (*self.informers, self.pods, self.replicasets):
-                await informer.synced.wait()
-            await self.admission.policies.synced.wait()
-            self.beat = time.monotonic()
-            while True:
+        """Pass every ``interval`` until cancelled (the companion cancels it when it stops or
+        loses the leader Lease); the moves it started are cancelled with it."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for informer in self.informers:
+                    tg.create_task(informer.run(), name=f"informer {informer.name}")
+                for informer in (*self.informers, self.pods, self.replicasets):
+                    await informer.synced.wait()
+                await self.admission.policies.synced.wait()
                 self.beat = time.monotonic()
-                try:
-                    await self.pass_once()
-                except APIError as exc:
-                    log.warning("move-back pass failed", extra=kv(error=str(exc)))
-                await asyncio.sleep(self.interval)
+                while True:
+                    self.beat = time.monotonic()
+                    try:
+                        await self.pass_once()
+                    except APIError as exc:
+                        log.warning("move-back pass failed", extra=kv(error=str(exc)))
+                    await asyncio.sleep(self.interval)
+        finally:
+            await self.scope.close()
 
     def problem(self, *, now: float, stale_after: float) -> str | None:
         """Why this loop is not healthy (``/healthz``), or None: every watch has synced and the
@@ -274,7 +281,7 @@ class MoveBack:
             raw = (dep["metadata"].get("annotations") or {}).get(INTENT)
             if not raw or key in self.in_flight:
                 continue
-            self.in_flight[key] = asyncio.get_running_loop().create_task(
+            self.in_flight[key] = self.scope.spawn(
                 self._recover_one(dep, str(raw)), name=f"move-back recovery {key}")
 
     async def _recover_one(self, dep: Body, raw: str) -> MoveResult:
@@ -363,7 +370,7 @@ class MoveBack:
                              reason=message)
                 self.cooldown_until[key] = now + policy.spec.move_back.cooldown_seconds
                 continue
-            self.in_flight[key] = asyncio.get_running_loop().create_task(
+            self.in_flight[key] = self.scope.spawn(
                 self._move(dep=dep, pod=pod, policy=policy), name=f"move-back {key}")
 
     def kueue_claims(self) -> list[Claim]:
