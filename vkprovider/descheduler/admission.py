@@ -22,10 +22,13 @@ one change there, never a moment in neither of two watches, so a pass cannot adm
 ``maxPods``/``maxGPUs`` while pods are being bound; a pod admitted by this process counts from
 its patch on, before the watch shows it. A cloud pod counts until its object is gone, terminating
 or not (the provider deletes it only after the instance, which bills until then).
-A price is known only once a cloud accepted the pod
-(the provider writes ``vkprovider.io/price-per-hour``), so under a $/h limit the companion admits
-the next pod only when every earlier one of that policy is priced: it never overshoots, at the
-cost of admitting one pod per cloud round trip under a price cap.
+A price is known once a cloud accepted a pod (the provider writes ``vkprovider.io/price-per-hour``).
+Under a $/h limit, a pod not priced yet counts at the price per GPU the policy's cloud pods pay
+(or paid, when this process last saw one), so a surge (a pre-warm's, say) is admitted at once,
+as far as the cap allows, instead of one pod per cloud round trip. Only while no price of the
+policy is known does the companion admit one pod and wait until it is priced. The provider checks
+each pod at the price of the offer it is about to take (its last gate), so an estimate that
+proves low makes a pod wait on the node, never overshoots the cap.
 
 Policy status (``/status``, patched only when it changed): usage, the last
 ``MAX_DECISIONS`` decisions (admission's and move-back's, which records through
@@ -420,6 +423,20 @@ def budget_usage(pods: Iterable[Mapping[str, Any]], *, served: AbstractSet[str]
     return out
 
 
+def committed_usage(usage: Mapping[str, Usage], *, unpriced_gpus: Mapping[str, int],
+                    price_per_gpu: Mapping[str, float]) -> dict[str, Usage]:
+    """``usage`` with the pods no cloud has priced yet counted at their policy's price per GPU
+    (``unpriced_gpus``: their GPUs per policy). What a $/h cap is checked against: a surge is
+    admitted at once within the cap, each pod at the price the policy's pods pay, instead of
+    one pod per cloud round trip."""
+    out = dict(usage)
+    for name, gpus in unpriced_gpus.items():
+        u = out.get(name, Usage())
+        out[name] = Usage(pods=u.pods, gpus=u.gpus,
+                          price_per_hour=u.price_per_hour + price_per_gpu.get(name, 0.0) * gpus)
+    return out
+
+
 def slim_replicaset(obj: Body) -> Body:
     """A ReplicaSet as the companion needs it: who owns it, how many replicas it wants."""
     meta = obj.get("metadata") or {}
@@ -489,6 +506,8 @@ class OverflowAdmission:
         self._status_sent: dict[str, Body] = {}
         self.beat: float | None = None  # time.monotonic() of the loop's last sign of life
         self._unpriced: set[str | None] = set()
+        # policy -> $/h per GPU its cloud pods paid when last seen priced (pruned with policies)
+        self._last_price_per_gpu: dict[str, float] = {}
         # pods admitted here: uid -> (policy, GPUs, when), until the pod watch shows them
         self._admitted: dict[str, tuple[str, int, float]] = {}
         self.hold: set[str] = set()  # ReplicaSet UIDs mid move-back: their pods stay inside
@@ -618,21 +637,36 @@ class OverflowAdmission:
                       and self._prewarm_role(p) != "hold"]
         usage = self.budget_usage()
         per_gpu = self._price_per_gpu()
-        served = frozenset(self.node_names)
-        self._unpriced = {pod_policy(p) for p in self.pods.store.values()
-                          if counts_against_budget(p, served=served) and not pod_price(p)}
-        self._unpriced |= {policy for policy, _gpus, _at in self._admitted.values()}
+        unpriced = self._unpriced_gpus()
+        self._unpriced = set(unpriced)
+        # what the decisions count: the prices known, and each pod not priced yet at the price
+        # its policy's pods pay (the provider checks the offer's own price before it creates)
+        committed = committed_usage(usage, unpriced_gpus=unpriced, price_per_gpu=per_gpu)
         now = self.clock()
         for pod in sorted(candidates, key=lambda p: p["metadata"].get("creationTimestamp", "")):
             self.beat = time.monotonic()  # a long burst is progress, not a stalled loop
-            decision = await self._decide(pod, policies, usage, per_gpu, now)
+            decision = await self._decide(pod, policies, committed, per_gpu, now)
             if decision is not None and decision.decision == "Admitted" and decision.policy:
-                u = usage.get(decision.policy, Usage())
-                usage[decision.policy] = u.plus(gpus=pod_gpus(pod),
-                                                price_per_hour=per_gpu.get(decision.policy, 0.0)
-                                                * pod_gpus(pod))
+                gpus = pod_gpus(pod)
+                for table, dollars in ((usage, 0.0), (committed, per_gpu.get(decision.policy,
+                                                                             0.0) * gpus)):
+                    table[decision.policy] = table.get(decision.policy, Usage()).plus(
+                        gpus=gpus, price_per_hour=dollars)
                 self._unpriced.add(decision.policy)
         await self._publish_status(policies, usage, per_gpu)
+
+    def _unpriced_gpus(self) -> dict[str, int]:
+        """GPUs (at least 1 a pod) per policy of counted pods no cloud has priced yet, and of
+        pods admitted here that the watch does not show yet."""
+        served = frozenset(self.node_names)
+        out: dict[str, int] = {}
+        for pod in self.pods.store.values():
+            if counts_against_budget(pod, served=served) and not pod_price(pod):
+                name = str(pod_policy(pod))
+                out[name] = out.get(name, 0) + max(1, slim_gpus(pod))
+        for name, gpus, _at in self._admitted.values():
+            out[name] = out.get(name, 0) + max(1, gpus)
+        return out
 
     def _prewarm_role(self, pod: Body) -> str | None:
         """``"now"`` for a surge pod of a Deployment being pre-warmed (admitted without waiting
@@ -650,6 +684,10 @@ class OverflowAdmission:
         return prewarm_plan.admission_role(pod, intents)
 
     def _price_per_gpu(self) -> dict[str, float]:
+        """What one GPU of each policy costs outside, by policy: the average over its priced
+        cloud pods now, else what they paid when this process last saw one priced (absent: no
+        price known, and a $/h cap admits one pod until a cloud priced it). Another policy's
+        prices are not used: its GPU types, and so its offers, may differ."""
         spent: dict[str, tuple[float, int]] = {}
         for pod in self.external():
             name = pod_policy(pod)
@@ -657,7 +695,9 @@ class OverflowAdmission:
             if name and price:
                 dollars, gpus = spent.get(name, (0.0, 0))
                 spent[name] = (dollars + price, gpus + max(1, slim_gpus(pod)))
-        return {k: d / g for k, (d, g) in spent.items() if g}
+        now = {k: d / g for k, (d, g) in spent.items() if g}
+        self._last_price_per_gpu.update(now)
+        return {**self._last_price_per_gpu, **now}
 
     async def _decide(self, pod: Body, policies: list[pol.OverflowPolicy],
                       usage: dict[str, Usage], per_gpu: dict[str, float], now: float
@@ -684,8 +724,9 @@ class OverflowAdmission:
             if now - since < wait and credit is None and not prewarm:
                 return None  # not yet: overflowAfter has not passed
             limits = policy.spec.limits
-            if limits.max_price_per_hour is not None and policy.name in self._unpriced:
-                return None  # wait until the cloud priced the previous admission
+            if (limits.max_price_per_hour is not None and policy.name in self._unpriced
+                    and not per_gpu.get(policy.name)):
+                return None  # no price known yet: wait until the cloud priced the first one
             refusal = budget_refusal(
                 max_pods=limits.max_pods, max_gpus=limits.max_gpus,
                 max_price_per_hour=limits.max_price_per_hour,
@@ -806,7 +847,7 @@ class OverflowAdmission:
         problems = policy_problems(policies=policies, providers=providers)
         now = datetime.now(UTC)
         live = set(self.policies.store)
-        for table in (self._status_sent, self.decisions):
+        for table in (self._status_sent, self.decisions, self._last_price_per_gpu):
             for name in [n for n in table if n not in live]:
                 del table[name]  # the policy is gone: forget it (bounded memory)
         for policy in policies:
