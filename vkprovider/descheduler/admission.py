@@ -8,20 +8,27 @@ names the policy in an annotation; the scheduler then places it on the virtual n
 policy admits stays Pending, and one Event per change of mind says which policy came closest and
 why it said no.
 
-It watches only what it needs: unscheduled pods (``spec.nodeName=``), pods on the virtual nodes
-it serves (for budgets, counted across all of them), those Nodes (for their taints), and
-OverflowPolicies.
+It watches only what it needs: unscheduled pods (``spec.nodeName=``, whole: the candidates),
+every pod in one slim watch (budgets; move-back and pre-warm read the same cache), ReplicaSets
+(``maxExternalFraction``), the virtual Nodes (for their taints), and OverflowPolicies.
 
 Several virtual nodes (one provider Deployment each, e.g. per cloud or region) are served by one
 companion. A pod is given a toleration for the taint of each node its policy may use
 (``spec.nodes``, or every served node); nodes that should be told apart carry their own taint
 value (``node.taint_value``), so the scheduler keeps a policy's pods to its nodes.
 
-Budgets count admitted pods that are not bound yet, so a burst cannot overshoot a pod or GPU
-limit. A price is known only once a cloud accepted the pod
-(the provider writes ``vkprovider.io/price-per-hour``), so under a $/h limit the companion admits
-the next pod only when every earlier one of that policy is priced: it never overshoots, at the
-cost of admitting one pod per cloud round trip under a price cap.
+Budgets are counted from that one pod watch, classified by ``spec.nodeName``: a pod that binds is
+one change there, never a moment in neither of two watches, so a pass cannot admit past
+``maxPods``/``maxGPUs`` while pods are being bound; a pod admitted by this process counts from
+its patch on, before the watch shows it. A cloud pod counts until its object is gone, terminating
+or not (the provider deletes it only after the instance, which bills until then).
+A price is known once a cloud accepted a pod (the provider writes ``vkprovider.io/price-per-hour``).
+Under a $/h limit, a pod not priced yet counts at the price per GPU the policy's cloud pods pay
+(or paid, when this process last saw one), so a surge (a pre-warm's, say) is admitted at once,
+as far as the cap allows, instead of one pod per cloud round trip. Only while no price of the
+policy is known does the companion admit one pod and wait until it is priced. The provider checks
+each pod at the price of the offer it is about to take (its last gate), so an estimate that
+proves low makes a pod wait on the node, never overshoots the cap.
 
 Policy status (``/status``, patched only when it changed): usage, the last
 ``MAX_DECISIONS`` decisions (admission's and move-back's, which records through
@@ -40,12 +47,14 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from vkprovider.descheduler import prewarm_plan
+from vkprovider.descheduler.fit import slim_pod
 from vkprovider.descheduler.loophealth import loop_problem
 from vkprovider.descheduler.metrics import CompanionMetrics
 from vkprovider.descheduler.objects import pod_ref as _pod_ref
@@ -60,12 +69,11 @@ from vkprovider.placement.budget import (
     POLICY_ANNOTATION,
     Usage,
     budget_refusal,
-    is_live,
     pod_gpus,
     pod_policy,
     pod_price,
-    usage_by_policy,
 )
+from vkprovider.semantics.gpus import GPU_RESOURCE
 from vkprovider.semantics.taints import tolerates
 from vkprovider.semantics.timefmt import TimeFormatError, format_time, parse_time
 
@@ -373,6 +381,71 @@ def policy_conditions(*, policy: pol.OverflowPolicy, problems: Sequence[pol.Prob
     return with_transition_times(conditions, old, now=now)
 
 
+#: How long a pod this process admitted is counted although the pod watch has not shown it
+#: annotated (it was deleted before the watch caught up, say): then the watch is the truth.
+_ADMITTED_UNSEEN_SECONDS = 60.0
+
+
+def slim_gpus(pod: Mapping[str, Any]) -> int:
+    """GPUs of a pod as the pod watch keeps it (:func:`fit.slim_pod`: summed requests)."""
+    return int(((pod.get("spec") or {}).get("requests") or {}).get(GPU_RESOURCE) or 0)
+
+
+def counts_against_budget(pod: Mapping[str, Any], *, served: AbstractSet[str]) -> bool:
+    """Whether a (slim) pod counts against its OverflowPolicy's budget now.
+
+    A pod on a served virtual node counts until its object is gone, terminating or not: the
+    provider deletes the pod only after the cloud instance is deleted, and the instance bills
+    until then. An unbound pod the companion admitted counts unless it is being deleted (it has
+    no instance). A pod that ended (Succeeded, Failed) does not: the provider deleted its
+    instance. A pod bound to any other node is not outside.
+    """
+    if not pod_policy(pod):
+        return False
+    if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return False
+    node = (pod.get("spec") or {}).get("nodeName")
+    if node:
+        return node in served
+    return not (pod.get("metadata") or {}).get("deletionTimestamp")
+
+
+def budget_usage(pods: Iterable[Mapping[str, Any]], *, served: AbstractSet[str]
+                 ) -> dict[str, Usage]:
+    """Each policy's pods, GPUs and $/h from one view of every (slim) pod."""
+    out: dict[str, Usage] = {}
+    for pod in pods:
+        if not counts_against_budget(pod, served=served):
+            continue
+        name = str(pod_policy(pod))
+        out[name] = out.get(name, Usage()).plus(gpus=slim_gpus(pod),
+                                                price_per_hour=pod_price(pod))
+    return out
+
+
+def committed_usage(usage: Mapping[str, Usage], *, unpriced_gpus: Mapping[str, int],
+                    price_per_gpu: Mapping[str, float]) -> dict[str, Usage]:
+    """``usage`` with the pods no cloud has priced yet counted at their policy's price per GPU
+    (``unpriced_gpus``: their GPUs per policy). What a $/h cap is checked against: a surge is
+    admitted at once within the cap, each pod at the price the policy's pods pay, instead of
+    one pod per cloud round trip."""
+    out = dict(usage)
+    for name, gpus in unpriced_gpus.items():
+        u = out.get(name, Usage())
+        out[name] = Usage(pods=u.pods, gpus=u.gpus,
+                          price_per_hour=u.price_per_hour + price_per_gpu.get(name, 0.0) * gpus)
+    return out
+
+
+def slim_replicaset(obj: Body) -> Body:
+    """A ReplicaSet as the companion needs it: who owns it, how many replicas it wants."""
+    meta = obj.get("metadata") or {}
+    return {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
+                         "uid": meta.get("uid"),
+                         "ownerReferences": meta.get("ownerReferences") or []},
+            "spec": {"replicas": (obj.get("spec") or {}).get("replicas")}}
+
+
 class OverflowAdmission:
     def __init__(
         self,
@@ -393,15 +466,20 @@ class OverflowAdmission:
         self.node_names = tuple(dict.fromkeys(node_names))
         self.interval = interval
         self.clock = clock
+        # candidates: unscheduled pods, whole (policies select on their labels, tolerations,
+        # priority, conditions)
         self.pending = Informer(client=client, path="/api/v1/pods",
                                 params={"fieldSelector": "spec.nodeName="}, name="unscheduled",
                                 handler=self._poke)
-        # one watch per served virtual node: the field selector takes one node name
-        self.external_by_node = {
-            node: Informer(client=client, path="/api/v1/pods",
-                           params={"fieldSelector": f"spec.nodeName={node}"},
-                           name=f"external {node}")
-            for node in self.node_names}
+        # budgets: every pod, slim, in ONE watch (move-back and pre-warm read it too). A pod that
+        # binds is one MODIFIED event here, so no pass can miss it between two watches.
+        self.pods = Informer(client=client, path="/api/v1/pods", name="all-pods",
+                             transform=slim_pod, handler=self._on_pod)
+        #: told of every change of ``pods`` (move-back's wake-up, the preemption tracker)
+        self.pod_listeners: list[Callable[[str, Body], None]] = []
+        # owners and their replica counts (maxExternalFraction; move-back's Deployment lookup)
+        self.replicasets = Informer(client=client, path="/apis/apps/v1/replicasets",
+                                    name="replicasets", transform=slim_replicaset)
         self.virtual_nodes = Informer(client=client, path="/api/v1/nodes",
                                       params={"labelSelector": "type=virtual-kubelet"},
                                       name="virtual-nodes", transform=_slim_node_taints)
@@ -418,7 +496,7 @@ class OverflowAdmission:
         self.prewarmed = Informer(client=client, path="/apis/apps/v1/deployments",
                                   params={"labelSelector": f"{prewarm_plan.LABEL}=true"},
                                   name="prewarmed", handler=self._poke)
-        self.informers = (self.pending, *self.external_by_node.values(), self.virtual_nodes,
+        self.informers = (self.pending, self.pods, self.replicasets, self.virtual_nodes,
                           self.policies, self.namespaces, self.gpu_providers, self.prewarmed,
                           *((preemptions.informer,) if preemptions is not None else ()))
         self._wake = asyncio.Event()
@@ -428,10 +506,21 @@ class OverflowAdmission:
         self._status_sent: dict[str, Body] = {}
         self.beat: float | None = None  # time.monotonic() of the loop's last sign of life
         self._unpriced: set[str | None] = set()
+        # policy -> $/h per GPU its cloud pods paid when last seen priced (pruned with policies)
+        self._last_price_per_gpu: dict[str, float] = {}
+        # pods admitted here: uid -> (policy, GPUs, when), until the pod watch shows them
+        self._admitted: dict[str, tuple[str, int, float]] = {}
         self.hold: set[str] = set()  # ReplicaSet UIDs mid move-back: their pods stay inside
 
     def _poke(self, _event: str, _obj: Body) -> None:
         self._wake.set()
+
+    def _on_pod(self, event: str, obj: Body) -> None:
+        for listener in self.pod_listeners:
+            try:
+                listener(event, obj)
+            except Exception:  # one listener's bug must not keep the others uninformed
+                log.exception("pod listener failed")
 
     def _wake_now(self) -> None:
         self._wake.set()
@@ -488,8 +577,27 @@ class OverflowAdmission:
         self._wake.set()
 
     def external(self) -> list[Body]:
-        """Pods on every served virtual node (budgets count all of them)."""
-        return [p for informer in self.external_by_node.values() for p in informer.store.values()]
+        """Pods on every served virtual node (slim, from the one pod watch)."""
+        return [p for p in self.pods.store.values()
+                if (p.get("spec") or {}).get("nodeName") in self.node_names]
+
+    def budget_usage(self) -> dict[str, Usage]:
+        """What each policy has spent, from one view: the pod watch, plus pods this process
+        admitted that the watch does not show annotated yet (the patch's own answer is ahead of
+        the watch). :func:`counts_against_budget` says which pods count."""
+        view = list(self.pods.store.values())
+        usage = budget_usage(view, served=frozenset(self.node_names))
+        by_uid = {p["metadata"].get("uid"): p for p in view}
+        now = time.monotonic()
+        for uid, (policy, gpus, at) in list(self._admitted.items()):
+            seen = by_uid.get(uid)
+            if seen is not None and pod_policy(seen):
+                del self._admitted[uid]  # the watch has it: counted above
+            elif seen is None and now - at > _ADMITTED_UNSEEN_SECONDS:
+                del self._admitted[uid]  # deleted before the watch told us (bounded memory)
+            else:
+                usage[policy] = usage.get(policy, Usage()).plus(gpus=gpus)
+        return usage
 
     def served_taints(self) -> list[dict[str, Any]]:
         """The taint of every served virtual node (the default for one not registered yet)."""
@@ -527,22 +635,38 @@ class OverflowAdmission:
                       and not any(o.get("uid") in self.hold
                                   for o in p["metadata"].get("ownerReferences") or [])
                       and self._prewarm_role(p) != "hold"]
-        in_flight = [p for p in self.pending.store.values() if pod_policy(p)]
-        usage = usage_by_policy([*self.external(), *in_flight])
+        usage = self.budget_usage()
         per_gpu = self._price_per_gpu()
-        self._unpriced = {pod_policy(p) for p in [*self.external(), *in_flight]
-                          if pod_policy(p) and not pod_price(p) and is_live(p)}
+        unpriced = self._unpriced_gpus()
+        self._unpriced = set(unpriced)
+        # what the decisions count: the prices known, and each pod not priced yet at the price
+        # its policy's pods pay (the provider checks the offer's own price before it creates)
+        committed = committed_usage(usage, unpriced_gpus=unpriced, price_per_gpu=per_gpu)
         now = self.clock()
         for pod in sorted(candidates, key=lambda p: p["metadata"].get("creationTimestamp", "")):
             self.beat = time.monotonic()  # a long burst is progress, not a stalled loop
-            decision = await self._decide(pod, policies, usage, per_gpu, now)
+            decision = await self._decide(pod, policies, committed, per_gpu, now)
             if decision is not None and decision.decision == "Admitted" and decision.policy:
-                u = usage.get(decision.policy, Usage())
-                usage[decision.policy] = u.plus(gpus=pod_gpus(pod),
-                                                price_per_hour=per_gpu.get(decision.policy, 0.0)
-                                                * pod_gpus(pod))
+                gpus = pod_gpus(pod)
+                for table, dollars in ((usage, 0.0), (committed, per_gpu.get(decision.policy,
+                                                                             0.0) * gpus)):
+                    table[decision.policy] = table.get(decision.policy, Usage()).plus(
+                        gpus=gpus, price_per_hour=dollars)
                 self._unpriced.add(decision.policy)
         await self._publish_status(policies, usage, per_gpu)
+
+    def _unpriced_gpus(self) -> dict[str, int]:
+        """GPUs (at least 1 a pod) per policy of counted pods no cloud has priced yet, and of
+        pods admitted here that the watch does not show yet."""
+        served = frozenset(self.node_names)
+        out: dict[str, int] = {}
+        for pod in self.pods.store.values():
+            if counts_against_budget(pod, served=served) and not pod_price(pod):
+                name = str(pod_policy(pod))
+                out[name] = out.get(name, 0) + max(1, slim_gpus(pod))
+        for name, gpus, _at in self._admitted.values():
+            out[name] = out.get(name, 0) + max(1, gpus)
+        return out
 
     def _prewarm_role(self, pod: Body) -> str | None:
         """``"now"`` for a surge pod of a Deployment being pre-warmed (admitted without waiting
@@ -560,14 +684,20 @@ class OverflowAdmission:
         return prewarm_plan.admission_role(pod, intents)
 
     def _price_per_gpu(self) -> dict[str, float]:
+        """What one GPU of each policy costs outside, by policy: the average over its priced
+        cloud pods now, else what they paid when this process last saw one priced (absent: no
+        price known, and a $/h cap admits one pod until a cloud priced it). Another policy's
+        prices are not used: its GPU types, and so its offers, may differ."""
         spent: dict[str, tuple[float, int]] = {}
         for pod in self.external():
             name = pod_policy(pod)
             price = pod_price(pod)
             if name and price:
                 dollars, gpus = spent.get(name, (0.0, 0))
-                spent[name] = (dollars + price, gpus + max(1, pod_gpus(pod)))
-        return {k: d / g for k, (d, g) in spent.items() if g}
+                spent[name] = (dollars + price, gpus + max(1, slim_gpus(pod)))
+        now = {k: d / g for k, (d, g) in spent.items() if g}
+        self._last_price_per_gpu.update(now)
+        return {**self._last_price_per_gpu, **now}
 
     async def _decide(self, pod: Body, policies: list[pol.OverflowPolicy],
                       usage: dict[str, Usage], per_gpu: dict[str, float], now: float
@@ -594,8 +724,9 @@ class OverflowAdmission:
             if now - since < wait and credit is None and not prewarm:
                 return None  # not yet: overflowAfter has not passed
             limits = policy.spec.limits
-            if limits.max_price_per_hour is not None and policy.name in self._unpriced:
-                return None  # wait until the cloud priced the previous admission
+            if (limits.max_price_per_hour is not None and policy.name in self._unpriced
+                    and not per_gpu.get(policy.name)):
+                return None  # no price known yet: wait until the cloud priced the first one
             refusal = budget_refusal(
                 max_pods=limits.max_pods, max_gpus=limits.max_gpus,
                 max_price_per_hour=limits.max_price_per_hour,
@@ -655,18 +786,17 @@ class OverflowAdmission:
                       if o.get("controller")), None)
         if owner is None or owner.get("kind") != "ReplicaSet":
             return None
-        ns = pod["metadata"]["namespace"]
-        try:
-            rs = await self.client.get(f"/apis/apps/v1/namespaces/{ns}/replicasets/"
-                                       f"{owner['name']}")
-        except NotFoundError:
-            return None
+        rs = self.replicasets.store.get(f"{pod['metadata']['namespace']}/{owner['name']}")
+        if rs is None or rs["metadata"].get("uid") != owner.get("uid"):
+            return None  # not in the watch (yet), or gone
         replicas = int((rs.get("spec") or {}).get("replicas") or 0)
         if replicas <= 0:
             return None
-        external = sum(1 for p in [*self.external(), *self.pending.store.values()]
-                       if pod_policy(p) and any(o.get("uid") == owner.get("uid") for o in
-                                                p["metadata"].get("ownerReferences") or []))
+        served = frozenset(self.node_names)
+        external = sum(1 for p in self.pods.store.values()
+                       if counts_against_budget(p, served=served)
+                       and any(o.get("uid") == owner.get("uid") for o in
+                               p["metadata"].get("ownerReferences") or []))
         if (external + 1) / replicas > limit:
             return (f"maxExternalFraction {limit} would be exceeded for {owner['name']} "
                     f"({external + 1} of {replicas} replicas external)")
@@ -683,6 +813,8 @@ class OverflowAdmission:
                                     patch)
         except (ConflictError, NotFoundError):
             return False  # changed or gone since we looked: the next pass decides again
+        # counted from now on, whether or not the pod watch has shown the patch yet
+        self._admitted[meta["uid"]] = (policy.name, pod_gpus(pod), time.monotonic())
         log.info("admitted to overflow", extra=kv(pod=f"{meta['namespace']}/{meta['name']}",
                                                   policy=policy.name))
         return True
@@ -715,7 +847,7 @@ class OverflowAdmission:
         problems = policy_problems(policies=policies, providers=providers)
         now = datetime.now(UTC)
         live = set(self.policies.store)
-        for table in (self._status_sent, self.decisions):
+        for table in (self._status_sent, self.decisions, self._last_price_per_gpu):
             for name in [n for n in table if n not in live]:
                 del table[name]  # the policy is gone: forget it (bounded memory)
         for policy in policies:

@@ -60,6 +60,7 @@ from vkprovider.descheduler.objects import deployment_path as _dep_path
 from vkprovider.descheduler.objects import deployment_ref as _dep_ref
 from vkprovider.descheduler.objects import object_key as _key
 from vkprovider.descheduler.prewarm_plan import INTENT as PREWARM_INTENT
+from vkprovider.descheduler.scoped import TaskScope
 from vkprovider.descheduler.surge import pod_gone, scale_back
 from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
 from vkprovider.logs import kv
@@ -160,21 +161,26 @@ class HotSwap:
         self.interval = interval
         self.clock = clock
         self.in_flight: dict[str, asyncio.Task[SwapResult]] = {}
+        self.scope = TaskScope()  # the swaps' tasks end with run(): none outlives leadership
         self.cooldown_until: dict[str, float] = {}
         self.results: list[SwapResult] = []
 
     async def run(self) -> None:
-        """Run beside move-back (which runs the shared watches) until cancelled."""
-        for informer in self.mb.informers:
-            await informer.synced.wait()
-        await self.mb.admission.policies.synced.wait()
-        await self.recover()
-        while True:
-            try:
-                await self.pass_once()
-            except APIError as exc:
-                log.warning("hot-swap pass failed", extra=kv(error=str(exc)))
-            await asyncio.sleep(self.interval)
+        """Run beside move-back (which runs the shared watches) until cancelled; the swaps it
+        started are cancelled with it (a replica that lost the Lease writes nothing more)."""
+        try:
+            for informer in (*self.mb.informers, self.mb.pods, self.mb.replicasets):
+                await informer.synced.wait()
+            await self.mb.admission.policies.synced.wait()
+            await self.recover()
+            while True:
+                try:
+                    await self.pass_once()
+                except APIError as exc:
+                    log.warning("hot-swap pass failed", extra=kv(error=str(exc)))
+                await asyncio.sleep(self.interval)
+        finally:
+            await self.scope.close()
 
     async def recover(self) -> None:
         """Finish every recorded swap with no live task and wait for them."""
@@ -188,7 +194,7 @@ class HotSwap:
         for key, dep in list(self.mb.deployments.store.items()):
             raw = (dep["metadata"].get("annotations") or {}).get(INTENT)
             if raw and key not in self.in_flight:
-                self.in_flight[key] = asyncio.get_running_loop().create_task(
+                self.in_flight[key] = self.scope.spawn(
                     self._recover_one(dep, str(raw)), name=f"hot-swap recovery {key}")
 
     async def _recover_one(self, dep: Body, raw: str) -> SwapResult:
@@ -234,7 +240,7 @@ class HotSwap:
                 continue
             if self.mb._hpa_for(dep) is not None:
                 continue  # the HPA owns replicas (not supported yet)
-            self.in_flight[key] = asyncio.get_running_loop().create_task(
+            self.in_flight[key] = self.scope.spawn(
                 self._replace(dep=dep, pod=pod, policy=policy, trigger=trigger),
                 name=f"hot-swap {key}")
 

@@ -76,7 +76,6 @@ from vkprovider.descheduler.fit import (
     find_fit,
     parse_health_taint,
     slim_node,
-    slim_pod,
 )
 from vkprovider.descheduler.kueue_demand import upcoming_claims
 from vkprovider.descheduler.kueueapi import KueueAPI
@@ -88,6 +87,7 @@ from vkprovider.descheduler.objects import hpa_path as _hpa_path
 from vkprovider.descheduler.objects import object_key as _key
 from vkprovider.descheduler.objects import pod_ref as _pod_ref
 from vkprovider.descheduler.prewarm_plan import INTENT as PREWARM_INTENT
+from vkprovider.descheduler.scoped import TaskScope
 from vkprovider.descheduler.surge import floor_to_restore, hpa_surge_floor, pod_gone, scale_back
 from vkprovider.errors import VKError
 from vkprovider.kube import KubeClient
@@ -172,10 +172,11 @@ class MoveBack:
         health = tuple(parse_health_taint(t) for t in health_taints)
         self.nodes = Informer(client=client, path="/api/v1/nodes", name="nodes",
                               transform=functools.partial(slim_node, health_taints=health))
-        self.pods = Informer(client=client, path="/api/v1/pods", name="all-pods",
-                             transform=slim_pod, handler=self._on_pod)
-        self.replicasets = Informer(client=client, path="/apis/apps/v1/replicasets",
-                                    name="replicasets", transform=_slim_owned)
+        # every pod and every ReplicaSet: admission's watches (one view for budgets and moves),
+        # run by the admission loop
+        self.pods = admission.pods
+        admission.pod_listeners.append(self._on_pod)
+        self.replicasets = admission.replicasets
         self.deployments = Informer(client=client, path="/apis/apps/v1/deployments",
                                     name="deployments", handler=self._poke)
         self.hpas = Informer(client=client, path="/apis/autoscaling/v2/horizontalpodautoscalers",
@@ -194,12 +195,13 @@ class MoveBack:
         self.cooldown_until: dict[str, float] = {}
         self.failures: dict[str, int] = {}
         self.in_flight: dict[str, asyncio.Task[MoveResult]] = {}
+        self.scope = TaskScope()  # the moves' tasks end with run(): none outlives leadership
         self.results: collections.deque[MoveResult] = collections.deque(maxlen=_KEEP_RESULTS)
         self._skipped: dict[str, str] = {}
         self._held: dict[str, str] = {}  # Deployment -> why its move is held, as last told
         self._hpa_told: dict[str, str] = {}  # Deployment -> why its HPA leaves no room, as told
         self.informers: tuple[Informer, ...] = (
-            self.nodes, self.pods, self.replicasets, self.deployments, self.hpas,
+            self.nodes, self.deployments, self.hpas,
             self.workloads, self.cluster_queues, self.local_queues, self.flavors)
         if not self.kueue.usable:  # a Kueue this code does not speak: its objects count as none
             kueue_informers = (self.workloads, self.cluster_queues, self.local_queues,
@@ -229,20 +231,25 @@ class MoveBack:
         return self.deployments.store.get(_key(dep), dep)
 
     async def run(self) -> None:
-        async with asyncio.TaskGroup() as tg:
-            for informer in self.informers:
-                tg.create_task(informer.run(), name=f"informer {informer.name}")
-            for informer in self.informers:
-                await informer.synced.wait()
-            await self.admission.policies.synced.wait()
-            self.beat = time.monotonic()
-            while True:
+        """Pass every ``interval`` until cancelled (the companion cancels it when it stops or
+        loses the leader Lease); the moves it started are cancelled with it."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for informer in self.informers:
+                    tg.create_task(informer.run(), name=f"informer {informer.name}")
+                for informer in (*self.informers, self.pods, self.replicasets):
+                    await informer.synced.wait()
+                await self.admission.policies.synced.wait()
                 self.beat = time.monotonic()
-                try:
-                    await self.pass_once()
-                except APIError as exc:
-                    log.warning("move-back pass failed", extra=kv(error=str(exc)))
-                await asyncio.sleep(self.interval)
+                while True:
+                    self.beat = time.monotonic()
+                    try:
+                        await self.pass_once()
+                    except APIError as exc:
+                        log.warning("move-back pass failed", extra=kv(error=str(exc)))
+                    await asyncio.sleep(self.interval)
+        finally:
+            await self.scope.close()
 
     def problem(self, *, now: float, stale_after: float) -> str | None:
         """Why this loop is not healthy (``/healthz``), or None: every watch has synced and the
@@ -274,7 +281,7 @@ class MoveBack:
             raw = (dep["metadata"].get("annotations") or {}).get(INTENT)
             if not raw or key in self.in_flight:
                 continue
-            self.in_flight[key] = asyncio.get_running_loop().create_task(
+            self.in_flight[key] = self.scope.spawn(
                 self._recover_one(dep, str(raw)), name=f"move-back recovery {key}")
 
     async def _recover_one(self, dep: Body, raw: str) -> MoveResult:
@@ -363,7 +370,7 @@ class MoveBack:
                              reason=message)
                 self.cooldown_until[key] = now + policy.spec.move_back.cooldown_seconds
                 continue
-            self.in_flight[key] = asyncio.get_running_loop().create_task(
+            self.in_flight[key] = self.scope.spawn(
                 self._move(dep=dep, pod=pod, policy=policy), name=f"move-back {key}")
 
     def kueue_claims(self) -> list[Claim]:
@@ -746,14 +753,6 @@ def _scale_back_body(dep: Body, raw: str, intent: Intent) -> Body | None:
     if back != current:
         body["spec"] = {"replicas": back}
     return body
-
-
-def _slim_owned(obj: Body) -> Body:
-    """A ReplicaSet as move-back needs it: who owns it."""
-    meta = obj.get("metadata") or {}
-    return {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
-                         "uid": meta.get("uid"),
-                         "ownerReferences": meta.get("ownerReferences") or []}}
 
 
 def _slim_hpa(obj: Body) -> Body:

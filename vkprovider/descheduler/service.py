@@ -22,7 +22,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, MutableMapping, Sequence
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -135,6 +135,22 @@ async def _discover_kueue(client: KubeClient) -> KueueAPI:
     return kueue
 
 
+async def act(*, loops: Sequence[Coroutine[Any, Any, None]], stop: asyncio.Event,
+              lost: asyncio.Event) -> None:
+    """Run the acting replica's ``loops`` until ``stop`` (SIGTERM) or ``lost`` (the leader Lease
+    is gone), then cancel them and wait until they ended. Each loop cancels the tasks it started
+    (moves, hot-swaps: :class:`~vkprovider.descheduler.scoped.TaskScope`), so when this returns
+    after a loss nothing of this replica makes another request."""
+    async with asyncio.TaskGroup() as tg:
+        tasks = [tg.create_task(loop) for loop in loops]
+        waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(lost.wait())]
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in [*tasks, *waiters]:
+                t.cancel()
+
+
 def companion_lease_name(nodes: Sequence[str]) -> str:
     """The leader-election Lease of a companion serving ``nodes`` (one companion per node set)."""
     if len(nodes) == 1:
@@ -209,15 +225,10 @@ async def run_companion(
                 lost = leading.result()
                 health.standby = False  # now judged by its loops (informers synced, alive)
             metrics.leader.set(1)  # acting from here on (a standby's stays 0)
-            async with asyncio.TaskGroup() as tg:
-                tasks = [tg.create_task(admission.run()), tg.create_task(moveback.run()),
-                         tg.create_task(prewarm.run()),
-                         tg.create_task(HotSwap(moveback=moveback, interval=min(
-                             5.0, move_back_interval)).run())]
-                waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(lost.wait())]
-                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-                for t in [*tasks, *waiters]:
-                    t.cancel()
+            await act(loops=[admission.run(), moveback.run(), prewarm.run(),
+                             HotSwap(moveback=moveback,
+                                     interval=min(5.0, move_back_interval)).run()],
+                      stop=stop, lost=lost)
             if lost.is_set():  # leaving leading() now makes no request: the link just failed
                 log.error("leadership lost; exiting so a fresh process can rejoin")
                 return 1
