@@ -763,7 +763,9 @@ class RealNode:
     async def _publish_api_server(self) -> None:
         """Pods reach the API server at the ``kubernetes`` Service: an EndpointSlice of it names
         the relay on this node's address (the local API server publishes none of its own:
-        --endpoint-reconciler-type=none, it listens on loopback)."""
+        --endpoint-reconciler-type=none, it listens on loopback). One real node per cluster,
+        as the suite runs: with two, each node's kube-proxy would also pick the other's
+        address, which its pods cannot reach."""
         body = {
             "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
             "metadata": {"name": self.api_slice, "namespace": "default",
