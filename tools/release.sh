@@ -5,10 +5,13 @@
 #   vkprovider-VERSION.tgz                      the Helm chart (helm package, helm from tools/helm)
 #   vkprovider-VERSION-py3-none-any.whl         the Python package
 #   vkprovider-rootfs-VERSION-ARCH.tar.gz       the image's root filesystem (tools/image/rootfs.sh:
-#                                               what the Dockerfile's final stage holds); not an
-#                                               OCI image yet: tools/image cannot write an OCI
-#                                               archive (issue 37 adds it); docker build makes the
-#                                               image from the Dockerfile meanwhile
+#                                               what the Dockerfile's final stage holds)
+#   vkprovider-image-VERSION-ARCH.oci.tar       the image itself, built without Docker
+#                                               (tools/image/oci.sh --gzip: that root filesystem
+#                                               and the Dockerfile's USER, ENTRYPOINT, CMD, ENV,
+#                                               LABELs), an OCI image layout as a tar named
+#                                               <chart's image.repository>:VERSION: `docker load`,
+#                                               `ctr images import`, or `skopeo copy oci-archive:`
 #   SHA256SUMS
 #
 # It refuses to build when the versions disagree: pyproject.toml's version, Chart.yaml's version
@@ -36,7 +39,8 @@ label=$(sed -n 's/^ARG VERSION=\(.*\)$/\1/p' Dockerfile)
 grep -q "^## \[$version\]" CHANGELOG.md || die "CHANGELOG.md has no '## [$version]' section"
 say "version $version (pyproject.toml, Chart.yaml version and appVersion, Dockerfile, CHANGELOG.md agree)"
 
-rm -f "$dist"/vkprovider-"$version"* "$dist"/vkprovider-rootfs-"$version"-* "$dist/SHA256SUMS"
+rm -f "$dist"/vkprovider-"$version"* "$dist"/vkprovider-rootfs-"$version"-* \
+  "$dist"/vkprovider-image-"$version"-* "$dist/SHA256SUMS"
 say "chart: helm lint + helm package"
 "$VKP_HELM_BIN/helm" lint charts/vkprovider >&2
 "$VKP_HELM_BIN/helm" package charts/vkprovider --destination "$dist" >&2
@@ -51,8 +55,14 @@ say "the image's root filesystem ($VKP_ROOTFS) -> $(basename "$rootfs_tar")"
 tar --numeric-owner --sort=name --mtime=@315532800 -C "$VKP_ROOTFS" -cf - . \
   | gzip -n >"$rootfs_tar"
 
-(cd "$dist" && sha256sum -- vkprovider-"$version"* "$(basename "$rootfs_tar")" >SHA256SUMS)
+image_tar="$dist/vkprovider-image-$version-$arch.oci.tar"
+say "the image as an OCI archive (tools/image/oci.sh --gzip) -> $(basename "$image_tar")"
+built=$(VKP_ROOTFS="$VKP_ROOTFS" bash tools/image/oci.sh --gzip) || die "tools/image/oci.sh failed (above)"
+cp "$built" "$image_tar"
+
+artefacts=(vkprovider-"$version".tgz vkprovider-"$version"-py3-none-any.whl
+           "$(basename "$rootfs_tar")" "$(basename "$image_tar")")
+(cd "$dist" && sha256sum -- "${artefacts[@]}" >SHA256SUMS)
 say "done; in $dist:"
-(cd "$dist" && ls -l -- vkprovider-"$version"* "$(basename "$rootfs_tar")" SHA256SUMS) >&2
-say "not built here: the OCI image archive (tools/image has no OCI writer yet; issue 37)." \
-  "Nothing was pushed: docs/releasing.md says how."
+(cd "$dist" && ls -l -- "${artefacts[@]}" SHA256SUMS) >&2
+say "nothing was pushed: docs/releasing.md says how"

@@ -19,9 +19,13 @@
 #                 conntrack, busybox-static from Debian (install-deps.sh), kubelet, kube-proxy
 #                 v1.37.2 and pause from their Go modules (build.sh; the real-node e2e)
 #   rootfs        the image's root filesystem (tools/image/rootfs.sh; tests/image)
+#   image         the image as an OCI archive, built from that root filesystem and the
+#                 Dockerfile's config without Docker (tools/image/oci.sh; tests/image, the
+#                 real-node install e2e)
 #
 # stdout: only `export NAME=VALUE` lines (VKP_CONTROLPLANE_BIN, VKP_KUBECTL_BIN, VKP_HELM_BIN,
-# VKP_KUEUE_BIN, VKP_NODE_BIN, VKP_ROOTFS), for `eval "$(bash tools/setup.sh)"`; the Makefile does exactly that.
+# VKP_KUEUE_BIN, VKP_NODE_BIN, VKP_ROOTFS, VKP_IMAGE_ARCHIVE), for `eval "$(bash tools/setup.sh)"`;
+# the Makefile does exactly that.
 # stderr: what is being done. A cold Go build is narrated (what, roughly how long, and every 20 s
 # how long so far, how many modules were downloaded and which package is being compiled), so
 # that the first run's ~15 minutes are never silent.
@@ -31,7 +35,7 @@ cd "$repo"
 t0=$(date +%s)
 say() { printf 'setup: %s\n' "$*" >&2; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
-ALL=(system venv controlplane kubectl helm kueue node rootfs)
+ALL=(system venv controlplane kubectl helm kueue node rootfs image)
 steps=("$@")
 [ "${#steps[@]}" -gt 0 ] || steps=("${ALL[@]}")
 for s in "${steps[@]}"; do
@@ -64,7 +68,7 @@ system() {
   python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
     || die "Python >= 3.11 is required as python3"
   for cmd in "${!PKG[@]}"; do
-    want rootfs || [ "$cmd" != mmdebstrap ] || continue
+    want rootfs || want image || [ "$cmd" != mmdebstrap ] || continue
     command -v "$cmd" >/dev/null || missing+=("$cmd")
   done
   if ! [ -x .venv/bin/python ] && ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
@@ -180,5 +184,15 @@ if want rootfs; then
   say "the image's root filesystem (tools/image/rootfs.sh: 2-4 minutes the first time, as root, with mmdebstrap and the Debian mirrors; cached)"
   VKP_ROOTFS=$(bash tools/image/rootfs.sh) || die "tools/image/rootfs.sh failed (its output is above)"
   emit VKP_ROOTFS "$VKP_ROOTFS"
+fi
+if want image; then
+  [ -x .venv/bin/python ] || die "the image needs .venv: run 'make venv' (or add the venv step)"
+  say "the image as an OCI archive (tools/image/oci.sh: ~10 s the first time for a root filesystem; cached)"
+  # the root filesystem of this run's rootfs step, else oci.sh asks rootfs.sh (never a stale one)
+  own_rootfs=""
+  if want rootfs; then own_rootfs=$VKP_ROOTFS; fi
+  VKP_IMAGE_ARCHIVE=$(VKP_ROOTFS="$own_rootfs" bash tools/image/oci.sh) \
+    || die "tools/image/oci.sh failed (its output is above)"
+  emit VKP_IMAGE_ARCHIVE "$VKP_IMAGE_ARCHIVE"
 fi
 say "ready in $(( $(date +%s) - t0 ))s"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .imagespec import ROOTFS_SH, SANDBOX_SH, parse_dockerfile
+from .imagespec import OCI_SH, ROOTFS_SH, SANDBOX_SH, parse_dockerfile
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -77,3 +77,19 @@ def sandbox(rootfs: Path) -> Run:
                               check=False, stdin=subprocess.DEVNULL)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def image_archive(rootfs: Path) -> Path:
+    """The image as an OCI archive (tools/image/oci.sh, from ``rootfs``): ``VKP_IMAGE_ARCHIVE``
+    if set, else built here (~10 s from a root filesystem, cached)."""
+    given = os.environ.get("VKP_IMAGE_ARCHIVE")
+    if given:
+        if not Path(given).is_file():
+            pytest.fail(f"VKP_IMAGE_ARCHIVE={given} is no file (tools/image/oci.sh builds one)")
+        return Path(given)
+    done = subprocess.run(["bash", str(OCI_SH)], capture_output=True, text=True, timeout=600,
+                          check=False, env={**os.environ, "VKP_ROOTFS": str(rootfs)})
+    if done.returncode != 0:
+        pytest.fail(f"{OCI_SH} failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])

@@ -26,6 +26,8 @@ DEPLOYMENTS = {
 }
 CONFIG_MAPS = REPO / "manifests/base/config.yaml"
 ROOTFS_SH = REPO / "tools/image/rootfs.sh"
+OCI_SH = REPO / "tools/image/oci.sh"
+VALUES = REPO / "charts/vkprovider/values.yaml"
 SANDBOX_SH = REPO / "tools/image/sandbox.sh"
 # PATH in python:3.11-slim-bookworm (what `$PATH` in the Dockerfile's ENV extends)
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -81,6 +83,16 @@ class Dockerfile:
         assert users, "the final stage has no USER"
         uid, _, gid = users[-1].partition(":")
         return int(uid), int(gid or uid)  # int(): numeric, or this raises
+
+    def workdir(self) -> str:
+        """The final stage's WORKDIR (absolute ones only here), else the base image's ``/``."""
+        dirs = self.final.all("WORKDIR")
+        assert all(d.startswith("/") for d in dirs), dirs
+        return dirs[-1] if dirs else "/"
+
+    def exposed(self) -> set[str]:
+        return {p if "/" in p else f"{p}/tcp" for rest in self.final.all("EXPOSE")
+                for p in rest.split()}
 
     def entrypoint(self) -> list[str]:
         return list(json.loads(self.final.all("ENTRYPOINT")[-1]))

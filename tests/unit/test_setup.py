@@ -59,20 +59,22 @@ def test_make_test_and_demo_set_up_through_setup_sh() -> None:
 
 
 def test_every_step_the_tests_need_is_a_default_step() -> None:
-    """Every prebuilt folder the code reads from the environment (``VKP_<X>_BIN``, ``VKP_ROOTFS``)
+    """Every prebuilt thing the code reads from the environment (``VKP_<X>_BIN``, ``VKP_ROOTFS``,
+    ``VKP_IMAGE_ARCHIVE``)
     is exported by a default step: a new one that only CI or a developer's shell set would leave
     a fresh clone's `make test` building it inside a test (or failing)."""
     script = SETUP.read_text()
     steps = re.search(r"^ALL=\((.*)\)$", script, re.M)
     assert steps
     assert steps.group(1).split() == ["system", "venv", "controlplane", "kubectl", "helm",
-                                      "kueue", "node", "rootfs"]
+                                      "kueue", "node", "rootfs", "image"]
     read = set()
     for tree in ("vkprovider", "tests"):
         for path in (ROOT / tree).rglob("*.py"):
-            read |= set(re.findall(r'environ(?:\.get\(|\[)"(VKP_(?:[A-Z]+_BIN|ROOTFS))"',
-                                   path.read_text()))
-    assert {"VKP_CONTROLPLANE_BIN", "VKP_NODE_BIN", "VKP_ROOTFS"} <= read, read
+            read |= set(re.findall(
+                r'environ(?:\.get\(|\[)"(VKP_(?:[A-Z]+_BIN|ROOTFS|IMAGE_ARCHIVE))"',
+                path.read_text()))
+    assert {"VKP_CONTROLPLANE_BIN", "VKP_NODE_BIN", "VKP_ROOTFS", "VKP_IMAGE_ARCHIVE"} <= read, read
     for var in sorted(read | {"VKP_HELM_BIN"}):
         assert f"emit {var} " in script, f"setup.sh does not export {var}"
 

@@ -8,11 +8,18 @@ it and send Service traffic over a real network path.
 
 The network is private: the node lives in a network namespace created here with ``ip netns``,
 joined to the host by one veth pair whose host side carries only a ``/30`` link. The namespace
-has no default route, so nothing a pod sends can leave the machine, and it forwards nothing
-from the pods to the host's side of the link; the pod range and the Service range exist only
-inside it. The kubelet reaches the API server (loopback of the host)
-through :func:`relay`, a process that listens on the namespace's loopback and connects out from
-the host's; the API server reaches the kubelet (logs, exec) over the veth link.
+has no default route, so nothing a pod sends can leave the machine, and it forwards no
+connection a pod opens towards the host's side of the link (only replies to connections the
+host opened); the Service range exists only inside it. The node's pod range is a ``/24`` of
+:data:`POD_CIDR` free on the host, and the host routes it over the link: the API server reaches
+a pod's own kubelet API (a virtual kubelet's, for ``kubectl logs``) as it reaches a node's.
+The kubelet reaches the API server (loopback of the host) through :func:`relay`, a process that
+listens in the namespace and connects out from the host's loopback; pods reach it the same way,
+at the ``kubernetes`` Service (an EndpointSlice naming the node's address, as a cluster's API
+server publishes its own), so a pod's in-cluster client works as in any cluster. :func:`dns`
+answers the pods' lookups of ``<service>.<namespace>.svc.cluster.local`` from the API server's
+Services (the cluster DNS of a real cluster); any other name is NXDOMAIN, nothing is forwarded.
+The API server reaches the kubelet (logs, exec) over the veth link.
 
 The kubelet, containerd and kube-proxy also share a mount namespace of their own (held by a
 sleeping ``unshare`` process): the fixed host paths they write whatever their flags say
@@ -34,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import ctypes
 import ipaddress
@@ -46,6 +54,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import uuid
@@ -69,13 +78,17 @@ HOST_TOOLS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "ip", "nse
               "iptables", "conntrack")
 CNI_BIN_DIR = Path("/usr/lib/cni")
 BUSYBOX = Path("/bin/busybox")
-#: inside the node's namespace only; chosen apart from the harness's virtual ranges
-#: (100.64.0.0/10, 198.18.0.0/15), the Service range (10.0.0.0/24) and link-local
-POD_CIDR = "172.28.0.0/24"
+#: every real node's pod range is a /24 of this, picked free on the host (which routes it to
+#: the node); chosen apart from the harness's virtual ranges (100.64.0.0/10, 198.18.0.0/15),
+#: the Service range (10.0.0.0/24) and link-local
+POD_CIDR = "172.28.0.0/16"
 #: the veth link between host and node is one /30 picked at random from here, unused on the host
 LINK_POOL = ipaddress.IPv4Network("172.29.0.0/16")
 #: where the kubelet and kube-proxy find the API server: the relay, on the namespace's loopback
 RELAY_PORT = 6443
+#: the cluster DNS on the node's address (kubelet clusterDNS)
+DNS_PORT = 53
+CLUSTER_DOMAIN = "cluster.local"
 KUBELET_PORT = 10250
 #: every real node registers with this taint: only pods that tolerate it (the real-node tests'
 #: own) land there, never another test's pods on the shared cluster
@@ -151,6 +164,35 @@ def find_kubectl() -> Path:
     return path
 
 
+def find_image_archive() -> Path:
+    """The project's image as an OCI archive: ``VKP_IMAGE_ARCHIVE``, else tools/image/oci.sh's
+    (cached; builds the root filesystem first if that is missing: root, mmdebstrap)."""
+    env = os.environ.get("VKP_IMAGE_ARCHIVE")
+    if env:
+        path = Path(env)
+    else:
+        script = REPO_ROOT / "tools" / "image" / "oci.sh"
+        built = _run(["bash", str(script)], what=str(script), timeout=900)
+        path = Path(built.strip().splitlines()[-1])
+    if not path.is_file():
+        raise RealNodeError(f"no image archive at {path} (tools/image/oci.sh builds one)")
+    return path
+
+
+def image_name(archive: Path) -> str:
+    """The reference an OCI archive's index names (``io.containerd.image.name``)."""
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile("index.json")
+        if member is None:
+            raise RealNodeError(f"{archive} has no index.json")
+        index = json.load(member)
+    names = [m.get("annotations", {}).get("io.containerd.image.name")
+             for m in index.get("manifests", [])]
+    if len(names) != 1 or not names[0]:
+        raise RealNodeError(f"{archive} names {names}, not one image")
+    return str(names[0])
+
+
 def read_tunables() -> dict[str, str]:
     """The host's values of the kernel tunables a kubelet sets (see KUBELET_TUNABLES)."""
     return {entry: (Path("/proc/sys") / entry).read_text().strip()
@@ -183,15 +225,16 @@ def _host_networks() -> list[ipaddress.IPv4Network]:
     return nets
 
 
-def pick_link() -> ipaddress.IPv4Network:
-    """A /30 from :data:`LINK_POOL` that overlaps nothing on the host."""
+def pick_link(pool: ipaddress.IPv4Network = LINK_POOL, prefix: int = 30) -> ipaddress.IPv4Network:
+    """A /``prefix`` from ``pool`` (the veth link's /30 by default) that overlaps nothing on
+    the host."""
     used = _host_networks()
-    subnets = list(LINK_POOL.subnets(new_prefix=30))
+    subnets = list(pool.subnets(new_prefix=prefix))
     for _ in range(100):
         link = random.choice(subnets)
         if not any(link.overlaps(net) for net in used):
             return link
-    raise RealNodeError(f"no free /30 in {LINK_POOL} on this host")
+    raise RealNodeError(f"no free /{prefix} in {pool} on this host")
 
 
 def _setns(path: str) -> None:
@@ -205,22 +248,15 @@ def _setns(path: str) -> None:
         os.close(fd)
 
 
-async def relay(*, netns: str, listen_port: int, target_port: int) -> None:
-    """Forward ``127.0.0.1:listen_port`` inside ``netns`` to ``127.0.0.1:target_port`` here.
+async def relay(*, netns: str, listen_port: int, target_port: int,
+                listen_host: str = "127.0.0.1") -> None:
+    """Forward ``listen_host:listen_port`` inside ``netns`` to ``127.0.0.1:target_port`` here.
 
     The listening socket is opened after entering the namespace and the thread then returns to
     the host's, so connections accepted in there are forwarded from out here; bytes pass
     through untouched (TLS end to end between the node agents and the API server).
     """
-    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-    try:
-        _setns(netns)
-        try:
-            listener = socket.create_server(("127.0.0.1", listen_port))
-        finally:
-            _setns(f"/proc/self/fd/{home}")
-    finally:
-        os.close(home)
+    listener = _in_netns(netns, lambda: socket.create_server((listen_host, listen_port)))
 
     async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -246,6 +282,112 @@ async def relay(*, netns: str, listen_port: int, target_port: int) -> None:
         await server.serve_forever()
 
 
+def _in_netns(netns: str, make: Callable[[], socket.socket]) -> socket.socket:
+    """A socket made inside ``netns``; the thread returns to its own namespace afterwards."""
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        _setns(netns)
+        try:
+            return make()
+        finally:
+            _setns(f"/proc/self/fd/{home}")
+    finally:
+        os.close(home)
+
+
+def dns_answer(query: bytes, lookup: Callable[[str], str | None]) -> bytes | None:
+    """The reply to one DNS query (RFC 1035): A records from ``lookup(name)`` (an IPv4 address
+    or None); a name it does not know is NXDOMAIN, a known name asked for another type is an
+    empty NOERROR (so resolvers asking A and AAAA together get the A). None: not a query."""
+    if len(query) < 12:
+        return None
+    qid, flags, qdcount = int.from_bytes(query[0:2]), int.from_bytes(query[2:4]), \
+        int.from_bytes(query[4:6])
+    if flags & 0x8000 or qdcount != 1:
+        return None
+    labels, pos = [], 12
+    while pos < len(query) and query[pos]:
+        size = query[pos]
+        if size & 0xC0 or pos + 1 + size > len(query):
+            return None
+        labels.append(query[pos + 1:pos + 1 + size].decode("ascii", "replace"))
+        pos += 1 + size
+    if pos + 5 > len(query):
+        return None
+    question = query[12:pos + 5]
+    qtype = int.from_bytes(query[pos + 1:pos + 3])
+    address = lookup(".".join(labels).lower())
+    answers = b""
+    rcode = 3 if address is None else 0
+    if address is not None and qtype in (1, 255):  # A, ANY
+        answers = (b"\xc0\x0c" + (1).to_bytes(2) + (1).to_bytes(2) + (5).to_bytes(4)
+                   + (4).to_bytes(2) + ipaddress.IPv4Address(address).packed)
+    reply_flags = 0x8000 | 0x0400 | (flags & 0x0100) | rcode  # QR, AA, RD echoed
+    return (qid.to_bytes(2) + reply_flags.to_bytes(2) + (1).to_bytes(2)
+            + (1 if answers else 0).to_bytes(2) + bytes(4) + question + answers)
+
+
+async def dns(*, netns: str, host: str, port: int, kubeconfig: str,
+              domain: str = CLUSTER_DOMAIN) -> None:
+    """Answers ``<service>.<namespace>.svc.<domain>`` with the Service's ClusterIP, from a UDP
+    socket on ``host`` in ``netns``; asks the API server (``kubeconfig``) at each query.
+
+    Bound to the one address pods ask (not 0.0.0.0): a reply must come from the address the
+    query went to, or resolvers drop it (from 0.0.0.0 it would leave from the pod bridge's).
+    """
+    from vkprovider.kube import KubeClient  # the relay needs none of it
+
+    sock = _in_netns(netns, lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+    sock.bind((host, port))
+    suffix = f".svc.{domain}"
+    loop = asyncio.get_running_loop()
+    async with KubeClient.from_kubeconfig(kubeconfig=kubeconfig) as kube:
+
+        async def cluster_ip(name: str) -> str | None:
+            if not name.endswith(suffix):
+                return None
+            parts = name.removesuffix(suffix).split(".")
+            if len(parts) != 2:
+                return None
+            try:
+                svc = await kube.get(f"/api/v1/namespaces/{parts[1]}/services/{parts[0]}")
+            except (NotFoundError, APIError):
+                return None
+            ip = svc.get("spec", {}).get("clusterIP")
+            return ip if ip and ip != "None" else None
+
+        async def answer(data: bytes, peer: tuple[str, int]) -> None:
+            if len(data) < 13:
+                return
+            found: dict[str, str | None] = {}
+            name = dns_name(data)
+            if name is not None:
+                found[name] = await cluster_ip(name)
+            reply = dns_answer(data, lambda n: found.get(n))
+            if reply is not None:
+                await loop.sock_sendto(sock, reply, peer)
+
+        sock.setblocking(False)
+        tasks: set[asyncio.Task[None]] = set()
+        while True:
+            data, peer = await loop.sock_recvfrom(sock, 4096)
+            task = asyncio.create_task(answer(data, peer))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+
+def dns_name(query: bytes) -> str | None:
+    """The (lower-cased) name a DNS query asks about, or None."""
+    labels, pos = [], 12
+    while pos < len(query) and query[pos]:
+        size = query[pos]
+        if size & 0xC0 or pos + 1 + size > len(query):
+            return None
+        labels.append(query[pos + 1:pos + 1 + size].decode("ascii", "replace"))
+        pos += 1 + size
+    return ".".join(labels).lower() if pos < len(query) else None
+
+
 # ---- the node ---------------------------------------------------------------------------------
 
 
@@ -268,6 +410,10 @@ class RealNode:
         self.link: ipaddress.IPv4Network | None = None
         self.node_ip = ""
         self.host_ip = ""
+        #: this node's pod range (a /24 of POD_CIDR), routed from the host over the link
+        self.pod_cidr = ""
+        #: the EndpointSlice of the ``kubernetes`` Service that names this node's relay
+        self.api_slice = f"kubernetes-{self.name}"
         self.socket = self.work_dir / "containerd" / "containerd.sock"
         #: the CNI network's name: libcni caches results under /var/lib/cni/results/<name>-*
         self.cni_network = f"vkp-{suffix}"
@@ -295,9 +441,15 @@ class RealNode:
             await self._make_mount_namespace(t0 + timeout)
             self._write_pki()
             self._write_configs()
+            # on every address of the node: its agents (loopback) and its pods (node_ip)
             self._start("relay", [sys.executable, "-m", "vkprovider.testing.realnode", "relay",
                                   f"--netns={self.netns_path}", f"--listen-port={RELAY_PORT}",
+                                  "--listen-host=0.0.0.0",
                                   f"--target-port={self.cluster.api_port}"], netns=False)
+            self._start("dns", [sys.executable, "-m", "vkprovider.testing.realnode", "dns",
+                                f"--netns={self.netns_path}", f"--host={self.node_ip}",
+                                f"--port={DNS_PORT}",
+                                f"--kubeconfig={self.cluster.kubeconfig}"], netns=False)
             self._start("containerd",
                         ["containerd", f"--config={self.work_dir / 'containerd.toml'}"])
             await self._wait_socket(t0 + timeout)
@@ -318,6 +470,7 @@ class RealNode:
                     str(bins / "kube-proxy"), f"--config={self.work_dir / 'kube-proxy.yaml'}",
                     "--v=1"])
             await self._wait_ready(t0 + timeout)
+            await self._publish_api_server()
             self.timings["ready"] = time.monotonic() - t0
             log.info("real node ready", extra=kv(node=self.name, ip=self.node_ip,
                                                  seconds=round(self.timings["ready"], 1)))
@@ -334,7 +487,9 @@ class RealNode:
         steps: list[Callable[[], object]] = [
             *(self.components[n].stop for n in ("kube-proxy", "kubelet") if n in self.components),
             self._kill_containers, self._kill_shims,
-            *(self.components[n].stop for n in ("containerd", "relay") if n in self.components),
+            self._unpublish_api_server,
+            *(self.components[n].stop for n in ("containerd", "relay", "dns")
+              if n in self.components),
             *(self.components[n].stop for n in ("mount-namespace",) if n in self.components),
             self._unmount_all, self._remove_cgroups, self._remove_mountpoints,
             self._remove_netns,
@@ -361,6 +516,7 @@ class RealNode:
 
     def _make_network(self) -> None:
         self.link = pick_link()
+        self.pod_cidr = str(pick_link(ipaddress.IPv4Network(POD_CIDR), 24))
         host, node = list(self.link.hosts())
         self.host_ip, self.node_ip = str(host), str(node)
         plen = self.link.prefixlen
@@ -379,6 +535,13 @@ class RealNode:
             # kubelet's and the API server's connections are not concerned)
             ["nsenter", f"--net={self.netns_path}", "--", "iptables", "-w", "-A", "FORWARD",
              "-o", "eth0", "-j", "DROP"],
+            # ...but replies to connections the host opened go back (the API server calling a
+            # pod's kubelet API, as it calls a node's)
+            ["nsenter", f"--net={self.netns_path}", "--", "iptables", "-w", "-I", "FORWARD",
+             "1", "-o", "eth0", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED",
+             "-j", "ACCEPT"],
+            # the host reaches this node's pods over the link (gone with the link)
+            ["ip", "route", "add", self.pod_cidr, "via", self.node_ip, "dev", self.host_if],
         ]
         for argv in steps:
             _run(argv, what=" ".join(argv))
@@ -439,7 +602,7 @@ class RealNode:
             "plugins": [{
                 "type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": True,
                 "hairpinMode": True,
-                "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_CIDR}]],
+                "ipam": {"type": "host-local", "ranges": [[{"subnet": self.pod_cidr}]],
                          "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(w / "cni" / "ipam")},
             }],
         }
@@ -461,7 +624,8 @@ class RealNode:
             "containerRuntimeEndpoint": f"unix://{self.socket}",
             "podLogsDir": str(w / "pod-logs"),
             "resolvConf": str(w / "resolv.conf"),
-            "clusterDomain": "cluster.local",
+            "clusterDomain": CLUSTER_DOMAIN,
+            "clusterDNS": [self.node_ip],
             "maxPods": 30,
             "registerNode": True,
             "registerWithTaints": [TAINT],
@@ -477,7 +641,7 @@ class RealNode:
                          key=self.proxy_client.key)
         proxy = {
             "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
-            "mode": "iptables", "clusterCIDR": POD_CIDR, "hostnameOverride": self.name,
+            "mode": "iptables", "clusterCIDR": self.pod_cidr, "hostnameOverride": self.name,
             "bindAddress": "0.0.0.0",
             "healthzBindAddress": "127.0.0.1:10256", "metricsBindAddress": "127.0.0.1:10249",
             "clientConnection": {"kubeconfig": str(w / "kube-proxy.kubeconfig")},
@@ -572,6 +736,15 @@ class RealNode:
         for tar in (pause, busybox):
             self._ctr("images", "import", "--no-unpack=false", str(tar))
 
+    def import_image(self, archive: Path) -> str:
+        """Imports an OCI archive into this node's containerd (``ctr -n k8s.io images import``,
+        unpacked for the kubelet's snapshotter) and returns the image's reference."""
+        name = image_name(archive)
+        _run(["ctr", f"--address={self.socket}", "-n", "k8s.io", "images", "import",
+              "--no-unpack=false", str(archive)], what=f"ctr images import {archive}",
+             timeout=600)
+        return name
+
     async def _wait_ready(self, deadline: float) -> None:
         async with self.cluster.client() as kube:
             while True:
@@ -586,6 +759,41 @@ class RealNode:
                 if time.monotonic() > deadline:
                     raise RealNodeError(f"node {self.name} not Ready in time\n{self.tails()}")
                 await asyncio.sleep(0.3)
+
+    async def _publish_api_server(self) -> None:
+        """Pods reach the API server at the ``kubernetes`` Service: an EndpointSlice of it names
+        the relay on this node's address (the local API server publishes none of its own:
+        --endpoint-reconciler-type=none, it listens on loopback). One real node per cluster,
+        as the suite runs: with two, each node's kube-proxy would also pick the other's
+        address, which its pods cannot reach."""
+        body = {
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": self.api_slice, "namespace": "default",
+                         "labels": {"kubernetes.io/service-name": "kubernetes",
+                                    "endpointslice.kubernetes.io/managed-by":
+                                        "vkprovider.testing.realnode"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [self.node_ip], "conditions": {"ready": True}}],
+            "ports": [{"name": "https", "port": RELAY_PORT, "protocol": "TCP"}],
+        }
+        async with self.cluster.client() as kube:
+            with contextlib.suppress(NotFoundError):
+                await kube.delete(f"/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/"
+                                  f"{self.api_slice}")
+            await kube.create("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices",
+                              body)
+
+    def _unpublish_api_server(self) -> None:
+        async def delete() -> None:
+            async with self.cluster.client() as kube:
+                with contextlib.suppress(NotFoundError):
+                    await kube.delete(f"/apis/discovery.k8s.io/v1/namespaces/default/"
+                                      f"endpointslices/{self.api_slice}")
+
+        if self.components.get("kubelet") is None:
+            return  # never published
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            pool.submit(asyncio.run, delete()).result(timeout=30)
 
     def _check_alive(self) -> None:
         for comp in self.components.values():
@@ -713,10 +921,20 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - run as a c
     rel.add_argument("--netns", required=True)
     rel.add_argument("--listen-port", type=int, required=True)
     rel.add_argument("--target-port", type=int, required=True)
+    rel.add_argument("--listen-host", default="127.0.0.1")
+    dn = sub.add_parser("dns", help="the cluster DNS of a node's pods, in its namespace")
+    dn.add_argument("--netns", required=True)
+    dn.add_argument("--host", required=True)
+    dn.add_argument("--port", type=int, default=DNS_PORT)
+    dn.add_argument("--kubeconfig", required=True)
     args = parser.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(relay(netns=args.netns, listen_port=args.listen_port,
-                          target_port=args.target_port))
+        if args.command == "relay":
+            asyncio.run(relay(netns=args.netns, listen_port=args.listen_port,
+                              target_port=args.target_port, listen_host=args.listen_host))
+        else:
+            asyncio.run(dns(netns=args.netns, host=args.host, port=args.port,
+                            kubeconfig=args.kubeconfig))
     return 0
 
 
