@@ -89,6 +89,7 @@ from vkprovider.node.budgetbook import (
 )
 from vkprovider.node.listing import Lister, ListResult
 from vkprovider.node.placements import InstanceKey, Placed, Placements
+from vkprovider.node.podstate import PodStates
 from vkprovider.node.policygate import PolicyGate
 from vkprovider.node.providercaps import (
     Held,
@@ -180,21 +181,17 @@ class PodController:
                                  missing_ok=True, handler=lambda _e, _o: None)
         self.gate = PolicyGate(client=client, node=self.node, policies=self.policies,
                                require_policy=settings.pods.require_policy, clock=clock)
-        self.pod_keys: dict[str, str] = {}  # uid -> namespace/name
-        self.first_seen: dict[str, float] = {}  # uid -> clock() the watch first showed it
+        # One record per pod (node/podstate.py): what we know and told about it.
+        self.pods = PodStates(clock=clock)
+        self.pod_keys = self.pods.keys  # uid -> namespace/name of the pods the watch shows
+        self.unsure = self.pods.unsure  # uid -> (provider, since): a create's outcome unknown
         self.placed = Placements()  # uid -> instance, from sweeps and creates; held totals
         self.listed: dict[str, bool] = dict.fromkeys(self.providers, False)  # last list ok?
         self.last_list: dict[str, float] = {}  # provider -> clock() of its last good list
         self.last_resync = clock()  # every pod reconciled after a sweep at least this often
         self.listed_once: set[str] = set()  # providers listed OK at least once by this process
-        self.inherited: set[str] = set()  # pod UIDs bound before our first sync (see docstring)
-        self.told_blind: set[str] = set()  # pods told (event) that they wait for a provider
-        self.told_no_capacity: dict[str, str] = {}  # uid -> the NoCapacity summary last told
-        self.unplaced_tries: dict[str, int] = {}  # uid -> placements that found no provider
-        self.told_created: set[str] = set()  # pods whose ProviderCreated Event was recorded
         self.verbose_events = settings.pods.lifecycle_events == "verbose"
         self.cooldown: dict[str, float] = {}  # provider -> clock() until which it said 429
-        self.unsure: dict[str, tuple[str, float]] = {}  # uid -> (provider, since): create unknown
         # An unknown create stays pinned until a list that started this long after it failed
         # has not shown it (its request may still land, and a list may lag behind a create).
         self.unsure_hold_seconds = max(
@@ -205,7 +202,6 @@ class PodController:
         # for its new lists one interval at most.
         self.lister = Lister(clock=clock, wait=settings.pods.status_interval_seconds)
         self.orphans: dict[InstanceKey, float] = {}  # (provider, id) -> first sighting
-        self.running_seen: dict[str, float] = {}  # uid -> wall time the instance was running
         self.offers: list[Offer] = []
         self.offers_read = False
         self.largest_offer: dict[str, int] = {}  # GPU type -> most GPUs ever offered at once
@@ -220,7 +216,6 @@ class PodController:
         self.book = BudgetBook()
         self.advertised_gpus: int | None = None  # nvidia.com/gpu allocatable last computed
         self._static_allocatable: Allocatable | None = None
-        self.told_budget: dict[str, str] = {}  # uid -> the BudgetExceeded message last told
         self.spend = SpendRecorder(client=client, node=self.node, metrics=metrics,
                                    namespace=settings.leader_election.namespace,
                                    blocks=self.blocks,
@@ -228,7 +223,6 @@ class PodController:
         # Probes, published endpoints and drain of running replicas (node/replicas.py).
         self.replicas = Replicas(prober=prober, sink=endpoints, clock=clock,
                                  drain_seconds=settings.pods.drain_seconds)
-        self.told_unhealthy: set[str] = set()  # pods whose readiness failure was told
         # Published addresses are untrusted: every instance from list() or create() is
         # screened here first (node/addressscreen.py, providers/addresses.py).
         self.addresses = AddressScreen(
@@ -236,6 +230,15 @@ class PodController:
             metrics=metrics)
         # called with (provider, operation, error or None) after each cloud call
         self.observer: Callable[[str, str, Exception | None], None] | None = None
+
+    @property
+    def inherited(self) -> set[str]:
+        """Pod UIDs bound before our first sync (see the module docstring)."""
+        return self.pods.inherited()
+
+    @inherited.setter
+    def inherited(self, uids: set[str]) -> None:
+        self.pods.set_inherited(set(uids))
 
     # ---- capacity (the node reports it; create checks against it) ---------------------------
 
@@ -344,8 +347,9 @@ class PodController:
                             for (p, i), t in self.orphans.items()}
             self.spend.book.rename(name, alias)
             self.blocks.unblock_provider(name)  # the next account under this name starts afresh
-            self.unsure = {uid: ((alias if where == name else where), since)
-                           for uid, (where, since) in self.unsure.items()}
+            for uid, (where, since) in list(self.unsure.items()):
+                if where == name:
+                    self.unsure[uid] = (alias, since)
             self.vanished.rename_provider(name, alias)
             self.draining.discard(name)
             self.draining.add(alias)
@@ -389,7 +393,8 @@ class PodController:
 
     def blind_to(self, uid: str) -> list[str]:
         """Unknown providers that may hide an instance of this pod (see the module docstring)."""
-        if uid not in self.inherited:
+        record = self.pods.get(uid)
+        if record is None or not record.inherited:
             return []
         return sorted(n for n, ok in self.listed.items() if not ok and n not in self.listed_once)
 
@@ -468,7 +473,7 @@ class PodController:
             tg.create_task(self.policies.run(), name="policies-informer")
             await self.informer.synced.wait()
             await self.policies.synced.wait()
-            self.inherited = set(self.pod_keys)  # a predecessor may have created for these
+            self.pods.mark_inherited()  # a predecessor may have created for these
             await self.spend.load()  # before the first sweep counts anything
             await self.sweep()  # adopt what exists before any worker may create
             self._publish_running()  # endpoints of adopted replicas, before slices are pruned
@@ -509,10 +514,9 @@ class PodController:
         if not uid:
             return
         if event == "DELETED":
-            self.pod_keys.pop(uid, None)
+            self.pods.unwatched(uid)
         else:
-            self.pod_keys[uid] = object_key(pod)
-            self.first_seen.setdefault(uid, self.clock())
+            self.pods.watched(uid, object_key(pod))
         self.queue.add(uid)
 
     async def _sweeper(self) -> None:
@@ -814,7 +818,8 @@ class PodController:
         phase = (pod.get("status") or {}).get("phase")
         if phase in _TERMINAL:
             self.book.drop(uid)
-            self.told_budget.pop(uid, None)
+            if (record := self.pods.get(uid)) is not None:
+                record.told_budget = None
             self.vanished.forget(uid)
             if placed is not None:
                 await self._stop_spend(placed)
@@ -837,17 +842,8 @@ class PodController:
             raise Retry("instance delete failed")
         self.queue.remove(uid)
         self.book.drop(uid)
-        self.told_budget.pop(uid, None)
-        self.first_seen.pop(uid, None)
-        self.unsure.pop(uid, None)
+        self.pods.drop(uid)  # every per-pod fact at once (node/podstate.py)
         self.vanished.forget(uid)
-        self.running_seen.pop(uid, None)
-        self.told_blind.discard(uid)
-        self.told_no_capacity.pop(uid, None)
-        self.unplaced_tries.pop(uid, None)
-        self.told_created.discard(uid)
-        self.told_unhealthy.discard(uid)
-        self.inherited.discard(uid)
         self.addresses.forget(uid)
         self.replicas.forget(uid)
         if placed is None or self._delete_in_progress(placed):
@@ -897,6 +893,7 @@ class PodController:
 
     async def _create(self, pod: Body, uid: str) -> None:
         meta = pod["metadata"]
+        record = self.pods.ensure(uid)
         # Policy first: a pod no policy admits never has its Secrets read.
         policy, refusal = await self.gate.admitting(pod)
         if refusal:
@@ -920,14 +917,14 @@ class PodController:
         if blind:
             wait = (f"{', '.join(blind)} not listed yet and may hold this pod's instance "
                     "(created before a restart); not creating blind")
-            if uid not in self.told_blind:  # once per pod: say why it waits
-                self.told_blind.add(uid)
+            if not record.told_blind:  # once per pod: say why it waits
+                record.told_blind = True
                 log.info("pod waits for a provider list", extra=kv(pod=object_key(pod), uid=uid,
                                                                     providers=",".join(blind)))
                 await self.events.emit(obj=_pod_ref(pod), reason="WaitingForProvider",
                                        message=f"Waiting: {wait}")
             raise Retry(wait, after=2.0)
-        self.told_blind.discard(uid)
+        record.told_blind = False
         try:
             spec = await translate(
                 pod=pod, node_name=self.node, refs=self.refs,
@@ -936,7 +933,7 @@ class PodController:
                 # each retry after NoCapacity: nothing about the pod changed).
                 adapters=[p for n, p in self.providers.items()
                           if policy is None or n in policy.spec.providers],
-                on_dropped=None if uid in self.unplaced_tries else (
+                on_dropped=None if record.unplaced_tries else (
                     lambda dropped: self.events.record(
                         obj=_pod_ref(pod), reason="FieldsDropped", type_="Warning",
                         message=dropped.message)))
@@ -1069,7 +1066,6 @@ class PodController:
                 gpus=want.gpus, price_per_hour=want.price_per_hour)
             self.inflight[name] = self.inflight.get(name, 0) + 1
             try:
-                started = self.clock()
                 inst = await provider.create(spec)
             except CapacityError as exc:
                 self._count(name, "create", exc)
@@ -1125,13 +1121,12 @@ class PodController:
             inst = self.addresses.screen(uid=uid, provider=name, instance=inst)
             self._count(name, "create", None)
             self.unsure.pop(uid, None)
-            self.told_no_capacity.pop(uid, None)
-            self.told_budget.pop(uid, None)
-            self.unplaced_tries.pop(uid, None)
+            record.told_no_capacity = record.told_budget = None
+            record.unplaced_tries = 0
             self.placed.set(uid, Placed(provider=name, instance=inst, seen_at=self.clock(),
                                         listed=False))
             self.metrics.create_latency.labels(name).observe(
-                self.clock() - self.first_seen.get(uid, started))
+                self.clock() - record.first_seen)
             log.info("instance created", extra=kv(pod=object_key(pod), uid=uid, provider=name,
                                                   instance=inst.id))
             if self.verbose_events:
@@ -1197,15 +1192,16 @@ class PodController:
             await self._reject(pod, reason="BudgetExceeded", message=message)
             return
         uid = str(meta.get("uid"))
-        if self.told_budget.get(uid) != over.message:
-            self.told_budget[uid] = over.message
+        record = self.pods.ensure(uid)
+        if record.told_budget != over.message:
+            record.told_budget = over.message
             log.info("pod over its policy's budget", extra=kv(pod=object_key(pod), uid=uid,
                                                               budget=over.budget))
             await self.events.emit(obj=_pod_ref(pod), reason="BudgetExceeded", type_="Warning",
                                    message=f"{message}; waiting for the budget to free up")
         # A check costs no cloud call: look again soon, less often the longer the pod waits
         # (1 s, up to 10 s).
-        waited = self.clock() - self.first_seen.get(uid, self.clock())
+        waited = self.clock() - record.first_seen
         delay = min(10.0, max(1.0, waited / 2))
         raise Retry("over the policy's budget",
                     after=max(0.5, min(delay, self._until_create_deadline(meta) + 0.1)))
@@ -1230,13 +1226,14 @@ class PodController:
             await self._give_up(pod, summary)
             return
         uid = str(meta.get("uid"))
-        if self.told_no_capacity.get(uid) != summary:  # one event per change of reason
-            self.told_no_capacity[uid] = summary
+        record = self.pods.ensure(uid)
+        if record.told_no_capacity != summary:  # one event per change of reason
+            record.told_no_capacity = summary
             await self.events.emit(obj=_pod_ref(pod), reason="NoCapacity", type_="Warning",
                                    message=f"No provider can run {spec.gpu_count}x "
                                            f"{spec.gpu_type or 'any GPU'} now: {summary}")
-        tries = self.unplaced_tries.get(uid, 0)
-        self.unplaced_tries[uid] = tries + 1
+        tries = record.unplaced_tries
+        record.unplaced_tries = tries + 1
         delay = no_capacity_delay(tries, cap=self.settings.pods.max_backoff_seconds)
         # never sleep past the create deadline: the pod must fail on time, not a backoff later
         delay = max(0.5, min(delay, self._until_create_deadline(meta) + 0.1))
@@ -1295,7 +1292,9 @@ class PodController:
                                    message=message)
         probe = None
         if inst.state == InstanceState.RUNNING:
-            self.running_seen.setdefault(uid, time.time())
+            record = self.pods.ensure(uid)
+            if record.running_seen is None:
+                record.running_seen = time.time()
             probe = self.replicas.running(uid=uid, pod=pod, provider=placed.provider,
                                           instance=inst)
             if probe is not None and probe.liveness_failed:
@@ -1325,11 +1324,11 @@ class PodController:
                 self._tell_created(pod, uid, placed)  # a boot users may wait minutes for
             await interruption.tell_planned(self, pod, old=old, new=status, placed=placed)
             if status.get("phase") == "Running" and old.get("phase") != "Running":
-                seen = self.running_seen.get(uid)
+                seen = self.pods.ensure(uid).running_seen
                 if seen is not None:
                     self.metrics.status_latency.labels(placed.provider).observe(
                         max(0.0, time.time() - seen))
-                what = ("running" if uid in self.told_created
+                what = ("running" if self.pods.ensure(uid).told_created
                         else f"created and running ({_describe(inst)})")
                 await self.events.emit(obj=_pod_ref(pod), reason="Started",
                                        message=f"Instance {inst.id} on {placed.provider} {what}")
@@ -1398,8 +1397,6 @@ class PodController:
         if was and not now and status.get("phase") == "Running" and message:
             await self.events.emit(obj=_pod_ref(pod), reason="Unhealthy", type_="Warning",
                                    message=f"Readiness probe failed: {message}")
-        if now:
-            self.told_unhealthy.discard(uid)
 
     async def _restart(self, pod: Body, uid: str, placed: Placed, *,
                        message: str | None) -> None:
@@ -1440,9 +1437,10 @@ class PodController:
             placed, instance=dataclasses.replace(placed.instance, state=InstanceState.PENDING)))
 
     def _tell_created(self, pod: Body, uid: str, placed: Placed) -> None:
-        if uid in self.told_created:
+        record = self.pods.ensure(uid)
+        if record.told_created:
             return
-        self.told_created.add(uid)
+        record.told_created = True
         inst = placed.instance
         self.events.record(obj=_pod_ref(pod), reason="ProviderCreated",
                            message=f"Created instance {inst.id} on {placed.provider} "

@@ -259,7 +259,8 @@ def found(c: PodController, vanished: list[tuple[str, Placed]]) -> None:
                                     at=now, restart_count=restarts_after(pod, placed),
                                     started_at=started_at(pod)))
         c.replicas.forget(uid)
-        c.running_seen.pop(uid, None)
+        if (record := c.pods.get(uid)) is not None:
+            record.running_seen = None
         log.warning("instance vanished", extra=kv(pod=key, uid=uid, provider=placed.provider,
                                                   instance=placed.instance.id))
 
