@@ -34,12 +34,15 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from providers.base import InstanceState
+from providers.base import Instance, InstanceState
 from vkprovider.node.placements import Placed
+from vkprovider.semantics.timefmt import TimeFormatError, parse_time
 
-__all__ = ["PodRecord", "PodStates", "Stage", "stage_of"]
+__all__ = ["DONE_STATES", "TERMINAL", "Body", "PodRecord", "PodStates", "Retry", "Stage",
+           "describe", "is_ready", "parse_time_or_none", "pod_ref", "stage_of"]
 
 _TERMINAL = ("Succeeded", "Failed")
 
@@ -233,3 +236,46 @@ class _Unsure(MutableMapping[str, tuple[str, float]]):
 
     def __len__(self) -> int:
         return len(self._s._unsure)
+
+
+# ---- shared by the engine's modules (pods, podcreate, podsync, podend, podsweep) ------------
+
+Body = dict[str, Any]
+TERMINAL = _TERMINAL
+DONE_STATES = (InstanceState.SUCCEEDED, InstanceState.FAILED)
+
+
+class Retry(Exception):
+    """Reconcile again later (``after`` seconds, or backoff when None)."""
+
+    def __init__(self, reason: str, *, after: float | None = None) -> None:
+        super().__init__(reason)
+        self.after = after
+
+
+def parse_time_or_none(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return parse_time(value)
+    except TimeFormatError:
+        return None
+
+
+def is_ready(pod: Mapping[str, Any]) -> bool:
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if isinstance(c, dict) and c.get("type") == "Ready":
+            return c.get("status") == "True"
+    return False
+
+
+def pod_ref(pod: Mapping[str, Any]) -> Body:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": pod["metadata"]}
+
+
+def describe(inst: Instance) -> str:
+    parts = [f"{inst.gpu_count}x {inst.gpu_type or 'GPU'}"]
+    if inst.region:
+        parts.append(inst.region)
+    parts.append(f"${inst.price_per_hour:.2f}/h")
+    return ", ".join(parts)
