@@ -88,7 +88,9 @@ from vkprovider.node.podstate import (
     Body,
     PodStates,
     Retry,
+    Serving,
     Stage,
+    serving_of,
     stage_of,
 )
 from vkprovider.node.policygate import PolicyGate
@@ -470,30 +472,44 @@ class PodController:
     async def reconcile(self, uid: str) -> None:
         """Do the one step that brings this pod closer to its instance (or the instance to
         its end), chosen by the pod's named state (node/podstate.py)."""
-        key = self.pod_keys.get(uid)
-        pod = self.informer.store.get(key) if key else None
-        if pod is not None and pod["metadata"].get("uid") != uid:
-            pod = None
+        pod = self._pod(uid)
         placed = self.placed.get(uid)
         stage = stage_of(pod=pod, placed=placed, record=self.pods.get(uid))
-        if pod is None:
-            await podend.pod_gone(self, uid, placed)
-        elif stage is Stage.TERMINATING:
-            await podend.terminate(self, pod, uid, placed)
-        elif stage is Stage.FINISHED:
-            self.book.drop(uid)
-            if (record := self.pods.get(uid)) is not None:
-                record.told_budget = None
-            self.vanished.forget(uid)
-            if placed is not None:
-                await podend.stop_spend(self, placed)
-        elif placed is None:  # UNPLACED or UNSURE
-            if uid in self.vanished and (await vanished.tell(self, pod, uid)
-                                         or not vanished.wants_restart(pod)):
-                return  # restartPolicy Never: the pod failed (its status is on its way)
-            await podcreate.create(self, pod, uid)
-        else:  # BOOTING, RUNNING or EXITED
-            await podsync.sync(self, pod, uid, placed)
+        try:
+            if pod is None:
+                await podend.pod_gone(self, uid, placed)
+            elif stage is Stage.TERMINATING:
+                await podend.terminate(self, pod, uid, placed)
+            elif stage is Stage.FINISHED:
+                self.book.drop(uid)
+                if (record := self.pods.get(uid)) is not None:
+                    record.told_budget = None
+                self.vanished.forget(uid)
+                if placed is not None:
+                    await podend.stop_spend(self, placed)
+            elif placed is None:  # UNPLACED or UNSURE
+                if uid in self.vanished and (await vanished.tell(self, pod, uid)
+                                             or not vanished.wants_restart(pod)):
+                    return  # restartPolicy Never: the pod failed (its status is on its way)
+                await podcreate.create(self, pod, uid)
+            else:  # BOOTING, RUNNING or EXITED
+                await podsync.sync(self, pod, uid, placed)
+        finally:
+            self._settle_endpoints(uid)
+
+    def _pod(self, uid: str) -> Body | None:
+        """The pod with this UID as the watch shows it now (None: not on the node)."""
+        key = self.pod_keys.get(uid)
+        pod = self.informer.store.get(key) if key else None
+        return None if pod is None or pod["metadata"].get("uid") != uid else pod
+
+    def _settle_endpoints(self, uid: str) -> None:
+        """Withdraw the endpoints of a pod whose state (as it is now) allows none
+        (``podstate.serving_of``): gone, finished, unplaced, terminating and drained."""
+        stage = stage_of(pod=self._pod(uid), placed=self.placed.get(uid), record=self.pods.get(uid))
+        if serving_of(stage, held=self.replicas.is_held(uid),
+                      draining=self.replicas.is_draining(uid)) is Serving.NONE:
+            self.replicas.forget(uid)
 
     # ---- what other modules and tests call ---------------------------------------------------
 

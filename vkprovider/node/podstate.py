@@ -13,7 +13,8 @@ everything else.
 
 :func:`stage_of` names the state a pod is in from the pod, its placement and its record;
 ``PodController.reconcile`` dispatches on it (see docs/architecture.md for the table of
-transitions):
+transitions). What a Service sees of the pod's replica is :func:`serving_of` its state,
+recomputed after every reconcile:
 
 ========== ================================================ ===================================
 stage      when                                             reconcile does
@@ -41,8 +42,9 @@ from providers.base import Instance, InstanceState
 from vkprovider.node.placements import Placed
 from vkprovider.semantics.timefmt import TimeFormatError, parse_time
 
-__all__ = ["DONE_STATES", "TERMINAL", "Body", "PodRecord", "PodStates", "Retry", "Stage",
-           "describe", "is_ready", "parse_time_or_none", "pod_ref", "stage_of"]
+__all__ = ["DONE_STATES", "TERMINAL", "Body", "PodRecord", "PodStates", "Retry", "Serving",
+           "Stage", "describe", "is_ready", "parse_time_or_none", "pod_ref", "serving_of",
+           "stage_of"]
 
 _TERMINAL = ("Succeeded", "Failed")
 
@@ -93,6 +95,29 @@ def stage_of(*, pod: Mapping[str, Any] | None, placed: Placed | None,
     if state in (InstanceState.SUCCEEDED, InstanceState.FAILED):
         return Stage.EXITED
     return Stage.BOOTING
+
+
+class Serving(enum.Enum):
+    """What a Service sees of a pod's replica (its entries in the EndpointSlices)."""
+
+    NONE = "none"  # no entries: withdrawn
+    HELD = "held"  # kept exactly as the slices hold them: its cloud not listed since a restart
+    REPLICA = "replica"  # published by the status path: ready/serving from the probes while
+    #                      it runs, not ready while it boots, restarts or has exited
+    TERMINATING = "terminating"  # draining: serving, not ready, terminating
+
+
+def serving_of(stage: Stage, *, held: bool, draining: bool) -> Serving:
+    """What a Service may see of a pod in ``stage``; pure. Recomputed after every reconcile
+    (``PodController.reconcile``): whatever path ran, a pod whose state allows no endpoints
+    has none afterwards, so no call site can forget to withdraw them."""
+    if held:
+        return Serving.HELD  # until its cloud's list says what it is (node/podsweep.py)
+    if stage in (Stage.BOOTING, Stage.RUNNING, Stage.EXITED):
+        return Serving.REPLICA
+    if stage is Stage.TERMINATING and draining:
+        return Serving.TERMINATING
+    return Serving.NONE
 
 
 class PodStates:
