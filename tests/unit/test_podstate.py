@@ -64,14 +64,14 @@ def test_a_pods_record_goes_as_a_whole() -> None:
     record = states.watched("u1", "ns/p1")
     assert record.first_seen == 10.0 and states.keys["u1"] == "ns/p1"
     states.unsure["u1"] = ("a", 3.0)
-    record.told_blind, record.unplaced_tries = True, 2
+    record.wait().told_blind, record.wait().unplaced_tries = True, 2
     states.unwatched("u1")  # the watch says deleted: the record waits for its instance
     assert "u1" not in states.keys and len(states.keys) == 0
     assert states.get("u1") is record and states.unsure["u1"] == ("a", 3.0)
     states.drop("u1")
     assert states.get("u1") is None and "u1" not in states.unsure and len(states.unsure) == 0
     again = states.watched("u1", "ns/p1")  # same UID seen again: nothing carried over
-    assert again.unsure is None and not again.told_blind and again.unplaced_tries == 0
+    assert again.unsure is None and again.waiting is None  # nothing carried over
 
 
 def test_the_named_states() -> None:

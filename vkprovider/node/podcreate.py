@@ -122,14 +122,15 @@ async def create(c: PodController, pod: Body, uid: str) -> None:
     if blind:
         wait = (f"{', '.join(blind)} not listed yet and may hold this pod's instance "
                 "(created before a restart); not creating blind")
-        if not record.told_blind:  # once per pod: say why it waits
-            record.told_blind = True
+        if not record.wait().told_blind:  # once per pod: say why it waits
+            record.wait().told_blind = True
             log.info("pod waits for a provider list", extra=kv(pod=object_key(pod), uid=uid,
                                                                providers=",".join(blind)))
             await c.events.emit(obj=pod_ref(pod), reason="WaitingForProvider",
                                 message=f"Waiting: {wait}")
         raise Retry(wait, after=2.0)
-    record.told_blind = False
+    waiting = record.wait()
+    waiting.told_blind = False
     try:
         spec = await translate(
             pod=pod, node_name=c.node, refs=c.refs,
@@ -138,7 +139,7 @@ async def create(c: PodController, pod: Body, uid: str) -> None:
             # each retry after NoCapacity: nothing about the pod changed).
             adapters=[p for n, p in c.providers.items()
                       if policy is None or n in policy.spec.providers],
-            on_dropped=None if record.unplaced_tries else (
+            on_dropped=None if waiting.unplaced_tries else (
                 lambda dropped: c.events.record(
                     obj=pod_ref(pod), reason="FieldsDropped", type_="Warning",
                     message=dropped.message)))
@@ -326,8 +327,7 @@ async def create(c: PodController, pod: Body, uid: str) -> None:
         inst = c.addresses.screen(uid=uid, provider=name, instance=inst)
         c._count(name, "create", None)
         c.unsure.pop(uid, None)
-        record.told_no_capacity = record.told_budget = None
-        record.unplaced_tries = 0
+        record.waiting = None  # placed: nothing left to tell about waiting
         c.placed.set(uid, Placed(provider=name, instance=inst, seen_at=c.clock(),
                                  listed=False))
         c.metrics.create_latency.labels(name).observe(
@@ -401,8 +401,8 @@ async def refuse_over(c: PodController, pod: Body, meta: Body, over: Refusal) ->
         return
     uid = str(meta.get("uid"))
     record = c.pods.ensure(uid)
-    if record.told_budget != over.message:
-        record.told_budget = over.message
+    if record.wait().told_budget != over.message:
+        record.wait().told_budget = over.message
         log.info("pod over its policy's budget", extra=kv(pod=object_key(pod), uid=uid,
                                                           budget=over.budget))
         await c.events.emit(obj=pod_ref(pod), reason="BudgetExceeded", type_="Warning",
@@ -437,13 +437,14 @@ async def no_provider(c: PodController, pod: Body, meta: Body, spec: InstanceSpe
         return
     uid = str(meta.get("uid"))
     record = c.pods.ensure(uid)
-    if record.told_no_capacity != summary:  # one event per change of reason
-        record.told_no_capacity = summary
+    waiting = record.wait()
+    if waiting.told_no_capacity != summary:  # one event per change of reason
+        waiting.told_no_capacity = summary
         await c.events.emit(obj=pod_ref(pod), reason="NoCapacity", type_="Warning",
                             message=f"No provider can run {spec.gpu_count}x "
                                     f"{spec.gpu_type or 'any GPU'} now: {summary}")
-    tries = record.unplaced_tries
-    record.unplaced_tries = tries + 1
+    tries = waiting.unplaced_tries
+    waiting.unplaced_tries = tries + 1
     delay = no_capacity_delay(tries, cap=c.settings.pods.max_backoff_seconds)
     # never sleep past the create deadline: the pod must fail on time, not a backoff later
     delay = max(0.5, min(delay, until_create_deadline(c, meta) + 0.1))

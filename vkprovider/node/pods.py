@@ -482,8 +482,8 @@ class PodController:
                 await podend.terminate(self, pod, uid, placed)
             elif stage is Stage.FINISHED:
                 self.book.drop(uid)
-                if (record := self.pods.get(uid)) is not None:
-                    record.told_budget = None
+                if (record := self.pods.get(uid)) is not None and record.waiting is not None:
+                    record.waiting.told_budget = None
                 self.vanished.forget(uid)
                 if placed is not None:
                     await podend.stop_spend(self, placed)

@@ -43,8 +43,8 @@ from vkprovider.node.placements import Placed
 from vkprovider.semantics.timefmt import TimeFormatError, parse_time
 
 __all__ = ["DONE_STATES", "TERMINAL", "Body", "PodRecord", "PodStates", "Retry", "Serving",
-           "Stage", "describe", "is_ready", "parse_time_or_none", "pod_ref", "serving_of",
-           "stage_of"]
+           "Stage", "Waiting", "describe", "is_ready", "parse_time_or_none", "pod_ref",
+           "serving_of", "stage_of"]
 
 _TERMINAL = ("Succeeded", "Failed")
 
@@ -63,19 +63,37 @@ class Stage(enum.Enum):
 
 
 @dataclass(slots=True)
+class Waiting:
+    """What the engine keeps about a pod still to be placed; dropped once its instance is
+    created, so a steady node's records carry none of it."""
+
+    unsure: tuple[str, float] | None = None  # (provider, since): a create's outcome unknown
+    told_blind: bool = False  # told (event) that it waits for a provider list
+    told_no_capacity: str | None = None  # the NoCapacity summary last told
+    told_budget: str | None = None  # the BudgetExceeded message last told
+    unplaced_tries: int = 0  # placements that found no provider
+
+
+@dataclass(slots=True)
 class PodRecord:
     """Everything the engine keeps about one pod besides its placement."""
 
     first_seen: float  # clock() the watch first showed it
     key: str | None = None  # namespace/name while the watch shows it; None once deleted
     inherited: bool = False  # bound before our first sync: a predecessor may have created it
-    unsure: tuple[str, float] | None = None  # (provider, since): a create's outcome unknown
     running_seen: float | None = None  # wall time its instance was first seen running
-    told_blind: bool = False  # told (event) that it waits for a provider list
     told_created: bool = False  # its ProviderCreated Event was recorded
-    told_no_capacity: str | None = None  # the NoCapacity summary last told
-    told_budget: str | None = None  # the BudgetExceeded message last told
-    unplaced_tries: int = 0  # placements that found no provider
+    waiting: Waiting | None = None  # while it is still to be placed
+
+    def wait(self) -> Waiting:
+        """Its placement facts, made when first needed."""
+        if self.waiting is None:
+            self.waiting = Waiting()
+        return self.waiting
+
+    @property
+    def unsure(self) -> tuple[str, float] | None:
+        return None if self.waiting is None else self.waiting.unsure
 
 
 def stage_of(*, pod: Mapping[str, Any] | None, placed: Placed | None,
@@ -175,11 +193,11 @@ class PodStates:
     def set_unsure(self, uid: str, value: tuple[str, float] | None) -> None:
         if value is None:
             record = self._records.get(uid)
-            if record is not None:
-                record.unsure = None
+            if record is not None and record.waiting is not None:
+                record.waiting.unsure = None
             self._unsure.discard(uid)
             return
-        self.ensure(uid).unsure = value
+        self.ensure(uid).wait().unsure = value
         self._unsure.add(uid)
 
     def mark_inherited(self) -> None:
