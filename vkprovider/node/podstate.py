@@ -3,31 +3,31 @@
 Why it exists: the pod engine used to keep some dozen dicts and sets keyed by pod UID (first
 seen, unsure create, told blind, told no capacity, tries, told created, running seen, ...); each
 one had to be cleaned up by hand when the pod went, and one forgotten ``pop`` was a leak or a
-stale Event. Here a pod has ONE :class:`PodRecord` (slots, cheaper than a dict entry per
-concern), created when the watch first shows the pod and dropped as a whole when the pod is gone
-and its instance deleted.
+stale Event. Here a pod has ONE :class:`PodRecord` (slots; what matters only while it waits
+for a placement sits in a :class:`Waiting`, dropped once it is placed), created when the watch
+first shows the pod and dropped as a whole when the pod is gone and its instance deleted.
 
 Where the pod's instance lives stays in :class:`~vkprovider.node.placements.Placements` (it
 keeps per-account totals incrementally and is read by the kubelet API's view); the record is
 everything else.
 
 :func:`stage_of` names the state a pod is in from the pod, its placement and its record;
-``PodController.reconcile`` dispatches on it (see docs/architecture.md for the table of
-transitions). What a Service sees of the pod's replica is :func:`serving_of` its state,
-recomputed after every reconcile:
+``PodController.reconcile`` dispatches on it (docs/architecture.md has the transitions), and
+after every reconcile withdraws the endpoints of a pod whose state allows none
+(:func:`serving_of`: what a Service may see of the pod's replica).
 
-========== ================================================ ===================================
-stage      when                                             reconcile does
-========== ================================================ ===================================
-UNPLACED   live pod, no instance, no create in doubt        admit, translate, place, create
-UNSURE     live pod, no instance seen, a create in doubt    create again on the same provider
-BOOTING    instance placed, not running yet                 status from the instance
-RUNNING    instance running                                 probes, endpoints, status
-EXITED     instance succeeded or failed                     pod Succeeded/Failed (or restart)
-FINISHED   pod Succeeded or Failed                          stop spending: delete the instance
+=========== =============================================== ==================================
+stage       when                                            reconcile does
+=========== =============================================== ==================================
+UNPLACED    live pod, no instance, no create in doubt       admit, translate, place, create
+UNSURE      live pod, no instance seen, a create in doubt   create again on the same provider
+BOOTING     instance placed, not running yet                status from the instance
+RUNNING     instance running                                probes, endpoints, status
+EXITED      instance succeeded or failed                    pod Succeeded/Failed (or restart)
+FINISHED    pod Succeeded or Failed                         stop spending: delete the instance
 TERMINATING pod has a deletionTimestamp                     drain, delete instance, delete pod
-GONE       pod no longer on the node                        delete the instance, drop the record
-========== ================================================ ===================================
+GONE        pod no longer on the node                       delete the instance, drop record
+=========== =============================================== ==================================
 """
 
 from __future__ import annotations
