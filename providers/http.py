@@ -31,7 +31,6 @@ from typing import Any, Protocol, Self, TypeVar
 import httpx
 from tenacity import RetryCallState
 
-from providers.asyncnet import fast_transport
 from providers.base import (
     AuthError,
     InvalidSpec,
@@ -41,8 +40,9 @@ from providers.base import (
     RateLimited,
     TransientError,
 )
-from providers.h1 import H1ConnectError, H1Error, H1Pool, H1Timeout
 from providers.options import DEFAULT_RETRY
+from providers.transport.asyncnet import fast_transport
+from providers.transport.h1 import H1ConnectError, H1Error, H1Pool, H1Timeout
 
 __all__ = [
     "MAX_SERVER_MESSAGE",
@@ -58,8 +58,9 @@ _T = TypeVar("_T")
 
 
 class Answer(Protocol):
-    """What adapters read of a cloud's answer: the lean pool's :class:`~providers.h1.H1Response`
-    on the hot path, an ``httpx.Response`` where httpx carries the call (a proxy, a stream)."""
+    """What adapters read of a cloud's answer: the lean pool's
+    :class:`~providers.transport.h1.H1Response` on the hot path, an ``httpx.Response`` where
+    httpx carries the call (a proxy, a stream)."""
 
     @property
     def status_code(self) -> int: ...
@@ -236,14 +237,16 @@ class HTTPAdapter:
         self._retry = retry
         self._secret = secret or None
         headers = {"Accept": "application/json", **(auth_headers or {})}
-        # The default transport runs on plain asyncio streams (providers/asyncnet.py: less CPU
-        # per call); with a proxy in the environment it is None and httpx's own honours it.
+        # The default transport runs on plain asyncio streams (providers/transport/asyncnet.py:
+        # less CPU per call); with a proxy in the environment it is None and httpx's own
+        # honours it.
         self._transport = transport if transport is not None else fast_transport()
         self._client = httpx.AsyncClient(
             base_url=base_url, headers=headers, timeout=timeout, transport=self._transport
         )
-        # Whole answers on the default transport take the lean HTTP/1.1 path (providers/h1.py);
-        # an injected transport (tests, a caller's own) or a proxy keeps httpx.
+        # Whole answers on the default transport take the lean HTTP/1.1 path
+        # (providers/transport/h1.py); an injected transport (tests, a caller's own) or a proxy
+        # keeps httpx.
         url = self._client.base_url
         self._h1 = H1Pool(f"{url.scheme}://{url.netloc.decode('ascii')}") \
             if transport is None and self._transport is not None else None

@@ -1,6 +1,6 @@
-"""Streams from the real API server through KubeClient.stream (providers/h1stream.py under it):
-a watch's events in order, its failures as our own errors, and an informer that keeps its store
-in step through them."""
+"""Streams from the real API server through KubeClient.stream (providers/transport/h1stream.py
+under it): a watch's events in order, its failures as our own errors, and an informer that keeps
+its store in step through them."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The asyncio-stream transport (providers/asyncnet.py) under httpx, the API-server client's
-retry loop and its cached bearer token. No cluster: small asyncio servers on loopback."""
+"""The asyncio-stream transport (providers/transport/asyncnet.py) under httpx, the API-server
+client's retry loop and its cached bearer token. No cluster: small asyncio servers on loopback."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import httpcore
 import httpx
 import pytest
 
-from providers.asyncnet import AsyncioBackend, FastTransport, fast_transport
 from providers.base import TransientError
 from providers.http import RetryPolicy
+from providers.transport.asyncnet import AsyncioBackend, FastTransport, fast_transport
 from vkprovider.api.tls import self_signed_certificate
 from vkprovider.kube.auth import BearerAuth, Credentials, configuration_token
 from vkprovider.kube.client import KubeClient

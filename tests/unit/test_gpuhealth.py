@@ -7,7 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from providers.base import Instance, InstanceState
-from vkprovider.api.gpu import GPUReading, PodGPUs
+from vkprovider.gpureadings import GPUReading, PodGPUs
 from vkprovider.metrics import Metrics
 from vkprovider.node.gpuhealth import CONDITION, GPUHealthWatch, HeatTracker, condition_status
 from vkprovider.node.placements import Placed

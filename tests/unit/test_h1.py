@@ -1,5 +1,5 @@
-"""The lean HTTP/1.1 client (providers/h1.py) against small asyncio servers on loopback that
-answer with scripted bytes: framing, keep-alive, stale connections, deadlines, TLS."""
+"""The lean HTTP/1.1 client (providers/transport/h1.py) against small asyncio servers on loopback
+that answer with scripted bytes: framing, keep-alive, stale connections, deadlines, TLS."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from providers.h1 import (
+from providers.transport.h1 import (
     H1ConnectError,
     H1ConnectionLost,
     H1Pool,

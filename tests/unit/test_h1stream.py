@@ -1,5 +1,5 @@
-"""Streamed answers on the lean HTTP/1.1 client (providers/h1stream.py) against small asyncio
-servers on loopback that write scripted bytes: chunk framing split anywhere, the other body
+"""Streamed answers on the lean HTTP/1.1 client (providers/transport/h1stream.py) against small
+asyncio servers on loopback that write scripted bytes: chunk framing split anywhere, the other body
 framings, lines, errors, the inactivity deadline, flow control, TLS."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from providers.h1 import H1ConnectionLost, H1Pool, H1ProtocolError, H1Timeout
-from providers.h1stream import MAX_PIECE, open_stream
+from providers.transport.h1 import H1ConnectionLost, H1Pool, H1ProtocolError, H1Timeout
+from providers.transport.h1stream import MAX_PIECE, open_stream
 from vkprovider.api.tls import self_signed_certificate
 
 GUARD = 10.0

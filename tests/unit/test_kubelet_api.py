@@ -26,11 +26,12 @@ from vkprovider.api.auth import (
     user_from_subject,
     verb_for,
 )
-from vkprovider.api.gpu import GPUCollector, parse_readings
+from vkprovider.api.gpu import GPUCollector
 from vkprovider.api.kubelet import create_kubelet_app, create_metrics_app
 from vkprovider.api.stats import count_pods
 from vkprovider.api.view import Placement
 from vkprovider.config import KubeletAPISettings
+from vkprovider.gpureadings import parse_readings
 from vkprovider.kube.authn import UserInfo
 from vkprovider.metrics import Metrics
 

@@ -55,7 +55,8 @@ from tests.fakes.runpod_fake import (
     create_app,
     runpod_spec_path,
 )
-from vkprovider.api.gpu import BulkGPUMetricsSource, parse_readings
+from vkprovider.api.gpu import BulkGPUMetricsSource
+from vkprovider.gpureadings import parse_readings
 
 API_KEY = "rp-test-key-s3cr3t-0123456789"
 BASE_URL = "https://api.runpod.io"

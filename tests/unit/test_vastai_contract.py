@@ -43,7 +43,8 @@ from providers.base import (
 from providers.vastai import VastAIProvider, decode_label, encode_label, map_status
 from tests.fakes.common import TRANSPORT_FAILURES, FailingTransport, Providers, assert_never_shown
 from tests.fakes.vastai_fake import API_KEY, VIOLATION_STATUS, FakeVastAI, specs_dir
-from vkprovider.api.gpu import BulkGPUMetricsSource, parse_readings
+from vkprovider.api.gpu import BulkGPUMetricsSource
+from vkprovider.gpureadings import parse_readings
 
 BASE_URL = "https://console.vast.ai"
 OWNER = "vk-gpu-burst"

@@ -27,8 +27,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from vkprovider.api.gpu import GPUReading, PodGPUs
 from vkprovider.api.view import NodeView
+from vkprovider.gpureadings import GPUReading, PodGPUs
 from vkprovider.metrics import add_pod_gpus, pod_gpu_families
 from vkprovider.semantics.timefmt import format_time
 

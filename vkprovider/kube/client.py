@@ -7,14 +7,15 @@ pod status write (a replace guarded by the cached resourceVersion, a patch when 
 single requests are retried at this edge, honouring ``Retry-After``.
 
 CPU per request and per watch event is what limits the provider in a burst (bench/burst.py), so
-both paths are lean. Single requests go out on :mod:`providers.h1` (one keep-alive HTTP/1.1
-connection per request in flight, the request in one write, the answer parsed as it arrives);
-watches and followed logs on :mod:`providers.h1stream` (chunk framing undone in the event loop's
-callback, the reader woken once for all that arrived: 0.44 s less CPU per 3,000-pod burst's
-12,000 watch events than reading them through httpx). The bearer token is read at most every
-few seconds (:class:`~vkprovider.kube.auth.BearerAuth`) and the retry loop costs nothing until a
-request fails. When the environment names a proxy, both go through ``httpx`` instead (its
-transport honours the proxy variables; :mod:`providers.asyncnet` under it).
+both paths are lean. Single requests go out on :mod:`providers.transport.h1` (one keep-alive
+HTTP/1.1 connection per request in flight, the request in one write, the answer parsed as it
+arrives); watches and followed logs on :mod:`providers.transport.h1stream` (chunk framing undone
+in the event loop's callback, the reader woken once for all that arrived: 0.44 s less CPU per
+3,000-pod burst's 12,000 watch events than reading them through httpx). The bearer token is
+read at most every few seconds (:class:`~vkprovider.kube.auth.BearerAuth`) and the retry loop
+costs nothing until a request fails. When the environment names a proxy, both go through
+``httpx`` instead (its transport honours the proxy variables; :mod:`providers.transport.asyncnet`
+under it).
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from urllib.parse import urlencode
 
 import httpx
 
-from providers.asyncnet import fast_transport
-from providers.h1 import H1Error, H1Pool, H1Response, H1Timeout
-from providers.h1stream import H1Stream, open_stream
+from providers.transport.asyncnet import fast_transport
+from providers.transport.h1 import H1Error, H1Pool, H1Response, H1Timeout
+from providers.transport.h1stream import H1Stream, open_stream
 from vkprovider.kube import codec
 from vkprovider.kube.auth import BearerAuth, Credentials, load_credentials
 from vkprovider.kube.errors import (
@@ -101,8 +102,9 @@ class KubeClient:
             limits=limits,
             transport=self._transport,
         )
-        # Single requests take the lean HTTP/1.1 path (providers/h1.py) and streams (watches,
-        # logs) its streamed form (providers/h1stream.py), unless a proxy is configured.
+        # Single requests take the lean HTTP/1.1 path (providers/transport/h1.py) and streams
+        # (watches, logs) its streamed form (providers/transport/h1stream.py), unless a proxy is
+        # configured.
         self._timeout = timeout
         self._pool = None if self._transport is None else H1Pool(
             credentials.host, ssl_context=credentials.ssl_context,
@@ -190,10 +192,10 @@ class KubeClient:
         content: bytes | None,
         content_type: str,
     ) -> httpx.Response | H1Response:
-        """One request, its body read, on the lean HTTP/1.1 pool (providers/h1.py): httpx's
-        client and transport spend several times its CPU per request on work these requests do
-        not need (URL objects, header merging, an auth flow, a redirect loop, a cookie jar,
-        httpcore's pool and h11 bookkeeping)."""
+        """One request, its body read, on the lean HTTP/1.1 pool (providers/transport/h1.py):
+        httpx's client and transport spend several times its CPU per request on work these
+        requests do not need (URL objects, header merging, an auth flow, a redirect loop, a cookie
+        jar, httpcore's pool and h11 bookkeeping)."""
         if self._pool is None:  # a proxy from the environment: the client knows it
             headers = {"Content-Type": content_type} if content is not None else None
             return await self._http.request(

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from vkprovider.api.gpu import PodGPUs
+from vkprovider.gpureadings import PodGPUs
 from vkprovider.kube.errors import NotFoundError
 from vkprovider.kube.podstatus_write import pod_status_path
 from vkprovider.logs import kv

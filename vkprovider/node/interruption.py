@@ -87,12 +87,15 @@ async def reclaimed(c: PodController, pod: Body, *, placed: Placed) -> None:
     """The cloud took the instance back: the pod fails (its controller replaces it) and the
     instance is deleted, as after a crash that cannot be restarted in place. Counted in
     ``vkprovider_pods_rejected_total{reason="InstanceInterrupted"}``."""
+    # imported here: the status path (podsync) imports this module's conditions
+    from vkprovider.node import podend, podsync
+
     inst = placed.instance
     detail = f": {inst.message}" if inst.message else ""
-    await c._reject(pod, reason=REASON_INTERRUPTED,
-                    message=f"{placed.provider} reclaimed interruptible instance "
-                            f"{inst.id}{detail}")
-    await c._stop_spend(placed)
+    await podsync.reject(c, pod, reason=REASON_INTERRUPTED,
+                         message=f"{placed.provider} reclaimed interruptible instance "
+                                 f"{inst.id}{detail}")
+    await podend.stop_spend(c, placed)
 
 
 def _key(pod: Body) -> str:

@@ -124,6 +124,13 @@ class Replicas:
     def held(self) -> list[str]:
         return sorted(self._held)
 
+    def is_held(self, uid: str) -> bool:
+        return uid in self._held
+
+    def is_draining(self, uid: str) -> bool:
+        """Its endpoints went terminating (:meth:`drain_left`) and it is not forgotten yet."""
+        return uid in self._draining
+
     # ---- the instance runs -------------------------------------------------------------------
 
     def running(self, *, uid: str, pod: Body, provider: str, instance: Instance

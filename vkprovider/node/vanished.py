@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from providers.base import InstanceState
 from vkprovider.logs import kv
-from vkprovider.node import podstatus
+from vkprovider.node import podstatus, podsync
 from vkprovider.node.placements import InstanceKey, Placed
 from vkprovider.semantics.timefmt import format_time
 
@@ -259,7 +259,8 @@ def found(c: PodController, vanished: list[tuple[str, Placed]]) -> None:
                                     at=now, restart_count=restarts_after(pod, placed),
                                     started_at=started_at(pod)))
         c.replicas.forget(uid)
-        c.running_seen.pop(uid, None)
+        if (record := c.pods.get(uid)) is not None:
+            record.running_seen = None
         log.warning("instance vanished", extra=kv(pod=key, uid=uid, provider=placed.provider,
                                                   instance=placed.instance.id))
 
@@ -279,12 +280,12 @@ async def tell(c: PodController, pod: Body, uid: str) -> bool:
             container["state"] = {"terminated": vanish.last_state()["terminated"]}
             container["restartCount"] = max(0, vanish.restart_count - 1)  # not restarted
         c.metrics.pods_rejected.labels(REASON).inc()
-        await c._write_status(pod, status)
+        await podsync.write_status(c, pod, status)
         await c.events.emit(obj=ref, reason=REASON, type_="Warning",
                             message=f"{text}; restartPolicy Never: the pod fails")
         c.vanished.handled(uid)
         return True
-    await c._write_status(pod, restart_status(pod=pod, vanish=vanish, now=now))
+    await podsync.write_status(c, pod, restart_status(pod=pod, vanish=vanish, now=now))
     await c.events.emit(obj=ref, reason=REASON, type_="Warning",
                         message=f"{text}; creating a new instance (restart "
                                 f"{vanish.restart_count})")

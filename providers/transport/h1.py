@@ -2,8 +2,8 @@
 
 Why it exists: CPU per request is what limits a provider in a burst (bench/burst.py), and a pod's
 lifecycle is a handful of single requests (a cloud create and delete, a pod status patch, an
-Event). With httpx, even on plain asyncio streams (providers/asyncnet.py), most of a request's
-Python time went to httpcore's pool bookkeeping, h11's state machine and building httpx's
+Event). With httpx, even on plain asyncio streams (providers/transport/asyncnet.py), most of a
+request's Python time went to httpcore's pool bookkeeping, h11's state machine and building httpx's
 request and response objects: work a keep-alive HTTP/1.1 exchange of a small JSON body does
 not need. Here one connection is an :class:`asyncio.Protocol`: the request leaves in one write,
 the response is parsed as it arrives (status line, headers, then ``Content-Length``, chunked or
@@ -28,7 +28,8 @@ What it does and does not do:
   does; anything else is raised, and the callers' own retry rules apply;
 * no proxies (callers keep httpx when the environment names one), no redirects, no
   compression (it never asks for any), no HTTP/2. Streamed answers (watches, followed logs)
-  are :mod:`providers.h1stream`'s, on connections of their own from :meth:`H1Pool.connect`.
+  are :mod:`providers.transport.h1stream`'s, on connections of their own from
+  :meth:`H1Pool.connect`.
 
 Errors are this module's own: :class:`H1ConnectError`, :class:`H1Timeout`,
 :class:`H1ConnectionLost` and :class:`H1ProtocolError`, all :class:`H1Error`.
@@ -431,7 +432,7 @@ class H1Pool:
 
     async def connect(self, factory: Callable[[], _P]) -> _P:
         """A new connection to this pool's origin (TLS included), outside the pool: for a
-        stream (providers/h1stream.py), which holds its connection until it ends."""
+        stream (providers/transport/h1stream.py), which holds its connection until it ends."""
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self._connect_timeout):

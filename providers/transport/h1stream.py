@@ -10,16 +10,16 @@ callback, and the reading task wakes once for everything that arrived since it l
 
 What it does:
 
-* one dedicated connection per stream (:meth:`providers.h1.H1Pool.connect`), never returned to
-  a pool, closed when the stream's ``async with`` ends, however it ends;
+* one dedicated connection per stream (:meth:`providers.transport.h1.H1Pool.connect`), never
+  returned to a pool, closed when the stream's ``async with`` ends, however it ends;
 * bodies framed by chunks, by ``Content-Length`` or by the connection's end;
 * flow control: past ``high_water`` unread bytes the socket stops being read until the reader
   catches up, so a slow consumer holds memory bounded;
 * an inactivity deadline (``read_timeout``): a stream silent that long fails with
-  :class:`~providers.h1.H1Timeout`, checked by one timer per deadline, not one per read;
+  :class:`~providers.transport.h1.H1Timeout`, checked by one timer per deadline, not one per read;
 * the head (status line and headers) bounded by ``head_timeout``.
 
-Errors are :mod:`providers.h1`'s own.
+Errors are :mod:`providers.transport.h1`'s own.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import contextlib
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import cast
 
-from providers.h1 import (
+from providers.transport.h1 import (
     H1ConnectionLost,
     H1Error,
     H1Pool,
