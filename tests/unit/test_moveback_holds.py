@@ -5,6 +5,7 @@ Pure: slim nodes, pods and Kueue objects in, a Fit (or claims) out.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -330,3 +331,45 @@ def test_the_replaced_pod_is_judged_from_one_read_of_it() -> None:
     assert pod_gone({"metadata": {"uid": "u1", "deletionTimestamp": "2026-01-01T00:00:00Z"}},
                     uid="u1")
     assert not pod_gone({"metadata": {"uid": "u1", "deletionTimestamp": None}}, uid="u1")
+
+
+# -- the guarded writes of a surge and of taking it back (move-back and hot swap alike) -----
+
+
+def _dep(*, replicas: int, annotations: dict[str, str]) -> dict[str, Any]:
+    return {"metadata": {"resourceVersion": "41", "annotations": annotations},
+            "spec": {"replicas": replicas}}
+
+
+@pytest.mark.parametrize("kind", ["move-back", "hot-swap"])
+def test_surge_and_scale_back_bodies_write_only_while_the_intent_is_ours(kind: str) -> None:
+    from vkprovider.descheduler.hotswap import INTENT as SWAP_KEY
+    from vkprovider.descheduler.hotswap import SwapIntent
+    from vkprovider.descheduler.moveback import INTENT as MOVE_KEY
+    from vkprovider.descheduler.moveback import Intent
+    from vkprovider.descheduler.surge import scale_back_body, surge_body
+
+    intent: Intent | SwapIntent = (Intent(pod="p", pod_uid="u", replicas=3, started=1.0,
+                                          policy="pol") if kind == "move-back" else
+                                   SwapIntent(pod="p", pod_uid="u", replicas=3, started=1.0,
+                                              policy="pol"))
+    key = MOVE_KEY if kind == "move-back" else SWAP_KEY
+    raw = intent.dumps()
+    ours = {key: raw}
+    assert surge_body(_dep(replicas=3, annotations=ours), key=key, raw=raw, n=3) == {
+        "metadata": {"resourceVersion": "41"}, "spec": {"replicas": 4}}
+    # someone scaled since the intent was recorded, or the intent is not (or no longer) ours
+    assert surge_body(_dep(replicas=5, annotations=ours), key=key, raw=raw, n=3) is None
+    assert surge_body(_dep(replicas=3, annotations={key: "other"}), key=key, raw=raw,
+                      n=3) is None
+    # an HPA scaled up to 7 meanwhile: only our surge comes off, and the intent says so
+    body = scale_back_body(_dep(replicas=7, annotations=ours), key=key, raw=raw, intent=intent)
+    assert body is not None and body["spec"] == {"replicas": 6}
+    assert body["metadata"]["resourceVersion"] == "41"
+    marked = type(intent)(**{**json.loads(body["metadata"]["annotations"][key])})
+    assert marked.scaled_back == 6 and marked.replicas == 3
+    # nothing of ours left to remove: the intent is marked, the count untouched
+    body = scale_back_body(_dep(replicas=3, annotations=ours), key=key, raw=raw, intent=intent)
+    assert body is not None and "spec" not in body
+    assert scale_back_body(_dep(replicas=4, annotations={}), key=key, raw=raw,
+                           intent=intent) is None

@@ -45,7 +45,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from vkprovider.descheduler.moveback import (
@@ -61,7 +61,7 @@ from vkprovider.descheduler.objects import deployment_ref as _dep_ref
 from vkprovider.descheduler.objects import object_key as _key
 from vkprovider.descheduler.prewarm_plan import INTENT as PREWARM_INTENT
 from vkprovider.descheduler.scoped import TaskScope
-from vkprovider.descheduler.surge import pod_gone, scale_back
+from vkprovider.descheduler.surge import pod_gone, scale_back_body, surge_body
 from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
 from vkprovider.logs import kv
 from vkprovider.placement import policy as pol
@@ -273,8 +273,9 @@ class HotSwap:
             with contextlib.suppress(NotFoundError):
                 await mb.client.patch(f"/api/v1/namespaces/{ns}/pods/{intent.pod}",
                                       {"metadata": {"annotations": {COST: LOWEST_COST}}})
-            if await mb._write_deployment(dep, lambda d: _surge_body(d, raw, n), suffix="/scale",
-                                          first=written) is None:
+            if await mb._write_deployment(
+                    dep, lambda d: surge_body(d, key=INTENT, raw=raw, n=n), suffix="/scale",
+                    first=written) is None:
                 return await self._finish(cur, intent, raw, ok=False, min_ready=min_ready,
                                           reason="the Deployment was scaled by someone else "
                                                  "before the surge")
@@ -307,7 +308,8 @@ class HotSwap:
         trigger = TRIGGERS.get(intent.trigger, HOT_GPU)
         back, generation = intent.scaled_back, 0
         if back is None:
-            written = await mb._write_deployment(dep, lambda d: _scale_back_body(d, raw, intent))
+            written = await mb._write_deployment(
+                dep, lambda d: scale_back_body(d, key=INTENT, raw=raw, intent=intent))
             if written is None:
                 return SwapResult(deployment=key, pod=intent.pod, result="skipped", seconds=0,
                                   min_ready=min_ready, desired=n, trigger=trigger.name,
@@ -366,27 +368,3 @@ class HotSwap:
                                        {"metadata": {"annotations": {INTENT: None}}})
 
 
-def _intent_there(dep: Mapping[str, Any], raw: str) -> bool:
-    return (dep["metadata"].get("annotations") or {}).get(INTENT) == raw
-
-
-def _surge_body(dep: Body, raw: str, n: int) -> Body | None:
-    """The scale write of the surge N -> N+1 while our intent is there and the count is N."""
-    if not _intent_there(dep, raw) or int(dep["spec"].get("replicas") or 0) != n:
-        return None
-    return {"metadata": {"resourceVersion": dep["metadata"]["resourceVersion"]},
-            "spec": {"replicas": n + 1}}
-
-
-def _scale_back_body(dep: Body, raw: str, intent: SwapIntent) -> Body | None:
-    """One write that takes the surge back relative to the count now and marks the intent."""
-    if not _intent_there(dep, raw):
-        return None
-    current = int(dep["spec"].get("replicas") or 0)
-    back = scale_back(current=current, recorded=intent.replicas, surge=1)
-    body: Body = {"metadata": {"resourceVersion": dep["metadata"]["resourceVersion"],
-                               "annotations": {INTENT: replace(intent,
-                                                               scaled_back=back).dumps()}}}
-    if back != current:
-        body["spec"] = {"replicas": back}
-    return body

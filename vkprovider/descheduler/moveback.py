@@ -65,7 +65,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from vkprovider.descheduler.admission import Decision, OverflowAdmission
@@ -88,7 +88,13 @@ from vkprovider.descheduler.objects import object_key as _key
 from vkprovider.descheduler.objects import pod_ref as _pod_ref
 from vkprovider.descheduler.prewarm_plan import INTENT as PREWARM_INTENT
 from vkprovider.descheduler.scoped import TaskScope
-from vkprovider.descheduler.surge import floor_to_restore, hpa_surge_floor, pod_gone, scale_back
+from vkprovider.descheduler.surge import (
+    floor_to_restore,
+    hpa_surge_floor,
+    pod_gone,
+    scale_back_body,
+    surge_body,
+)
 from vkprovider.errors import VKError
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
@@ -517,7 +523,7 @@ class MoveBack:
                 if hpa is not None:
                     await self.client.patch(_hpa_path(hpa), {"spec": {"minReplicas": floor}})
                 elif await self._write_deployment(
-                        dep, lambda d: _surge_body(d, raw, n), suffix="/scale",
+                        dep, lambda d: surge_body(d, key=INTENT, raw=raw, n=n), suffix="/scale",
                         first=written) is None:
                     return await self._finish(cur, intent, raw, ok=False, min_ready=min_ready,
                                               reason="the Deployment was scaled by someone "
@@ -626,8 +632,8 @@ class MoveBack:
                 await self._restore_floor(
                     ns=ns, name=intent.hpa, original=intent.hpa_min or 1,
                     surged_to=intent.hpa_floor or max(intent.hpa_min or 1, n + 1))
-            written = await self._write_deployment(dep, lambda d: _scale_back_body(d, raw,
-                                                                                    intent))
+            written = await self._write_deployment(
+                dep, lambda d: scale_back_body(d, key=INTENT, raw=raw, intent=intent))
             if written is None:  # gone, or the intent is no longer (or not yet) in the cache
                 return MoveResult(deployment=key, result="skipped", seconds=0,
                                   min_ready=min_ready, desired=n,
@@ -727,32 +733,6 @@ def _hpa_max(hpa: Body) -> int | None:
     return int(value) if value is not None else None
 
 
-def _intent_there(dep: Body, raw: str) -> bool:
-    return (dep["metadata"].get("annotations") or {}).get(INTENT) == raw
-
-
-def _surge_body(dep: Body, raw: str, n: int) -> Body | None:
-    """The scale write of the surge N -> N+1, while our intent is on the Deployment and nobody
-    changed its count since it was recorded (None: do not surge)."""
-    if not _intent_there(dep, raw) or int(dep["spec"].get("replicas") or 0) != n:
-        return None
-    return {"metadata": {"resourceVersion": dep["metadata"]["resourceVersion"]},
-            "spec": {"replicas": n + 1}}
-
-
-def _scale_back_body(dep: Body, raw: str, intent: Intent) -> Body | None:
-    """One write that takes the surge back relative to the count now and records that it did
-    (None: our intent is not on the Deployment, there is nothing of ours to take back)."""
-    if not _intent_there(dep, raw):
-        return None
-    current = int(dep["spec"].get("replicas") or 0)
-    back = scale_back(current=current, recorded=intent.replicas, surge=1)
-    body: Body = {"metadata": {"resourceVersion": dep["metadata"]["resourceVersion"],
-                               "annotations": {INTENT: replace(intent,
-                                                               scaled_back=back).dumps()}}}
-    if back != current:
-        body["spec"] = {"replicas": back}
-    return body
 
 
 def _slim_hpa(obj: Body) -> Body:

@@ -10,13 +10,56 @@ loop takes the same one:
 * :func:`scale_back`: the count to write when the surge is undone, relative to the count now;
 * :func:`hpa_surge_floor`: the HPA floor a surge needs, or None when the HPA has no room;
 * :func:`floor_to_restore`: whether an HPA's ``minReplicas`` is still the one we set;
-* :func:`pod_gone`: whether the replaced pod is gone, judged from one read of it.
+* :func:`pod_gone`: whether the replaced pod is gone, judged from one read of it;
+* :func:`surge_body` and :func:`scale_back_body`: the guarded Deployment writes of a surge and of
+  taking it back, for any intent recorded as an annotation (move-back's, the hot swap's).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import replace
+from typing import Any, Protocol
+
+
+class SurgeIntent(Protocol):
+    """What a recorded surge intent has: N before the surge, and its own serialisation."""
+
+    @property
+    def replicas(self) -> int: ...
+
+    def dumps(self) -> str: ...
+
+
+def intent_there(dep: Mapping[str, Any], *, key: str, raw: str) -> bool:
+    """Our intent (the annotation ``key`` with exactly the value ``raw``) is on ``dep``."""
+    return bool((dep["metadata"].get("annotations") or {}).get(key) == raw)
+
+
+def surge_body(dep: Mapping[str, Any], *, key: str, raw: str, n: int) -> dict[str, Any] | None:
+    """The scale write of the surge N -> N+1, while our intent is on the Deployment and nobody
+    changed its count since it was recorded (None: do not surge)."""
+    if not intent_there(dep, key=key, raw=raw) or int(dep["spec"].get("replicas") or 0) != n:
+        return None
+    return {"metadata": {"resourceVersion": dep["metadata"]["resourceVersion"]},
+            "spec": {"replicas": n + 1}}
+
+
+def scale_back_body(dep: Mapping[str, Any], *, key: str, raw: str,
+                    intent: SurgeIntent) -> dict[str, Any] | None:
+    """One write that takes the surge back relative to the count now and records, in the same
+    write, that it did (the intent's ``scaled_back``; None: our intent is not on the Deployment,
+    there is nothing of ours to take back)."""
+    if not intent_there(dep, key=key, raw=raw):
+        return None
+    current = int(dep["spec"].get("replicas") or 0)
+    back = scale_back(current=current, recorded=intent.replicas, surge=1)
+    marked: SurgeIntent = replace(intent, scaled_back=back)  # type: ignore[type-var]
+    body: dict[str, Any] = {"metadata": {"resourceVersion": dep["metadata"]["resourceVersion"],
+                                         "annotations": {key: marked.dumps()}}}
+    if back != current:
+        body["spec"] = {"replicas": back}
+    return body
 
 
 def scale_back(*, current: int, recorded: int, surge: int) -> int:
