@@ -44,6 +44,7 @@ from vkprovider.testing.cluster import Component, LocalCluster, free_port
 from vkprovider.testing.harness import MockCloudProcess, service_account_kubeconfig
 from vkprovider.testing.waiting import eventually
 
+from .bursts import burst_objects
 from .conftest import Cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]  # a cold helm build: ~2.5 min
@@ -412,23 +413,9 @@ async def test_installed_chart_bursts_an_unschedulable_gpu_pod(
 
         # one overflow: nothing inside fits (no node of this pool but the virtual one)
         policy = f"chart-{tag}"
-        await cluster_objects.create(POLICIES, {
-            "apiVersion": "vkprovider.io/v1alpha1", "kind": "OverflowPolicy",
-            "metadata": {"name": policy},
-            "spec": {"selector": {"namespaces": [namespace],
-                                  "podSelector": {"matchLabels": {"app": "burst"}}},
-                     "providers": ["mock"], "overflowAfter": "0s"}})
-        await kube.create(f"/apis/apps/v1/namespaces/{namespace}/deployments", {
-            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "burst"},
-            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "burst"}},
-                     "template": {
-                         "metadata": {"labels": {"app": "burst"},
-                                      "annotations": {"vkprovider.io/gpu-type": "H100"}},
-                         "spec": {"nodeSelector": {"vkprovider.io/pool": namespace},
-                                  "terminationGracePeriodSeconds": 1,
-                                  "containers": [{"name": "server", "image": "example.com/s:1",
-                                                  "resources": {"limits": {
-                                                      "nvidia.com/gpu": "1"}}}]}}}})
+        overflow, deployment = burst_objects(namespace=namespace, policy=policy)
+        await cluster_objects.create(POLICIES, overflow)
+        await kube.create(f"/apis/apps/v1/namespaces/{namespace}/deployments", deployment)
 
         async def burst_pods() -> list[Obj]:
             body = await kube.get(f"/api/v1/namespaces/{namespace}/pods",

@@ -48,6 +48,8 @@ from vkprovider.testing.realnode import (
 )
 from vkprovider.testing.waiting import eventually
 
+from .bursts import burst_objects
+
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1200)]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -193,23 +195,9 @@ async def test_helm_install_on_a_real_node_bursts_to_the_mock_cloud_and_uninstal
 
         # an overflow: nothing inside fits (no node of this pool but the virtual one)
         policy = f"real-{suffix}"
-        await kube.create(POLICIES, {
-            "apiVersion": "vkprovider.io/v1alpha1", "kind": "OverflowPolicy",
-            "metadata": {"name": policy},
-            "spec": {"selector": {"namespaces": [namespace],
-                                  "podSelector": {"matchLabels": {"app": "burst"}}},
-                     "providers": ["mock"], "overflowAfter": "0s"}})
-        await kube.create(f"/apis/apps/v1/namespaces/{namespace}/deployments", {
-            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "burst"},
-            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "burst"}},
-                     "template": {
-                         "metadata": {"labels": {"app": "burst"},
-                                      "annotations": {"vkprovider.io/gpu-type": "H100"}},
-                         "spec": {"nodeSelector": {"vkprovider.io/pool": namespace},
-                                  "terminationGracePeriodSeconds": 1,
-                                  "containers": [{"name": "server", "image": "example.com/s:1",
-                                                  "resources": {"limits": {
-                                                      "nvidia.com/gpu": "1"}}}]}}}})
+        overflow, deployment = burst_objects(namespace=namespace, policy=policy)
+        await kube.create(POLICIES, overflow)
+        await kube.create(f"/apis/apps/v1/namespaces/{namespace}/deployments", deployment)
         (burst,) = await eventually(
             lambda: pods(kube, namespace, "app=burst"),
             until=lambda ps: len(ps) == 1 and ps[0]["spec"].get("nodeName") == vnode
