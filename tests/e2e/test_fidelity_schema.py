@@ -18,7 +18,7 @@ import pytest
 
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError
-from vkprovider.node import fidelity
+from vkprovider.node import fidelity, fieldcheck
 from vkprovider.testing.waiting import eventually
 
 from .conftest import System
@@ -100,7 +100,7 @@ async def test_a_pod_with_only_the_api_servers_defaults_gets_no_warning(
     assert container["terminationMessagePath"] == "/dev/termination-log"
     assert container["imagePullPolicy"] == "IfNotPresent"
     for clouds in (("mock",), ("vastai",), ("salad",), ("mock", "vastai", "salad")):
-        assert fidelity.dropped_fields(pod, clouds=clouds) == (), clouds
+        assert fieldcheck.dropped_fields(pod, clouds=clouds) == (), clouds
 
 
 async def test_a_pod_with_dropped_fields_runs_and_gets_one_fields_dropped_warning(

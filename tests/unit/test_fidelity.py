@@ -21,7 +21,7 @@ from test_translate import PROBE_CASES, REJECTIONS, FakeRefs, c0, make_pod
 
 from providers.base import InvalidSpec
 from vkprovider.errors import PodConfigPending, PodRejected
-from vkprovider.node import fidelity
+from vkprovider.node import fidelity, fidelitydoc, fieldcheck, fieldpaths
 from vkprovider.node.fidelity import CLOUD_TYPES, ENTRIES, Decision, Entry
 from vkprovider.node.translate import FieldsDropped, fields_dropped, translate, validate
 from vkprovider.registry import build_adapter
@@ -337,7 +337,7 @@ WARNED_ON_MOCK = {
 def test_a_pod_that_sets_warned_fields_gets_a_warning_for_each() -> None:
     pod = warned_pod()
     validate(pod)  # accepted: warned, not refused
-    dropped = fidelity.dropped_fields(pod, clouds=("mock",))
+    dropped = fieldcheck.dropped_fields(pod, clouds=("mock",))
     assert {d.field for d in dropped} == WARNED_ON_MOCK
     assert len(dropped) == len(WARNED_ON_MOCK)  # one warning per field
     by_field = {d.field: d.message for d in dropped}
@@ -355,11 +355,11 @@ def test_a_pod_that_sets_warned_fields_gets_a_warning_for_each() -> None:
 def test_direct_lookups_find_what_matching_finds(pod: dict[str, Any]) -> None:
     # dropped_fields looks paths of plain names, indexes and keys up directly (the fast path); for
     # every such entry that must be exactly what the general matcher finds
-    steps = {w.entry.path: w.steps for w in fidelity._warned_entries(CLOUD_TYPES)[0]
+    steps = {w.entry.path: w.steps for w in fieldcheck._warned_entries(CLOUD_TYPES)[0]
              if w.steps is not None}
     assert len(steps) > 30  # most entries take the fast path
     for path, plain in steps.items():
-        value = fidelity._plain_value(pod, plain)
+        value = fieldcheck._plain_value(pod, plain)
         assert fidelity.values_at(pod, pattern=path) == ([] if value is None else [(path, value)])
 
 
@@ -374,9 +374,9 @@ def test_the_key_index_leaves_out_only_entries_the_pod_does_not_set(pod: dict[st
     # dropped_fields and table_refusal look only at entries under keys the pod sets: every
     # entry left out must be one the general matcher finds nothing for
     tables = [([w.entry for w in warned], index) for warned, index in
-              (fidelity._warned_entries(CLOUD_TYPES), fidelity._warned_entries(("mock",)))]
-    tables += [(list(r.entries), r.index) for r in (fidelity._refusals(True),
-                                                    fidelity._refusals(False))]
+              (fieldcheck._warned_entries(CLOUD_TYPES), fieldcheck._warned_entries(("mock",)))]
+    tables += [(list(r.entries), r.index) for r in (fieldcheck._refusals(True),
+                                                    fieldcheck._refusals(False))]
     for entries, index in tables:
         kept = set(index.candidates(pod))
         assert all(0 <= i < len(entries) for i in kept)
@@ -394,7 +394,7 @@ def test_every_warned_entry_warns_for_some_value() -> None:
 
 
 def test_runpod_also_warns_about_cpu_and_memory() -> None:
-    dropped = fidelity.dropped_fields(warned_pod(), clouds=("runpod",))
+    dropped = fieldcheck.dropped_fields(warned_pod(), clouds=("runpod",))
     extra = {d.field for d in dropped} - WARNED_ON_MOCK
     assert extra == {f"spec.containers[0].resources.{kind}[{name}]"
                      for kind in ("limits", "requests") for name in ("cpu", "memory")} | {
@@ -403,11 +403,11 @@ def test_runpod_also_warns_about_cpu_and_memory() -> None:
 
 @pytest.mark.parametrize("cloud", ["mock", "vastai", "salad"])
 def test_the_plain_pod_gets_no_warning(cloud: str) -> None:
-    assert fidelity.dropped_fields(make_pod(), clouds=(cloud,)) == ()
+    assert fieldcheck.dropped_fields(make_pod(), clouds=(cloud,)) == ()
 
 
 def test_the_plain_pod_on_runpod_is_warned_only_that_cpu_and_memory_do_not_size_it() -> None:
-    fields = {d.field for d in fidelity.dropped_fields(make_pod(), clouds=("runpod",))}
+    fields = {d.field for d in fieldcheck.dropped_fields(make_pod(), clouds=("runpod",))}
     assert fields == {"spec.containers[0].resources.limits[cpu]",
                       "spec.containers[0].resources.limits[memory]"}
 
@@ -423,40 +423,40 @@ def test_defaults_and_harmless_values_are_not_warned() -> None:
                    resizePolicy=[{"resourceName": "cpu", "restartPolicy": "NotRequired"}],
                    securityContext={"privileged": False, "allowPrivilegeEscalation": True,
                                     "readOnlyRootFilesystem": False, "procMount": "Default"})
-    assert fidelity.dropped_fields(pod, clouds=("mock",)) == ()
+    assert fieldcheck.dropped_fields(pod, clouds=("mock",)) == ()
     for value in ("Never", "Always"):
         pod["spec"]["restartPolicy"] = value
-        assert fidelity.dropped_fields(pod, clouds=("mock",)) == ()
+        assert fieldcheck.dropped_fields(pod, clouds=("mock",)) == ()
     pod["spec"]["terminationGracePeriodSeconds"] = 5
-    assert fidelity.dropped_fields(pod, clouds=("mock",)) == ()
+    assert fieldcheck.dropped_fields(pod, clouds=("mock",)) == ()
 
 
 def test_a_warning_names_the_clouds_when_not_all_of_them_drop_the_field() -> None:
-    dropped = fidelity.dropped_fields(make_pod(), clouds=("mock", "runpod"))
+    dropped = fieldcheck.dropped_fields(make_pod(), clouds=("mock", "runpod"))
     assert [d.message.split(":")[0] for d in dropped] == ["on runpod", "on runpod"]
-    both = fidelity.dropped_fields(warned_pod(), clouds=("mock", "salad"))
+    both = fieldcheck.dropped_fields(warned_pod(), clouds=("mock", "salad"))
     restart = next(d.message for d in both if d.field == "spec.restartPolicy")
     assert restart.startswith("on salad: "), "honoured on the mock (it restarts instances)"
-    three = fidelity.dropped_fields(warned_pod(), clouds=("mock", "runpod", "salad"))
+    three = fieldcheck.dropped_fields(warned_pod(), clouds=("mock", "runpod", "salad"))
     restart = next(d.message for d in three if d.field == "spec.restartPolicy")
     assert restart.startswith("on runpod: ") and "; on salad: " in restart
 
 
 def test_vastai_honours_the_user_and_group_and_warns_only_a_group_without_a_user() -> None:
-    on_vast = {d.field for d in fidelity.dropped_fields(warned_pod(), clouds=("vastai",))}
+    on_vast = {d.field for d in fieldcheck.dropped_fields(warned_pod(), clouds=("vastai",))}
     assert not {f for f in on_vast if f.endswith((".runAsUser", ".runAsGroup"))}
     pod = make_pod()
     c0(pod)["securityContext"] = {"runAsGroup": 3000}
-    on_vast = {d.field for d in fidelity.dropped_fields(pod, clouds=("vastai",))}
+    on_vast = {d.field for d in fieldcheck.dropped_fields(pod, clouds=("vastai",))}
     assert on_vast == {"spec.containers[0].securityContext.runAsGroup"}
     pod["spec"]["securityContext"] = {"runAsUser": 1000}  # the pod's user carries the group
-    assert fidelity.dropped_fields(pod, clouds=("vastai",)) == ()
-    assert {d.field for d in fidelity.dropped_fields(pod, clouds=("salad",))} == {
+    assert fieldcheck.dropped_fields(pod, clouds=("vastai",)) == ()
+    assert {d.field for d in fieldcheck.dropped_fields(pod, clouds=("salad",))} == {
         "spec.securityContext.runAsUser", "spec.containers[0].securityContext.runAsGroup"}
 
 
 def test_vastai_honours_the_hostname() -> None:
-    on_vast = {d.field for d in fidelity.dropped_fields(warned_pod(), clouds=("vastai",))}
+    on_vast = {d.field for d in fieldcheck.dropped_fields(warned_pod(), clouds=("vastai",))}
     assert not {"spec.hostname", "spec.hostnameOverride"} & on_vast
     assert "spec.setHostnameAsFQDN" in on_vast
 
@@ -464,8 +464,8 @@ def test_vastai_honours_the_hostname() -> None:
 def test_salad_honours_dev_shm_and_the_mount_is_never_warned() -> None:
     pod = make_pod()
     _shm(pod)
-    assert fidelity.dropped_fields(pod, clouds=("salad",)) == ()
-    assert {d.field for d in fidelity.dropped_fields(pod, clouds=("mock",))} == {
+    assert fieldcheck.dropped_fields(pod, clouds=("salad",)) == ()
+    assert {d.field for d in fieldcheck.dropped_fields(pod, clouds=("mock",))} == {
         "spec.volumes[1].emptyDir"}
 
 
@@ -482,8 +482,8 @@ def test_every_warning_text_is_in_the_doc() -> None:
 
 
 def test_the_event_message_fits_in_one_kib_and_names_what_fits() -> None:
-    dropped = fidelity.dropped_fields(warned_pod())
-    message = fidelity.event_message(dropped)
+    dropped = fieldcheck.dropped_fields(warned_pod())
+    message = fieldcheck.event_message(dropped)
     assert len(message.encode()) <= 1000
     assert message.startswith("Accepted, but not honoured on the cloud")
     assert "spec.automountServiceAccountToken (no service-account token" in message
@@ -495,7 +495,7 @@ def test_the_event_message_fits_in_one_kib_and_names_what_fits() -> None:
 def test_a_short_event_message_names_every_field_and_shares_reasons() -> None:
     pod = make_pod()
     c0(pod).update(workingDir="/app", securityContext={"runAsUser": 1, "runAsGroup": 2})
-    message = fidelity.event_message(fidelity.dropped_fields(pod, clouds=("mock",)))
+    message = fieldcheck.event_message(fieldcheck.dropped_fields(pod, clouds=("mock",)))
     assert message == (
         "Accepted, but not honoured on the cloud (see docs/pod-spec.md): "
         "spec.containers[0].workingDir (not passed to the cloud: the image's WORKDIR applies); "
@@ -559,7 +559,7 @@ async def test_an_exec_probe_the_policy_ignores_is_warned_about(
 @pytest.mark.parametrize("cloud", CLOUD_TYPES)
 def test_each_adapter_is_known_by_its_cloud_type(cloud: str,
                                                  adapter: Callable[[str], Any]) -> None:
-    assert fidelity.cloud_type(adapter(cloud)) == cloud
+    assert fieldcheck.cloud_type(adapter(cloud)) == cloud
 
 
 def test_the_adapters_choose_the_clouds_warned_for(adapter: Callable[[str], Any]) -> None:
@@ -580,23 +580,28 @@ def test_the_adapters_choose_the_clouds_warned_for(adapter: Callable[[str], Any]
 
 
 def test_the_doc_is_the_table_rendered() -> None:
-    rendered = fidelity.render_markdown()
+    rendered = fidelitydoc.render_markdown()
     current = (ROOT / "docs" / "pod-spec.md").read_text()
-    assert current == rendered, "docs/pod-spec.md is stale: python -m vkprovider.node.fidelity"
+    assert current == rendered, "docs/pod-spec.md is stale: python -m vkprovider.node.fidelitydoc"
 
 
 def test_the_doc_has_a_row_per_entry(tmp_path: Path) -> None:
-    doc = fidelity.render_markdown()
+    doc = fidelitydoc.render_markdown()
     rows = [line for line in doc.splitlines() if line.startswith("| `spec.")]
     assert len(rows) == len(ENTRIES)
     out = tmp_path / "pod-spec.md"
-    assert fidelity.main([str(out)]) == 0
-    assert fidelity.main(["--check", str(out)]) == 0
+    assert fidelitydoc.main([str(out)]) == 0
+    assert fidelitydoc.main(["--check", str(out)]) == 0
     out.write_text(doc + "edited\n")
-    assert fidelity.main(["--check", str(out)]) == 1
+    assert fidelitydoc.main(["--check", str(out)]) == 1
 
 
 def test_the_table_refuses_an_inconsistent_entry() -> None:
     bad = dataclasses.replace(ENTRIES[0], refuse_if="true")
     with pytest.raises(fidelity.FidelityError):
         fidelity._check([bad])
+
+
+def test_a_pattern_that_does_not_parse_is_named() -> None:
+    with pytest.raises(fieldpaths.FieldPatternError, match=r"spec\.containers\.\.image"):
+        fieldpaths.segments("spec.containers..image")

@@ -8,9 +8,10 @@ one ``FieldsDropped`` Warning event names what was dropped and why). This module
 of those decisions, per cloud type (``mock``, ``runpod``, ``vastai``, ``salad``), so that:
 
 * :mod:`vkprovider.node.translate` refuses from it (the simple refusals are checked straight from
-  the table; the others are checked in code, and tests tie every refusal to an entry),
-* the warnings come from it (:func:`dropped_fields`),
-* ``docs/pod-spec.md`` is rendered from it (``python -m vkprovider.node.fidelity``), and
+  the table by :mod:`vkprovider.node.fieldcheck`; the others are checked in code, and tests tie
+  every refusal to an entry),
+* the warnings come from it (:func:`vkprovider.node.fieldcheck.dropped_fields`),
+* ``docs/pod-spec.md`` is rendered from it (``python -m vkprovider.node.fidelitydoc``), and
 * a test walks the API server's OpenAPI schema and fails when a field has no decision.
 
 Decisions, per entry and cloud:
@@ -36,22 +37,20 @@ with the pattern's wildcards filled in (``spec.containers[0].resources.limits[cp
 from __future__ import annotations
 
 import enum
-import functools
-import re
-import sys
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from vkprovider.errors import VKError
+from vkprovider.node.fieldpaths import matches, values_at
+from vkprovider.node.fieldpaths import segments as _segments
 from vkprovider.placement.policy import PROVIDER_TYPES, ProviderType
 from vkprovider.semantics.gpus import GPU_RESOURCE
 
 __all__ = [
+    "CHILD_SCHEMA",
     "CLOUD_TYPES",
     "COMPLETE_SCHEMAS",
-    "DOC_PATH",
     "ENTRIES",
     "EVENT_MESSAGE_LIMIT",
     "REASON_INVALID_IMAGE",
@@ -60,19 +59,11 @@ __all__ = [
     "SIMPLE_REFUSALS",
     "CloudType",
     "Decision",
-    "Dropped",
     "Entry",
     "FidelityError",
-    "FieldsDropped",
     "Rule",
-    "cloud_type",
-    "cloud_types",
     "coverage",
-    "dropped_fields",
-    "event_message",
     "matches",
-    "render_markdown",
-    "table_refusal",
     "values_at",
 ]
 
@@ -84,7 +75,6 @@ REASON_INVALID_IMAGE = "InvalidImageName"
 REASON_INVALID_RESOURCES = "InvalidResources"
 
 #: Where the rendered table lives in a checkout.
-DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "pod-spec.md"
 #: The Warning event carries at most this many bytes of message (the API server's own cap is
 #: 1 KiB, and the event recorder cuts there).
 EVENT_MESSAGE_LIMIT = 1000
@@ -578,7 +568,7 @@ COMPLETE_SCHEMAS: tuple[str, ...] = ("PodSpec", "PodSecurityContext", "Container
                                      "SecurityContext", "ResourceRequirements", "Probe")
 
 #: (schema, property) -> the schema of that property's value, for walking entry paths.
-_CHILD_SCHEMA: Mapping[tuple[str, str], str] = {
+CHILD_SCHEMA: Mapping[tuple[str, str], str] = {
     ("PodSpec", "containers"): "Container",
     ("PodSpec", "securityContext"): "PodSecurityContext",
     ("PodSpec", "os"): "PodOS",
@@ -601,104 +591,6 @@ _CHILD_SCHEMA: Mapping[tuple[str, str], str] = {
     ("Probe", "grpc"): "GRPCAction",
 }
 
-_SEGMENT = re.compile(
-    r"(?P<names>\{[A-Za-z0-9,]+\}|[A-Za-z][A-Za-z0-9]*)(?P<brackets>(?:\[[^\]]+\])*)"
-)
-
-
-# --------------------------------------------------------------------------------------------
-# Paths
-
-
-def _split(pattern: str) -> list[str]:
-    """Split on the dots outside brackets and braces."""
-    parts: list[str] = []
-    depth = 0
-    start = 0
-    for i, ch in enumerate(pattern):
-        if ch in "[{":
-            depth += 1
-        elif ch in "]}":
-            depth -= 1
-        elif ch == "." and depth == 0:
-            parts.append(pattern[start:i])
-            start = i + 1
-    parts.append(pattern[start:])
-    return parts
-
-
-@functools.cache
-def _segments(pattern: str) -> tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]:
-    """``a.{b,c}[0][*]`` -> ``((("a",), ()), (("b", "c"), ("0", "*")))`` (parsed once)."""
-    out: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
-    for part in _split(pattern):
-        match = _SEGMENT.fullmatch(part)
-        if match is None:
-            raise FidelityError(f"bad field pattern {pattern!r} (at {part!r})")
-        names = match["names"].strip("{}").split(",")
-        brackets = re.findall(r"\[([^\]]+)\]", match["brackets"])
-        out.append((tuple(names), tuple(brackets)))
-    return tuple(out)
-
-
-#: dict first: an exact type check, before Mapping's slower ABC check (pods are plain dicts)
-_MAPS = (dict, Mapping)
-
-
-def _index(items: list[tuple[str, Any]], bracket: str) -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
-    for where, value in items:
-        if bracket == "*":
-            if isinstance(value, list):
-                out.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
-            elif isinstance(value, _MAPS):
-                out.extend((f"{where}[{k}]", v) for k, v in value.items())
-        elif bracket.isdigit():
-            i = int(bracket)
-            if isinstance(value, list) and i < len(value):
-                out.append((f"{where}[{i}]", value[i]))
-        elif isinstance(value, _MAPS) and bracket in value:
-            out.append((f"{where}[{bracket}]", value[bracket]))
-    return [(w, v) for w, v in out if v is not None]
-
-
-def values_at(obj: Any, *, pattern: str) -> list[tuple[str, Any]]:
-    """Every (concrete field, value) of ``obj`` the pattern names; unset values are left out."""
-    found: list[tuple[str, Any]] = [("", obj)]
-    for names, brackets in _segments(pattern):
-        step: list[tuple[str, Any]] = []
-        for where, current in found:
-            if not isinstance(current, _MAPS):
-                continue
-            for name in names:
-                value = current.get(name)
-                if value is None:
-                    continue
-                items = [(f"{where}.{name}" if where else name, value)]
-                for bracket in brackets:
-                    items = _index(items, bracket)
-                step.extend(items)
-        found = step
-    return found
-
-
-@functools.cache
-def _regex(pattern: str) -> re.Pattern[str]:
-    parts: list[str] = []
-    for names, brackets in _segments(pattern):
-        alt = "|".join(re.escape(n) for n in names)
-        text = f"(?:{alt})" if len(names) > 1 else alt
-        for bracket in brackets:
-            text += r"\[[^\]]+\]" if bracket == "*" else re.escape(f"[{bracket}]")
-        parts.append(text)
-    return re.compile(r"\.".join(parts) + r"(?=$|[.\[])")
-
-
-def matches(pattern: str, *, field: str) -> bool:
-    """Whether the concrete ``field`` is the one ``pattern`` names, or a field inside it."""
-    return _regex(pattern).match(field) is not None
-
-
 # --------------------------------------------------------------------------------------------
 # Schema coverage
 
@@ -715,7 +607,7 @@ def _walk(entry: Entry) -> tuple[set[tuple[str, str]], set[str]]:
         for schema in schemas:
             for name in names:
                 pairs.add((schema, name))
-                child = _CHILD_SCHEMA.get((schema, name))
+                child = CHILD_SCHEMA.get((schema, name))
                 if child is not None:
                     following.add(child)
         if not following:
@@ -733,349 +625,6 @@ def coverage() -> dict[str, set[str]]:
         for schema, prop in pairs:
             out.setdefault(schema, set()).add(prop)
     return out
-
-
-def _section(entry: Entry) -> str:
-    """The doc section of an entry: the last schema of :data:`COMPLETE_SCHEMAS` that owns a
-    property its path names (``spec.os.name`` is in the pod's, a probe's port in the probes')."""
-    schema: str | None = "PodSpec"
-    section = "PodSpec"
-    for names, _ in _segments(entry.path)[1:]:
-        if schema is None:
-            break
-        if schema in COMPLETE_SCHEMAS:
-            section = schema
-        schema = _CHILD_SCHEMA.get((schema, names[0]))
-    return section
-
-
-# --------------------------------------------------------------------------------------------
-# Warnings
-
-_ADAPTER_MODULES: Mapping[str, CloudType] = {
-    "providers.mock.client": "mock",
-    "providers.runpod": "runpod",
-    "providers.vastai": "vastai",
-    "providers.salad": "salad",
-}
-
-
-def cloud_type(adapter: object) -> CloudType | None:
-    """The cloud type of an adapter object (by the module of its class), None if unknown."""
-    for cls in type(adapter).__mro__:
-        found = _ADAPTER_MODULES.get(cls.__module__)
-        if found is not None:
-            return found
-    return None
-
-
-def cloud_types(adapters: Iterable[object] | None) -> tuple[CloudType, ...]:
-    """The cloud types of ``adapters``; every type when None or when none is known."""
-    if adapters is None:
-        return CLOUD_TYPES
-    found = {t for a in adapters if (t := cloud_type(a)) is not None}
-    return tuple(c for c in CLOUD_TYPES if c in found) or CLOUD_TYPES
-
-
-@dataclass(frozen=True, kw_only=True)
-class Dropped:
-    """One field of a pod that the cloud will not honour, and why."""
-
-    field: str
-    message: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class FieldsDropped:
-    """The dropped fields of one pod: what its ``FieldsDropped`` Warning event says."""
-
-    entries: tuple[Dropped, ...] = field(default=())
-
-    @property
-    def fields(self) -> tuple[str, ...]:
-        return tuple(d.field for d in self.entries)
-
-    @property
-    def message(self) -> str:
-        return event_message(self.entries)
-
-
-def _warning(entry: Entry, warned: Sequence[CloudType], clouds: Sequence[CloudType]) -> str:
-    by_text: dict[str, list[str]] = {}
-    for cloud in warned:
-        by_text.setdefault(entry.rules[cloud].text, []).append(cloud)
-    if len(by_text) == 1 and len(warned) == len(clouds):
-        return next(iter(by_text))
-    return "; ".join(f"on {', '.join(cs)}: {text}" for text, cs in by_text.items())
-
-
-def _honoured_here(rule: Rule, pod: Mapping[str, Any]) -> bool:
-    """A WARNED rule that honours the field after all in this pod (see Rule.honoured_if)."""
-    return rule.honoured_if is not None and rule.honoured_if(pod)
-
-
-@dataclass(frozen=True)
-class _Warned:
-    """An entry WARNED on some of a set of clouds (see :func:`_warned_entries`)."""
-
-    entry: Entry
-    clouds: tuple[CloudType, ...]  # those of the set it is WARNED on
-    conditional: bool  # a rule of them may honour the field after all (honoured_if)
-    steps: tuple[str, ...] | None  # a path of plain names and indexes: looked up directly
-
-
-def _plain_steps(path: str) -> tuple[tuple[str, ...], bool]:
-    """The steps of the longest prefix of ``path`` made of plain names, indexes and keys
-    (``"spec"``, ``"containers"``, ``"[0]"``), and whether that is the whole path."""
-    steps: list[str] = []
-    for names, brackets in _segments(path):
-        if len(names) != 1:
-            return tuple(steps), False
-        steps.append(names[0])
-        for bracket in brackets:
-            if bracket == "*":
-                return tuple(steps), False
-            steps.append(f"[{bracket}]")
-    return tuple(steps), True
-
-
-@functools.cache
-def _warned_entries(ordered: tuple[CloudType, ...]) -> tuple[tuple[_Warned, ...], _Index]:
-    """The entries WARNED on at least one of ``ordered``, worked out once per set of clouds
-    (every pod a node translates asks for the same few). Only an entry with an ``honoured_if``
-    rule needs the pod to tell which clouds drop it, and a path of plain names, indexes and
-    keys (``spec.securityContext.fsGroup``, ``spec.containers[0].workingDir``,
-    ``spec.containers[0].resources.limits[cpu]``: most of them) is looked up directly instead
-    of matched."""
-    out = []
-    for entry in ENTRIES:
-        clouds = tuple(c for c in ordered if entry.rules[c].decision is Decision.WARNED)
-        if clouds:
-            steps, whole = _plain_steps(entry.path)
-            out.append(_Warned(entry=entry, clouds=clouds, steps=steps if whole else None,
-                               conditional=any(entry.rules[c].honoured_if is not None
-                                               for c in clouds)))
-    return tuple(out), _Index([w.entry.path for w in out])
-
-
-def _plain_value(pod: Mapping[str, Any], steps: tuple[str, ...]) -> Any:
-    """The value at a path of names, list indexes (``"[0]"``) and map keys (``"[cpu]"``), None
-    when unset (as :func:`values_at` leaves out; an index of a map is unset there too)."""
-    current: Any = pod
-    for step in steps:
-        if step[0] == "[":
-            key = step[1:-1]
-            if key.isdigit():
-                i = int(key)
-                current = current[i] if isinstance(current, list) and i < len(current) else None
-            else:
-                current = current.get(key) if isinstance(current, _MAPS) else None
-        elif isinstance(current, _MAPS):
-            current = current.get(step)
-        else:
-            return None
-        if current is None:
-            return None
-    return current
-
-
-class _Index:
-    """Which of a list of entries a pod may set, from the keys its spec and its container set.
-
-    Most of the table's ~70 paths are unset in any one pod, and a path under ``spec.X`` (or
-    ``spec.containers[0].X``) is unset when the pod has no key ``X`` there: a pass over the
-    pod's own keys (a dozen or two) leaves the few entries worth a look, instead of a lookup
-    per entry."""
-
-    __slots__ = ("always", "container_keys", "pod_keys")
-
-    def __init__(self, paths: Sequence[str]) -> None:
-        self.pod_keys: dict[str, list[int]] = {}
-        self.container_keys: dict[str, list[int]] = {}
-        self.always: list[int] = []
-        for i, path in enumerate(paths):
-            segments = _segments(path)
-            if segments[0] != (("spec",), ()) or len(segments) < 2:
-                self.always.append(i)
-            elif segments[1] == (("containers",), ("0",)) and len(segments) > 2:
-                for name in segments[2][0]:
-                    self.container_keys.setdefault(name, []).append(i)
-            else:
-                for name in segments[1][0]:
-                    self.pod_keys.setdefault(name, []).append(i)
-
-    def candidates(self, pod: Mapping[str, Any]) -> list[int]:
-        """The positions of the entries the pod may set, in order."""
-        found = set(self.always)
-        spec = pod.get("spec")
-        if not isinstance(spec, _MAPS):
-            return sorted(found)
-        for key in spec:
-            found.update(self.pod_keys.get(key, ()))
-        containers = spec.get("containers")
-        if isinstance(containers, list) and containers and isinstance(containers[0], _MAPS):
-            for key in containers[0]:
-                found.update(self.container_keys.get(key, ()))
-        return sorted(found)
-
-
-@dataclass(frozen=True)
-class _Refusals:
-    """The simple refusals of the pod's own fields or of its container's, indexed."""
-
-    entries: tuple[Entry, ...]
-    index: _Index
-
-
-@functools.cache
-def _refusals(container: bool) -> _Refusals:
-    entries = tuple(e for e in SIMPLE_REFUSALS
-                    if e.path.startswith("spec.containers[0].") == container)
-    return _Refusals(entries=entries, index=_Index([e.path for e in entries]))
-
-
-def table_refusal(pod: Mapping[str, Any], *, container: bool) -> tuple[Entry, str] | None:
-    """The first simple refusal of the table (:data:`SIMPLE_REFUSALS`) the pod trips, with the
-    concrete field: of the pod's own fields, or of its container's (``container``)."""
-    refusals = _refusals(container)
-    for i in refusals.index.candidates(pod):
-        entry = refusals.entries[i]
-        for field_, value in values_at(pod, pattern=entry.path):
-            if entry.refuses(value):
-                return entry, field_
-    return None
-
-
-def dropped_fields(pod: Mapping[str, Any], *,
-                   clouds: Collection[CloudType] = CLOUD_TYPES) -> tuple[Dropped, ...]:
-    """Every WARNED field the pod sets (to a value worth a warning) on any of ``clouds``."""
-    ordered = tuple(c for c in CLOUD_TYPES if c in clouds)
-    out: list[Dropped] = []
-    table, index = _warned_entries(ordered)
-    for i in index.candidates(pod):
-        w = table[i]
-        entry = w.entry
-        if w.steps is not None:
-            value = _plain_value(pod, w.steps)
-            if value is None:  # unset: nothing to warn about, whatever the clouds
-                continue
-            values = [(entry.path, value)]
-        else:
-            values = values_at(pod, pattern=entry.path)
-        warned = [c for c in w.clouds if not _honoured_here(entry.rules[c], pod)] \
-            if w.conditional else w.clouds
-        if not warned:
-            continue
-        found = [f for f, v in values if entry.warns(field=f, value=v)]
-        if found:
-            message = _warning(entry, warned, ordered)
-            out.extend(Dropped(field=f, message=message) for f in found)
-    return tuple(out)
-
-
-def event_message(dropped: Sequence[Dropped], *, limit: int = EVENT_MESSAGE_LIMIT) -> str:
-    """One line for the Warning event, at most ``limit`` bytes; fields with the same reason share
-    it. What does not fit is named without its reason, then counted."""
-    groups: dict[str, list[str]] = {}
-    for d in dropped:
-        groups.setdefault(d.message, []).append(d.field)
-    parts = [f"{', '.join(fields)} ({message})" for message, fields in groups.items()]
-    names = [d.field for d in dropped]
-    out = "Accepted, but not honoured on the cloud (see docs/pod-spec.md): "
-
-    def fits(text: str, left: int) -> bool:
-        more = f"; and {left} more" if left else ""
-        return len((text + more).encode()) <= limit
-
-    shown_groups = 0
-    for i, part in enumerate(parts):
-        candidate = out + ("; " if i else "") + part
-        left = sum(len(f) for f in list(groups.values())[i + 1:])
-        if not fits(candidate, left):
-            break
-        out = candidate
-        shown_groups += 1
-    rest = [n for fields in list(groups.values())[shown_groups:] for n in fields]
-    shown = len(names) - len(rest)
-    for j, name in enumerate(rest):
-        candidate = out + ("; " if shown or j else "") + name
-        if not fits(candidate, len(rest) - j - 1):
-            return out + f"; and {len(rest) - j} more"
-        out = candidate
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# The document
-
-_CLOUD_TITLES: Mapping[CloudType, str] = {
-    "mock": "mock", "runpod": "RunPod", "vastai": "Vast.ai", "salad": "SaladCloud"}
-
-_INTRO = """\
-What happens to every field of a pod's `spec` and its container when the pod runs on a GPU
-cloud, per cloud type (`mock`, `runpod`, `vastai`, `salad`), for Kubernetes 1.37. Each field is
-
-* **HONOURED**: it takes effect. The text says how it maps onto the cloud (the instance spec
-  field and the cloud's own API field), or who uses it ("used by the scheduler": Kubernetes
-  acts on it before the pod reaches the virtual node).
-* **REFUSED**: the pod fails before any cloud call, with a Warning event and a status message
-  that name the field (reasons `UnsupportedPodSpec`, `InvalidImageName`, `InvalidResources`).
-  **REFUSED (adapter)**: that cloud's adapter refuses the pod before calling the cloud; another
-  cloud the pod may use is tried, and if none can run it the pod fails with `ProviderRejected`.
-* **WARNED**: the pod runs without it. When the pod sets it (column *When*), one `FieldsDropped`
-  Warning event, as the pod is first sent to a cloud, names every such field with the reason
-  below (only for the cloud types the pod may go to: its OverflowPolicy's providers, else all
-  of the node's).
-
-The pod runs in one cloud instance: exactly one container, and no volume but the
-service-account token and a memory-backed emptyDir mounted at `/dev/shm` (its shared memory).
-Field paths are patterns: `[*]` is any index or key, `{a,b}` either field. Where the clouds
-differ, each cloud's decision and text are listed.
-
-This file is generated from `vkprovider/node/fidelity.py` by
-`python -m vkprovider.node.fidelity`; a unit test fails when they differ.
-"""
-
-_SECTION_TITLES: Mapping[str, str] = {
-    "PodSpec": "Pod (`spec`)",
-    "PodSecurityContext": "Pod security context (`spec.securityContext`)",
-    "Container": "Container (`spec.containers[0]`)",
-    "Probe": "Probes",
-    "ResourceRequirements": "Container resources (`spec.containers[0].resources`)",
-    "SecurityContext": "Container security context (`spec.containers[0].securityContext`)",
-}
-
-
-def _label(rule: Rule) -> str:
-    return f"{rule.decision.value} (adapter)" if rule.by_adapter else rule.decision.value
-
-
-def _grouped(values: Mapping[CloudType, str]) -> str:
-    groups: dict[str, list[str]] = {}
-    for cloud in CLOUD_TYPES:
-        groups.setdefault(values[cloud], []).append(_CLOUD_TITLES[cloud])
-    if len(groups) == 1:
-        return next(iter(groups))
-    return "<br>".join(f"**{', '.join(cs)}**: {v}" for v, cs in groups.items())
-
-
-def render_markdown() -> str:
-    """docs/pod-spec.md, from the table."""
-    lines = ["# Pod spec fidelity", "", _INTRO.rstrip(), ""]
-    sections: dict[str, list[Entry]] = {}
-    for entry in ENTRIES:
-        sections.setdefault(_SECTION_TITLES[_section(entry)], []).append(entry)
-    for title, entries in sections.items():
-        lines += [f"## {title}", "", "| Field | When | Decision | What happens |",
-                  "|---|---|---|---|"]
-        for entry in entries:
-            decision = _grouped({c: _label(entry.rules[c]) for c in CLOUD_TYPES})
-            text = _grouped({c: entry.rules[c].text for c in CLOUD_TYPES})
-            lines.append(f"| `{entry.path}` | {entry.when or 'set'} | {decision} | {text} |")
-        lines.append("")
-    count = len(ENTRIES)
-    lines.append(f"{count} entries, {count * len(CLOUD_TYPES)} decisions.")
-    return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------------------------
@@ -1113,25 +662,3 @@ def _check(entries: Sequence[Entry]) -> None:
 
 
 _check(ENTRIES)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m vkprovider.node.fidelity [--check] [PATH]``: write (or check) the doc."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    check = "--check" in args
-    paths = [a for a in args if a != "--check"]
-    path = Path(paths[0]) if paths else DOC_PATH
-    text = render_markdown()
-    if check:
-        current = path.read_text() if path.exists() else ""
-        if current != text:
-            sys.stderr.write(f"{path} is stale: run python -m vkprovider.node.fidelity\n")
-            return 1
-        return 0
-    path.write_text(text)
-    sys.stdout.write(f"wrote {path} ({len(ENTRIES)} entries)\n")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -57,13 +57,13 @@ from providers.base import (
 )
 from vkprovider.errors import PodConfigPending, PodRejected
 from vkprovider.logs import kv
-from vkprovider.node import fidelity
+from vkprovider.node import fieldcheck
 from vkprovider.node.fidelity import (
     REASON_INVALID_IMAGE,
     REASON_INVALID_RESOURCES,
     REASON_UNSUPPORTED,
-    FieldsDropped,
 )
+from vkprovider.node.fieldcheck import FieldsDropped
 from vkprovider.node.pullsecrets import (
     PullSecret,
     PullSecretError,
@@ -292,7 +292,7 @@ def validate(pod: Mapping[str, Any], *, ignore_exec_probes: bool = False) -> Non
 
 def _table_refusals(pod: Mapping[str, Any], *, container: bool) -> None:
     """The simple refusals of the fidelity table: the pod's own fields, or its container's."""
-    found = fidelity.table_refusal(pod, container=container)
+    found = fieldcheck.table_refusal(pod, container=container)
     if found is not None:
         entry, field = found
         raise PodRejected(reason=entry.reason, field=field, message=entry.refusal)
@@ -663,8 +663,8 @@ def fields_dropped(pod: Mapping[str, Any], *,
                    adapters: Iterable[object] | None = None) -> FieldsDropped:
     """The fields the pod sets that a cloud of ``adapters`` would not honour (every cloud type
     when None, or when none of them is a known adapter): the fidelity table's WARNED entries."""
-    clouds = fidelity.cloud_types(adapters)
-    return FieldsDropped(entries=fidelity.dropped_fields(pod, clouds=clouds))
+    clouds = fieldcheck.cloud_types(adapters)
+    return FieldsDropped(entries=fieldcheck.dropped_fields(pod, clouds=clouds))
 
 
 async def translate(*, pod: Mapping[str, Any], node_name: str, refs: RefSource,
