@@ -339,7 +339,7 @@ def _policy(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _gang(index: int, pods: int, run_seconds: float) -> dict[str, Any]:
-    from vkprovider.demo import QUEUE, training_job
+    from vkprovider.storyobjects import QUEUE, training_job
 
     job = training_job(pods=pods, run_seconds=run_seconds, queue=QUEUE)
     job["metadata"]["name"] = f"gang-{index}-x{pods}"
@@ -353,8 +353,8 @@ def _ready(pod: dict[str, Any]) -> bool:
 
 async def run_day(args: argparse.Namespace) -> DayResult:
     """Play the day on a fresh local cluster (needs the control plane and Kueue builds)."""
-    from vkprovider.demo import inference_deployment, inference_service, kueue_objects
     from vkprovider.kube.errors import APIError
+    from vkprovider.storyobjects import inference_deployment, inference_service, kueue_objects
     from vkprovider.testing.cluster import LocalCluster
     from vkprovider.testing.fakekubelet import create_gpu_nodes
     from vkprovider.testing.harness import (

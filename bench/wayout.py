@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS, machine, table
-from vkprovider.demo import KUEUE, PREEMPTION, PREWARM, StoryResult, run_story
+from vkprovider.demo import run_story
+from vkprovider.storyreport import KUEUE, PREEMPTION, PREWARM, StoryResult
 
 #: run name -> (demo mode, preemption fast path)
 RUNS: dict[str, tuple[str, bool]] = {

@@ -42,14 +42,55 @@ import logging
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vkprovider.kube import KubeClient
-from vkprovider.kube.errors import APIError, NotFoundError
+from vkprovider.kube.errors import NotFoundError
 from vkprovider.node.spend import SPEND_ANNOTATION, decode, spend_lease_path
+from vkprovider.storyobjects import (
+    CHECK,
+    FLAVOR,
+    GANG,
+    INTENT,
+    KUEUE_API,
+    NODE,
+    NS,
+    POOL_LABEL,
+    PORT,
+    QUEUE,
+    SERVICE,
+    WayOutWatch,
+    app_pods,
+    check_state,
+    condition_status,
+    gang_workload,
+    inference_deployment,
+    inference_service,
+    kueue_objects,
+    running_on,
+    serving_on,
+    training_job,
+)
+from vkprovider.storyreport import (
+    HOME,
+    INSIDE,
+    KUEUE,
+    MODE_TITLES,
+    MODES,
+    ON_CLOUD,
+    PREEMPTION,
+    PREWARM,
+    WAY_BACK,
+    WAY_OUT,
+    Narrator,
+    StoryResult,
+    WayOut,
+    request_chapters,
+    requests_table,
+    summary_rows,
+    table,
+)
 from vkprovider.testing.cluster import LocalCluster
 from vkprovider.testing.fakekubelet import create_gpu_nodes
 from vkprovider.testing.harness import (
@@ -60,169 +101,7 @@ from vkprovider.testing.harness import (
     install_provider_rbac,
     service_account_kubeconfig,
 )
-from vkprovider.testing.loadgen import LoadGenerator, LoadReport, ready_endpoints
-
-NS = "serving"
-NODE = "vk-gpu-burst"
-INTENT = "vkprovider.io/move-back"
-PREWARM_INTENT = "vkprovider.io/prewarm"
-SERVICE = "inference"
-PORT = "web"  # the Service port's name (targetPort: the container port named "http")
-#: The story's chapters, as the load generator counts them.
-INSIDE, WAY_OUT, ON_CLOUD, WAY_BACK, HOME = ("inside", "way out", "on the clouds", "way back",
-                                             "home")
-#: How the way out plays: through Kueue with the pre-warm AdmissionCheck (judged: no failed
-#: request, no dip), through Kueue without it, or by plain preemption without Kueue (both
-#: measured: the baseline the pre-warm removes).
-PREWARM, KUEUE, PREEMPTION = "prewarm", "kueue", "preemption"
-MODES = (PREWARM, KUEUE, PREEMPTION)
-MODE_TITLES = {PREWARM: "through Kueue with the pre-warm check",
-               KUEUE: "through Kueue, no pre-warm check",
-               PREEMPTION: "plain preemption, no Kueue"}
-#: The Kueue objects the story writes (cluster-scoped but the LocalQueue, in namespace NS).
-KUEUE_GROUP = "kueue.x-k8s.io"
-KUEUE_API = f"/apis/{KUEUE_GROUP}/v1beta2"
-QUEUE = "training"  # the ClusterQueue and the LocalQueue
-FLAVOR = "internal-gpus"
-CHECK = "prewarm"
-POOL_LABEL = ("gpu-pool", "internal")  # on the internal GPU nodes; the flavor's nodeLabels
-GANG = "training"  # the Job
-
-
-def may_fail(mode: str, label: str) -> bool:
-    """Whether a chapter's failed requests are measured rather than judged: only the way out,
-    and only without the pre-warm check."""
-    return label == WAY_OUT and mode != PREWARM
-
-
-class Narrator:
-    def __init__(self, *, quiet: bool = False) -> None:
-        self.t0 = time.monotonic()
-        self.step = 0
-        self.quiet = quiet
-
-    def say(self, text: str) -> None:
-        if not self.quiet:
-            sys.stdout.write(f"[{time.monotonic() - self.t0:6.1f}s] {text}\n")
-            sys.stdout.flush()
-
-    def chapter(self, text: str) -> None:
-        self.step += 1
-        if not self.quiet:
-            sys.stdout.write(f"\n== {self.step}. {text}\n")
-            sys.stdout.flush()
-
-    async def until(self, what: str, probe: Callable[[], Awaitable[tuple[bool, str]]],
-                    timeout: float = 240.0) -> None:
-        deadline = time.monotonic() + timeout
-        last = ""
-        while True:
-            done, progress = await probe()
-            if progress != last:
-                self.say(f"   {what}: {progress}")
-                last = progress
-            if done:
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{what}: not done after {timeout:.0f}s ({progress})")
-            await asyncio.sleep(0.25)
-
-
-def table(rows: Sequence[tuple[str, ...]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join("   " + line for line in lines)
-
-
-@dataclass(frozen=True, kw_only=True)
-class RequestChapter:
-    """One chapter of the story in requests (from the load generator's report)."""
-
-    label: str
-    sent: int
-    failed: int
-    longest_no_endpoint: float  # seconds with no ready endpoint at all, the longest stretch
-    failures_by_kind: dict[str, int] = field(default_factory=dict)
-    may_fail: bool = False  # measured, not judged (the way out without the pre-warm check)
-
-
-def request_chapters(report: LoadReport, *, mode: str = PREEMPTION) -> list[RequestChapter]:
-    return [RequestChapter(label=c.label, sent=c.sent, failed=c.failed,
-                           longest_no_endpoint=round(c.longest_no_endpoint, 2),
-                           failures_by_kind=dict(c.failures_by_kind),
-                           may_fail=may_fail(mode, c.label))
-            for c in report.chapters]
-
-
-def requests_table(chapters: Sequence[RequestChapter]) -> str:
-    rows: list[tuple[str, ...]] = [("CHAPTER", "REQUESTS SENT", "FAILED",
-                                    "LONGEST NO-ENDPOINT WINDOW")]
-    for c in chapters:
-        rows.append((c.label, str(c.sent),
-                     f"{c.failed}" if not c.may_fail else f"{c.failed} (measured: the baseline)",
-                     f"{c.longest_no_endpoint:.1f} s"))
-    return table(rows)
-
-
-@dataclass
-class WayOut:
-    """The way out, measured: requests, ready replicas (sampled every 200 ms) and the gang."""
-
-    mode: str = PREEMPTION
-    fast_path: bool = True  # the companion's preemption fast path
-    sent: int = 0
-    failed: int = 0
-    longest_no_endpoint: float = 0.0
-    min_ready: int | None = None  # the Deployment's fewest readyReplicas
-    seconds_below_desired: float = 0.0  # with readyReplicas below the desired count
-    max_replicas: int = 0  # the Deployment's most spec.replicas (desired + surge)
-    gang_admission_seconds: float | None = None  # Workload seen -> Admitted (Kueue only)
-    gang_start_seconds: float | None = None  # Job created -> every gang pod Running
-    check_messages: list[str] = field(default_factory=list)  # "State: message", as they came
-
-
-@dataclass
-class StoryResult:
-    replicas: int
-    mode: str = PREEMPTION
-    moved_out: int = 0
-    moved_back: int = 0
-    min_ready_during_moves: int | None = None
-    seconds_gpus_freed_to_all_home: float = 0.0
-    per_move_seconds: list[float] = field(default_factory=list)
-    instances_created: int = 0
-    instances_deleted: int = 0
-    leaks: int = 0
-    dollars: float = 0.0
-    counted_dollars: float | None = None  # the provider's own count (a lower bound)
-    per_cloud: dict[str, dict[str, Any]] = field(default_factory=dict)
-    rate: float = 0.0  # requests per second offered through the whole story
-    requests: list[RequestChapter] = field(default_factory=list)
-    way_out: WayOut = field(default_factory=WayOut)
-
-    @property
-    def failed_where_none_may(self) -> int:
-        """Failed requests in the chapters that must fail none (all but a measured way out)."""
-        return sum(c.failed for c in self.requests if not c.may_fail)
-
-    @property
-    def way_out_dipped(self) -> bool:
-        """With the pre-warm check, ready replicas fell below the desired count on the way out
-        (without it the dip is the measured baseline, not judged)."""
-        return self.mode == PREWARM and (self.way_out.min_ready or 0) < self.replicas
-
-    @property
-    def ok(self) -> bool:
-        """No leak, no dip on the way home (nor on the way out with the pre-warm check), no
-        failed request where none may fail."""
-        return (self.leaks == 0 and (self.min_ready_during_moves or 0) >= self.replicas
-                and not self.way_out_dipped and self.failed_where_none_may == 0)
-
-
-async def _pods(kube: KubeClient, app: str) -> list[dict[str, Any]]:
-    body = await kube.get(f"/api/v1/namespaces/{NS}/pods", params={"labelSelector": f"app={app}"})
-    return [p for p in body["items"] if not p["metadata"].get("deletionTimestamp")]
+from vkprovider.testing.loadgen import LoadGenerator, ready_endpoints
 
 
 async def _counted_spend(kube: KubeClient, *, timeout: float = 15.0) -> float | None:
@@ -240,180 +119,6 @@ async def _counted_spend(kube: KubeClient, *, timeout: float = 15.0) -> float | 
             return round(sum(c.dollars for c in record.values()), 4)
         await asyncio.sleep(0.5)
     return None
-
-
-def _running(ps: list[dict[str, Any]], where: Callable[[str], bool]) -> int:
-    return sum(1 for p in ps if p.get("status", {}).get("phase") == "Running"
-               and where(p["spec"].get("nodeName") or ""))
-
-
-def _ready(pod: dict[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [])
-
-
-def _serving(ps: list[dict[str, Any]], where: Callable[[str], bool]) -> int:
-    """Running and Ready (by its readiness probe) where ``where(nodeName)``."""
-    return sum(1 for p in ps if p.get("status", {}).get("phase") == "Running" and _ready(p)
-               and where(p["spec"].get("nodeName") or ""))
-
-
-def inference_deployment(*, replicas: int, load_seconds: float) -> dict[str, Any]:
-    """A model server: port 8000 named ``http``, loading its weights for ``load_seconds``
-    (``MOCK_LOAD_SECONDS``: the lab's servers answer 503 until then), Ready by its probe."""
-    server = {"name": "server", "image": "vllm:0.6",
-              "ports": [{"name": "http", "containerPort": 8000}],
-              "env": [{"name": "MOCK_LOAD_SECONDS", "value": f"{load_seconds:g}"}],
-              "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"},
-                                 "periodSeconds": 1, "failureThreshold": 1},
-              "resources": {"limits": {"nvidia.com/gpu": "1"}}}
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "inference"},
-            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "inference"}},
-                     "template": {"metadata": {"labels": {"app": "inference"},
-                                               "annotations": {"vkprovider.io/gpu-type": "H100"}},
-                                  "spec": {"priorityClassName": "inference",
-                                           "terminationGracePeriodSeconds": 2,
-                                           "containers": [server]}}}}
-
-
-def inference_service() -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": SERVICE},
-            "spec": {"selector": {"app": "inference"},
-                     "ports": [{"name": PORT, "port": 80, "targetPort": "http"}]}}
-
-
-def training_job(*, pods: int, run_seconds: float, queue: str | None) -> dict[str, Any]:
-    """The gang: ``pods`` x 1 GPU at the training priority. With ``queue``, a Kueue batch Job:
-    created suspended in that LocalQueue, Kueue unsuspends it when it admits the Workload."""
-    job: dict[str, Any] = {
-        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": GANG},
-        "spec": {"parallelism": pods, "completions": pods, "backoffLimit": 0,
-                 "template": {"metadata": {"labels": {"app": "training"}, "annotations": {
-                     "vkprovider.io/fake-run-seconds": str(run_seconds)}},
-                              "spec": {"restartPolicy": "Never",
-                                       "priorityClassName": "training",
-                                       "containers": [{
-                                           "name": "train", "image": "trainer:1",
-                                           "resources": {"limits": {
-                                               "nvidia.com/gpu": "1"}}}]}}}}
-    if queue is not None:
-        job["metadata"]["labels"] = {f"{KUEUE_GROUP}/queue-name": queue}
-        job["spec"]["suspend"] = True
-    return job
-
-
-def kueue_objects(*, gpus: int, with_check: bool) -> list[tuple[str, dict[str, Any]]]:
-    """(collection path, body) to create, in order: a ResourceFlavor on the internal GPU nodes,
-    the pre-warm AdmissionCheck (``with_check``), a ClusterQueue whose quota is those ``gpus``
-    (carrying the check), and a LocalQueue in namespace NS."""
-    v = f"{KUEUE_GROUP}/v1beta2"
-    out: list[tuple[str, dict[str, Any]]] = [(f"{KUEUE_API}/resourceflavors", {
-        "apiVersion": v, "kind": "ResourceFlavor", "metadata": {"name": FLAVOR},
-        "spec": {"nodeLabels": {POOL_LABEL[0]: POOL_LABEL[1]}}})]
-    cq: dict[str, Any] = {
-        "namespaceSelector": {},
-        "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
-            {"name": FLAVOR, "resources": [{"name": "nvidia.com/gpu",
-                                            "nominalQuota": str(gpus)}]}]}]}
-    if with_check:
-        out.append((f"{KUEUE_API}/admissionchecks", {
-            "apiVersion": v, "kind": "AdmissionCheck", "metadata": {"name": CHECK},
-            "spec": {"controllerName": "vkprovider.io/prewarm"}}))
-        cq["admissionChecksStrategy"] = {"admissionChecks": [{"name": CHECK}]}
-    out.append((f"{KUEUE_API}/clusterqueues", {
-        "apiVersion": v, "kind": "ClusterQueue", "metadata": {"name": QUEUE}, "spec": cq}))
-    out.append((f"{KUEUE_API}/namespaces/{NS}/localqueues", {
-        "apiVersion": v, "kind": "LocalQueue", "metadata": {"name": QUEUE},
-        "spec": {"clusterQueue": QUEUE}}))
-    return out
-
-
-def _condition(obj: dict[str, Any] | None, kind: str) -> str:
-    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if cond.get("type") == kind:
-            return str(cond.get("status"))
-    return "-"
-
-
-def check_state(wl: dict[str, Any] | None, check: str = CHECK) -> tuple[str, str]:
-    """(state, message) of ``check`` on a Workload; ("Pending", "") before Kueue lists it."""
-    for entry in ((wl or {}).get("status") or {}).get("admissionChecks") or []:
-        if entry.get("name") == check:
-            return str(entry.get("state") or "Pending"), str(entry.get("message") or "")
-    return "Pending", ""
-
-
-async def gang_workload(kube: KubeClient) -> dict[str, Any] | None:
-    """The Workload Kueue made for the gang's Job (None before it exists)."""
-    body = await kube.get(f"{KUEUE_API}/namespaces/{NS}/workloads")
-    for wl in body.get("items") or []:
-        if any(o.get("kind") == "Job" and o.get("name") == GANG
-               for o in wl["metadata"].get("ownerReferences") or []):
-            return dict(wl)
-    return None
-
-
-class WayOutWatch:
-    """Every 200 ms through the way out: the Deployment (fewest ready, most spec.replicas, time
-    with fewer ready than desired), the gang's Workload (seen, Admitted, the check's messages)
-    and pods (all Running); the times are monotonic, from ``created`` (the Job's creation)."""
-
-    def __init__(self, kube: KubeClient, *, result: WayOut, desired: int, gang_pods: int,
-                 kueue: bool) -> None:
-        self.kube, self.result, self.desired = kube, result, desired
-        self.gang_pods, self.kueue = gang_pods, kueue
-        self.created = time.monotonic()
-        self.workload_seen: float | None = None
-        self._task: asyncio.Task[None] | None = None
-
-    async def _sample(self, last: float) -> float:
-        out = self.result
-        dep = await self.kube.get(f"/apis/apps/v1/namespaces/{NS}/deployments/inference")
-        now = time.monotonic()
-        ready = int(dep.get("status", {}).get("readyReplicas") or 0)
-        if ready < self.desired:
-            out.seconds_below_desired += now - last
-        out.min_ready = ready if out.min_ready is None else min(out.min_ready, ready)
-        out.max_replicas = max(out.max_replicas, int(dep["spec"].get("replicas") or 0))
-        if self.kueue and out.gang_admission_seconds is None:
-            wl = await gang_workload(self.kube)
-            if wl is not None and self.workload_seen is None:
-                self.workload_seen = now
-            state, message = check_state(wl)
-            seen = f"{state}: {message}"
-            if wl is not None and message and seen not in out.check_messages:
-                out.check_messages.append(seen)
-            if self.workload_seen is not None and _condition(wl, "Admitted") == "True":
-                out.gang_admission_seconds = round(now - self.workload_seen, 2)
-        if out.gang_start_seconds is None:
-            ps = await _pods(self.kube, "training")
-            if sum(1 for p in ps if p.get("status", {}).get("phase") in (
-                    "Running", "Succeeded")) >= self.gang_pods:
-                out.gang_start_seconds = round(now - self.created, 2)
-        return now
-
-    async def _loop(self) -> None:
-        last = time.monotonic()
-        while True:
-            with contextlib.suppress(APIError, OSError):
-                last = await self._sample(last)
-            await asyncio.sleep(0.2)
-
-    def start(self) -> None:
-        self.created = time.monotonic()
-        self._task = asyncio.get_running_loop().create_task(self._loop())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-            if self.result.gang_start_seconds is None:  # the story saw it first: a last look
-                with contextlib.suppress(APIError, OSError):
-                    await self._sample(time.monotonic())
-        out = self.result
-        out.seconds_below_desired = round(out.seconds_below_desired, 2)
 
 
 def _traffic(lg: LoadGenerator, where: str) -> str:
@@ -568,7 +273,7 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
 
                     async def check_active() -> tuple[bool, str]:
                         ac = await kube.get(f"{KUEUE_API}/admissionchecks/{CHECK}")
-                        active = _condition(ac, "Active")
+                        active = condition_status(ac, "Active")
                         return active == "True", f"Active={active}"
 
                     await n.until(f"AdmissionCheck {CHECK}", check_active)
@@ -586,9 +291,9 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
                   f"Service {SERVICE} port 80 ({PORT})")
 
             async def inside() -> tuple[bool, str]:
-                ps = await _pods(kube, "inference")
-                k = _running(ps, lambda node: node.startswith("gpu-node"))
-                r = _serving(ps, lambda node: node.startswith("gpu-node"))
+                ps = await app_pods(kube, "inference")
+                k = running_on(ps, lambda node: node.startswith("gpu-node"))
+                r = serving_on(ps, lambda node: node.startswith("gpu-node"))
                 slices = await kube.get(
                     f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices",
                     params={"labelSelector": f"kubernetes.io/service-name={SERVICE}"})
@@ -626,13 +331,13 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
             clouds_used: dict[str, int] = {}
 
             async def overflowed() -> tuple[bool, str]:
-                ps = await _pods(kube, "inference")
-                out = _running(ps, lambda node: node == NODE)
-                ready = _serving(ps, lambda node: node == NODE)
+                ps = await app_pods(kube, "inference")
+                out = running_on(ps, lambda node: node == NODE)
+                ready = serving_on(ps, lambda node: node == NODE)
                 still = sum(1 for p in ps if (p["spec"].get("nodeName") or "").startswith(
                     "gpu-node"))
                 # started: Running, or already done (a gang shorter than the way out)
-                tr = sum(1 for p in await _pods(kube, "training")
+                tr = sum(1 for p in await app_pods(kube, "training")
                          if p.get("status", {}).get("phase") in ("Running", "Succeeded"))
                 desired = int((await kube.get(dep_path))["spec"].get("replicas") or 0)
                 clouds_used.clear()
@@ -665,7 +370,7 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
                          "`vkprovider demo` with Kueue pre-warms and removes this)"))
             lg.mark(ON_CLOUD)
             rows: list[tuple[str, ...]] = [("POD", "NODE", "CLOUD", "REGION", "$/H")]
-            for p in sorted(await _pods(kube, "inference"), key=lambda p: p["metadata"]["name"]):
+            for p in sorted(await app_pods(kube, "inference"), key=lambda p: p["metadata"]["name"]):
                 a = p["metadata"].get("annotations") or {}
                 rows.append((p["metadata"]["name"], p["spec"].get("nodeName") or "",
                              a.get("vkprovider.io/provider", ""),
@@ -684,7 +389,7 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
             training_began = time.monotonic()
 
             async def training_done() -> tuple[bool, str]:
-                ps = await _pods(kube, "training")
+                ps = await app_pods(kube, "training")
                 done = sum(1 for p in ps if p.get("status", {}).get("phase") == "Succeeded")
                 so_far = int(time.monotonic() - training_began) // 5 * 5
                 return done == replicas, (f"{done}/{replicas} training pods Succeeded after "
@@ -710,8 +415,8 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
             sampling = asyncio.get_running_loop().create_task(sampler())
 
             async def home() -> tuple[bool, str]:
-                ps = await _pods(kube, "inference")
-                k = _serving(ps, lambda node: node.startswith("gpu-node"))
+                ps = await app_pods(kube, "inference")
+                k = serving_on(ps, lambda node: node.startswith("gpu-node"))
                 out = sum(1 for p in ps if p["spec"].get("nodeName") == NODE)
                 live = 0
                 for cloud in clouds:
@@ -796,8 +501,8 @@ async def _kueue_way_out(*, n: Narrator, kube: KubeClient, lg: LoadGenerator, mo
         if wl is None:
             return False, "Kueue is making the Job's Workload"
         names[:] = [wl["metadata"]["name"]]
-        quota = _condition(wl, "QuotaReserved") == "True"
-        admitted = _condition(wl, "Admitted") == "True"
+        quota = condition_status(wl, "QuotaReserved") == "True"
+        admitted = condition_status(wl, "Admitted") == "True"
         return quota or admitted, (f"Workload {wl['metadata']['name']}: quota "
                                    + (f"reserved in ClusterQueue {QUEUE}" if quota else "pending"))
 
@@ -811,9 +516,9 @@ async def _kueue_way_out(*, n: Narrator, kube: KubeClient, lg: LoadGenerator, mo
             if message and f"{state}: {message}" not in told:  # the check's own words, once
                 told.append(f"{state}: {message}")
                 n.say(f"   AdmissionCheck {CHECK} on the Workload: {state}, \"{message}\"")
-            ps = await _pods(kube, "inference")
+            ps = await app_pods(kube, "inference")
             out = sum(1 for p in ps if p["spec"].get("nodeName") == NODE)
-            ready_out = _serving(ps, lambda node: node == NODE)
+            ready_out = serving_on(ps, lambda node: node == NODE)
             dep = await kube.get(dep_path)
             surge = int(dep["spec"].get("replicas") or 0) - replicas
             if state == "Ready":
@@ -828,7 +533,7 @@ async def _kueue_way_out(*, n: Narrator, kube: KubeClient, lg: LoadGenerator, mo
 
     async def admitted() -> tuple[bool, str]:
         wl = await gang_workload(kube)
-        ok = _condition(wl, "Admitted") == "True"
+        ok = condition_status(wl, "Admitted") == "True"
         name = names[0] if names else GANG
         return ok, (f"Workload {name} Admitted: Kueue unsuspends the Job, whose pods preempt "
                     f"the internal replicas" if ok else f"Workload {name} waiting for admission")
@@ -837,43 +542,6 @@ async def _kueue_way_out(*, n: Narrator, kube: KubeClient, lg: LoadGenerator, mo
     if mode == PREWARM:
         n.say("   the companion scales inference back to its recorded count once the gang is "
               "bound: the Pending replacements go first, the cloud replicas keep serving")
-
-
-def summary_rows(result: StoryResult) -> list[tuple[str, ...]]:
-    """The closing table's rows (a header first)."""
-    w, r = result.way_out, result.replicas
-
-    def secs(v: float | None) -> str:
-        return "-" if v is None else f"{v:.1f}"
-
-    fast = "" if result.mode == PREWARM else (
-        ", preemption fast path " + ("on" if w.fast_path else "off"))
-    rows: list[tuple[str, ...]] = [("", "VALUE")]
-    rows += [("way out", MODE_TITLES[result.mode] + fast),
-             ("  fewest ready replicas / seconds below desired",
-              f"{w.min_ready} of {r} / {w.seconds_below_desired:.1f}"),
-             ("  gang admitted after (Workload -> Admitted, s)",
-              secs(w.gang_admission_seconds) if result.mode != PREEMPTION else "- (no Kueue)"),
-             ("  gang running after (Job created -> all Running, s)",
-              secs(w.gang_start_seconds)),
-             ("inference replicas moved out / back",
-              f"{result.moved_out} / {result.moved_back}"),
-             ("fewest ready replicas during the moves home",
-              f"{result.min_ready_during_moves} of {r}"),
-             ("training done -> all home (s)", str(result.seconds_gpus_freed_to_all_home)),
-             ("cloud instances created / deleted",
-              f"{result.instances_created} / {result.instances_deleted}"),
-             *[(f"  {k}", f"{v['created']} created, ${v['dollars']:.4f}")
-               for k, v in result.per_cloud.items()],
-             ("money spent ($), the clouds' bill", f"{result.dollars:.4f}"),
-             ("  as the provider counted it", "not recorded"
-              if result.counted_dollars is None else f"{result.counted_dollars:.4f}"),
-             ("leaks (live instances)", str(result.leaks))]
-    if result.mode == PREWARM:
-        rows.append(("failed requests (the way out included)", str(result.failed_where_none_may)))
-    else:
-        rows.append(("failed requests outside the way out", str(result.failed_where_none_may)))
-    return rows
 
 
 def choose_mode(kueue: bool | None) -> tuple[str, str | None, Path | None]:

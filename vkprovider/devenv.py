@@ -45,11 +45,11 @@ from typing import Any
 
 import yaml
 
-from vkprovider.demo import Narrator
 from vkprovider.errors import VKError
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
 from vkprovider.logs import kv
+from vkprovider.storyreport import Narrator
 from vkprovider.testing.cluster import REPO_ROOT, LocalCluster
 from vkprovider.testing.fakekubelet import create_gpu_nodes
 from vkprovider.testing.harness import (

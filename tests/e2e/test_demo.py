@@ -14,8 +14,9 @@ import re
 
 import pytest
 
-from vkprovider.demo import (
-    CHECK,
+from vkprovider.demo import run_story
+from vkprovider.storyobjects import CHECK
+from vkprovider.storyreport import (
     HOME,
     INSIDE,
     ON_CLOUD,
@@ -24,7 +25,6 @@ from vkprovider.demo import (
     WAY_BACK,
     WAY_OUT,
     StoryResult,
-    run_story,
 )
 
 pytestmark = pytest.mark.cluster

@@ -18,7 +18,7 @@ from bench.wayout import (
     row,
     save,
 )
-from vkprovider.demo import (
+from vkprovider.storyreport import (
     HOME,
     INSIDE,
     KUEUE,

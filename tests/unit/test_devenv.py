@@ -25,7 +25,6 @@ from providers.mock.server import InventoryOffer, MockCloudState, serve, startup
 from vkprovider import cli
 from vkprovider.api import listen_address
 from vkprovider.config import Settings, load_settings
-from vkprovider.demo import Narrator
 from vkprovider.devenv import (
     DEFAULT_INVENTORY,
     NODE,
@@ -39,6 +38,7 @@ from vkprovider.devenv import (
     try_it,
     write_private,
 )
+from vkprovider.storyreport import Narrator
 from vkprovider.testing.cluster import REPO_ROOT
 from vkprovider.testing.harness import MockCloudProcess
 
