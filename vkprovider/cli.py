@@ -16,239 +16,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import socket
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any
 
-from vkprovider import __version__, eventloop, logs
-from vkprovider.errors import ConfigError, VKError
-
-if TYPE_CHECKING:
-    from vkprovider.kube import KubeClient
+from vkprovider import __version__, cliflags, eventloop, logs
+from vkprovider.errors import ConfigError, one_line
+from vkprovider.kube import startup
 
 log = logging.getLogger(__name__)
 
 DESCRIPTION = ("vkprovider: a Virtual Kubelet provider that bursts Kubernetes GPU pods onto "
                "external GPU clouds, and its companion controller. Run "
                "'vkprovider COMMAND --help' for a command's flags.")
-_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-_PROBE_TIMEOUT = 10.0  # seconds one reachability probe may take
-
-
-class APIServerUnreachable(VKError):
-    """The API server did not answer within the start-up timeout (exit status 1)."""
-
-
-def one_line(text: str) -> str:
-    """``text`` with every run of whitespace (newlines included) made one space."""
-    return " ".join(text.split())
-
-
-# -- flag types: each refusal is "argument --flag: <why>" -----------------------------------------
-
-
-def _log_level(value: str) -> str:
-    level = value.strip().upper()
-    if level == "WARN":
-        level = "WARNING"
-    if level not in _LOG_LEVELS:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not a log level ({', '.join(x.lower() for x in _LOG_LEVELS)})")
-    return level
-
-
-def _number(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-    if number != number or number in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"{value!r} is not a finite number")
-    return number
-
-
-def _positive_seconds(value: str) -> float:
-    number = _number(value)
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive number of seconds")
-    return number
-
-
-def _non_negative_seconds(value: str) -> float:
-    number = _number(value)
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative (seconds, >= 0)")
-    return number
-
-
-def _integer(value: str, *, minimum: int) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
-    if number < minimum:
-        raise argparse.ArgumentTypeError(f"{value} is less than {minimum}")
-    return number
-
-
-def _any_integer(value: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
-
-
-def _count(value: str) -> int:
-    return _integer(value, minimum=0)
-
-
-def _positive_count(value: str) -> int:
-    return _integer(value, minimum=1)
-
-
-def _port_type(*, allow_zero: bool) -> Callable[[str], int]:
-    low = 0 if allow_zero else 1
-
-    def port(value: str) -> int:
-        try:
-            number = int(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{value!r} is not a port number") from None
-        if not low <= number <= 65535:
-            raise argparse.ArgumentTypeError(f"{value} is out of range ({low}-65535)")
-        return number
-
-    return port
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (``vkprovider run: error: ...``), exit 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
-
-
-# -- kubeconfig and the API server ---------------------------------------------------------------
-
-
-def _default_kubeconfig_problem() -> str | None:
-    """Why no credentials can be found when no kubeconfig path is given (None: they can)."""
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        return None  # in-cluster
-    env = os.environ.get("KUBECONFIG")
-    if env:
-        paths = [p for p in env.split(os.pathsep) if p]
-        if paths and not any(Path(p).expanduser().is_file() for p in paths):
-            return f"KUBECONFIG={env}: no such file"
-        return None
-    if not Path("~/.kube/config").expanduser().is_file():
-        return ("no Kubernetes credentials: not running in a cluster, no --kubeconfig, "
-                "no KUBECONFIG and no ~/.kube/config")
-    return None
-
-
-def _credentials_name(*, kubeconfig: str | None, source: str) -> str:
-    """How errors name the credentials in use: ``--kubeconfig PATH``, ``FILE: kubeconfig PATH``."""
-    if kubeconfig is not None:
-        return f"{source} {kubeconfig}"
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        return "in-cluster credentials"
-    return "default kubeconfig"
-
-
-def _kube_client(*, kubeconfig: str | None, source: str, user_agent: str) -> KubeClient:
-    """A :class:`~vkprovider.kube.KubeClient`; a missing or malformed kubeconfig is a
-    :class:`ConfigError` naming ``source`` (e.g. ``--kubeconfig``) and the path.
-
-    The loader's own errors are turned into one line here; a YAML error is reported by line and
-    column only, never with the text around it (a kubeconfig holds tokens and keys).
-    """
-    import yaml
-
-    from vkprovider.kube import KubeClient
-
-    if kubeconfig is None:
-        problem = _default_kubeconfig_problem()
-        if problem:
-            raise ConfigError(problem)
-        named = _credentials_name(kubeconfig=None, source=source)
-    else:
-        path = Path(kubeconfig).expanduser()
-        named = _credentials_name(kubeconfig=kubeconfig, source=source)
-        if not path.exists():
-            raise ConfigError(f"{named}: no such file")
-        if not path.is_file():
-            raise ConfigError(f"{named}: not a file")
-        if not os.access(path, os.R_OK):
-            raise ConfigError(f"{named}: not readable")
-    try:
-        return KubeClient.from_kubeconfig(kubeconfig=kubeconfig, user_agent=user_agent)
-    except ConfigError as exc:
-        raise ConfigError(f"{named}: {one_line(str(exc))}") from exc
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise ConfigError(f"{named}: not a valid kubeconfig: not valid YAML{where}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{named}: not a valid kubeconfig: not UTF-8 text") from exc
-    except ValueError as exc:  # its text may quote a value: name the kind of problem only
-        raise ConfigError(f"{named}: not a valid kubeconfig ({type(exc).__name__})") from exc
-    except (TypeError, KeyError, AttributeError, IndexError) as exc:  # structure: no values
-        raise ConfigError(f"{named}: not a valid kubeconfig ({type(exc).__name__}: "
-                          f"{one_line(str(exc))[:200]})") from exc
-
-
-async def wait_for_api_server(*, client: KubeClient, timeout: float, named: str) -> None:
-    """Return once the API server answers ``GET /version``; give up after ``timeout`` seconds.
-
-    Any HTTP answer but 401, 429 and 5xx counts as reachable (RBAC problems are reported by
-    whoever makes the call). 401 means the credentials are wrong: a :class:`ConfigError`. No
-    answer in time: :class:`APIServerUnreachable`. Attempts are logged at debug level only, so
-    a failure is one line.
-    """
-    from vkprovider.kube import APIError, UnauthorizedError
-
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    pause, last = 0.2, "no answer"
-    while True:
-        remaining = deadline - loop.time()
-        if remaining <= 0:
-            raise APIServerUnreachable(
-                f"the API server at {client.host} did not answer within {timeout:g}s "
-                f"({one_line(last)}); giving up (set --api-server-timeout or "
-                f"api_server_timeout_seconds to wait longer)")
-        try:
-            await asyncio.wait_for(client.request("GET", "/version", retry=False),
-                                   timeout=min(remaining, _PROBE_TIMEOUT))
-            return
-        except UnauthorizedError as exc:
-            raise ConfigError(f"{named}: the API server at {client.host} rejected the "
-                              f"credentials (401 Unauthorized)") from exc
-        except APIError as exc:
-            if exc.status and exc.status != 429 and exc.status < 500:
-                return  # it answered
-            last = str(exc)
-        except TimeoutError:
-            last = "GET /version timed out"
-        log.debug("API server not reachable yet", extra=logs.kv(error=one_line(last)))
-        await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
-        pause = min(pause * 2, 5.0)
-
-
-async def _checked_start(*, client: KubeClient, timeout: float, named: str,
-                         start: Callable[[], Awaitable[int]]) -> int:
-    try:
-        await wait_for_api_server(client=client, timeout=timeout, named=named)
-    finally:
-        with contextlib.suppress(Exception):
-            await client.aclose()
-    return await start()
+PROBE_TIMEOUT = 10.0  # seconds one reachability probe may take
 
 
 # -- commands --------------------------------------------------------------------------------
@@ -312,7 +97,7 @@ def _dev_curl(args: argparse.Namespace) -> int:
     network = address_map_dir(flag=args.address_map,
                               env=os.environ.get("VKP_ADDRESS_MAP") or _recorded_address_map(
                                   args.kubeconfig))
-    client = _kube_client(kubeconfig=args.kubeconfig, source="--kubeconfig",
+    client = startup.kube_client(kubeconfig=args.kubeconfig, source="--kubeconfig",
                           user_agent=f"vkprovider-dev-curl/{__version__}")
 
     async def curl() -> int:
@@ -371,11 +156,11 @@ def _run(args: argparse.Namespace) -> int:
                        client_ca_file=settings.kubelet_api.client_ca_file,
                        common_name=node.name, hosts=hosts)
         source = "--kubeconfig" if args.kubeconfig else f"{args.config}: kubeconfig"
-        client = _kube_client(kubeconfig=settings.kubeconfig, source=source,
+        client = startup.kube_client(kubeconfig=settings.kubeconfig, source=source,
                               user_agent=f"vkprovider/{__version__}")
-        named = _credentials_name(kubeconfig=settings.kubeconfig, source=source)
+        named = startup.credentials_name(kubeconfig=settings.kubeconfig, source=source)
         tune_memory()
-        return eventloop.run(_checked_start(
+        return eventloop.run(startup.checked_start(
             client=client, timeout=settings.api_server_timeout_seconds, named=named,
             start=lambda: run_virtual_kubelet(settings=settings)), choice=settings.event_loop)
     finally:
@@ -477,11 +262,11 @@ def _descheduler(args: argparse.Namespace) -> int:
         _check_port_free(settings.metrics_port, named=named)
     from_file = args.kubeconfig is None and args.config is not None
     source = f"{args.config}: kubeconfig" if from_file else "--kubeconfig"
-    client = _kube_client(kubeconfig=settings.kubeconfig, source=source,
+    client = startup.kube_client(kubeconfig=settings.kubeconfig, source=source,
                           user_agent=f"vkprovider-companion/{__version__}")
-    named = _credentials_name(kubeconfig=settings.kubeconfig, source=source)
+    named = startup.credentials_name(kubeconfig=settings.kubeconfig, source=source)
     tune_memory()
-    return eventloop.run(_checked_start(
+    return eventloop.run(startup.checked_start(
         client=client, timeout=settings.api_server_timeout_seconds, named=named,
         start=lambda: run_companion(
             kubeconfig=settings.kubeconfig, node_name=_one_or_many(settings.node_names()),
@@ -501,10 +286,10 @@ def _decommission(args: argparse.Namespace) -> int:
     settings = load_model(Settings, args.config, overrides={
         "kubeconfig": args.kubeconfig, "api_server_timeout_seconds": args.api_server_timeout})
     source = "--kubeconfig" if args.kubeconfig else f"{args.config}: kubeconfig"
-    client = _kube_client(kubeconfig=settings.kubeconfig, source=source,
+    client = startup.kube_client(kubeconfig=settings.kubeconfig, source=source,
                           user_agent=f"vkprovider-decommission/{__version__}")
-    named = _credentials_name(kubeconfig=settings.kubeconfig, source=source)
-    return asyncio.run(_checked_start(
+    named = startup.credentials_name(kubeconfig=settings.kubeconfig, source=source)
+    return asyncio.run(startup.checked_start(
         client=client, timeout=settings.api_server_timeout_seconds, named=named,
         start=lambda: run_decommission(settings=settings, timeout=args.timeout,
                                        provider_grace=args.provider_grace, out=sys.stdout)))
@@ -537,10 +322,10 @@ def _dev_without_command(args: argparse.Namespace) -> int:
 # -- the parser ------------------------------------------------------------------------------
 
 
-def _global_flags(*, kubeconfig: bool) -> _Parser:
+def _global_flags(*, kubeconfig: bool) -> cliflags.Parser:
     """The flags accepted before and after the command (defaults are applied in :func:`main`)."""
-    flags = _Parser(add_help=False)
-    flags.add_argument("--log-level", type=_log_level, default=argparse.SUPPRESS,
+    flags = cliflags.Parser(add_help=False)
+    flags.add_argument("--log-level", type=cliflags.log_level, default=argparse.SUPPRESS,
                        help="debug, info (default), warning, error or critical")
     flags.add_argument("--log-format", choices=("json", "text"), default=argparse.SUPPRESS,
                        help="text (default; with timestamps) or json (one object per line)")
@@ -552,7 +337,7 @@ def _global_flags(*, kubeconfig: bool) -> _Parser:
 
 def build_parser() -> argparse.ArgumentParser:
     with_kube, without_kube = _global_flags(kubeconfig=True), _global_flags(kubeconfig=False)
-    parser = _Parser(prog="vkprovider", description=DESCRIPTION, parents=[with_kube])
+    parser = cliflags.Parser(prog="vkprovider", description=DESCRIPTION, parents=[with_kube])
     parser.add_argument("--version", action="version", version=f"vkprovider {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     parser.set_defaults(func=_without_command)
@@ -560,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the virtual kubelet (one virtual node)",
                          parents=[with_kube])
     run.add_argument("--config", required=True, help="settings YAML (see docs/configuration.md)")
-    run.add_argument("--api-server-timeout", type=_positive_seconds,
+    run.add_argument("--api-server-timeout", type=cliflags.positive_seconds,
                      help="seconds to wait for the API server at start, then exit 1 "
                           "(default: the file's api_server_timeout_seconds, else 60)")
     run.add_argument("--event-loop", choices=eventloop.CHOICES,
@@ -571,13 +356,13 @@ def build_parser() -> argparse.ArgumentParser:
     mock = sub.add_parser("mock-cloud", help="run the mock GPU cloud (tests, demos, your CI)",
                           parents=[without_kube])
     mock.add_argument("--host", default="127.0.0.1")
-    mock.add_argument("--port", type=_port_type(allow_zero=False), default=8080)
-    mock.add_argument("--boot-delay", type=_non_negative_seconds,
+    mock.add_argument("--port", type=cliflags.port_type(allow_zero=False), default=8080)
+    mock.add_argument("--boot-delay", type=cliflags.non_negative_seconds,
                       help="seconds pending -> running (default: the scenario's, else 1.0)")
-    mock.add_argument("--delete-delay", type=_non_negative_seconds,
+    mock.add_argument("--delete-delay", type=cliflags.non_negative_seconds,
                       help="seconds terminating -> gone (default: the scenario's, else 0)")
     mock.add_argument("--api-key-env", help="require this env var's value as the API key")
-    mock.add_argument("--seed", type=_any_integer,
+    mock.add_argument("--seed", type=cliflags.any_integer,
                       help="default: the scenario's, else 0")
     mock.add_argument("--inventory", help="TYPE:REGION:COUNT:PRICE[,...]; default: the "
                       "scenario's, else a small mix")
@@ -603,17 +388,17 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--node-name", action="append",
                       help="the virtual node's name (default: vk-gpu-burst); repeat it to "
                            "serve several virtual nodes")
-    comp.add_argument("--interval", type=_positive_seconds,
+    comp.add_argument("--interval", type=cliflags.positive_seconds,
                       help="seconds between admission passes (default: 2)")
-    comp.add_argument("--move-back-interval", type=_positive_seconds,
+    comp.add_argument("--move-back-interval", type=cliflags.positive_seconds,
                       help="seconds between move-back passes (default: 30)")
-    comp.add_argument("--headroom-gpus", type=_count,
+    comp.add_argument("--headroom-gpus", type=cliflags.count,
                       help="GPUs to keep free inside when judging whether a pod fits (default 0)")
     comp.add_argument("--gpu-health-taint", action="append", metavar="KEY[=VALUE][:EFFECT]",
                       help="a node taint that takes its GPUs out of service (repeat it; replaces "
                            "the defaults: AggregatedNodeHealth, GPUHealth, "
                            "node.kubernetes.io/out-of-service)")
-    comp.add_argument("--metrics-port", type=_port_type(allow_zero=True),
+    comp.add_argument("--metrics-port", type=cliflags.port_type(allow_zero=True),
                       help="Prometheus port; 0: off (default)")
     comp.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=None,
                       help="Lease-based leader election (run two replicas for HA)")
@@ -621,7 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--preemption-fast-path", action=argparse.BooleanOptionalAction,
                       default=None, help="admit the replacement of a replica the scheduler "
                       "preempted without waiting overflowAfter (default: on)")
-    comp.add_argument("--api-server-timeout", type=_positive_seconds,
+    comp.add_argument("--api-server-timeout", type=cliflags.positive_seconds,
                       help="seconds to wait for the API server at start, then exit 1 "
                            "(default: 60)")
     comp.add_argument("--event-loop", choices=eventloop.CHOICES,
@@ -636,12 +421,12 @@ def build_parser() -> argparse.ArgumentParser:
              "exit 1 naming what remains if --timeout passes first")
     dec.add_argument("--config", required=True,
                      help="the provider's settings YAML (its node name and cloud accounts)")
-    dec.add_argument("--timeout", type=_positive_seconds, default=300.0,
+    dec.add_argument("--timeout", type=cliflags.positive_seconds, default=300.0,
                      help="seconds to wait for every account to list no instance (default 300)")
-    dec.add_argument("--provider-grace", type=_non_negative_seconds, default=120.0,
+    dec.add_argument("--provider-grace", type=cliflags.non_negative_seconds, default=120.0,
                      help="seconds a running provider gets to delete the instances itself "
                           "before they are deleted directly (default 120)")
-    dec.add_argument("--api-server-timeout", type=_positive_seconds,
+    dec.add_argument("--api-server-timeout", type=cliflags.positive_seconds,
                      help="seconds to wait for the API server at start, then exit 1 "
                           "(default: the file's api_server_timeout_seconds, else 60)")
     dec.set_defaults(func=_decommission, takes_kubeconfig=True)
@@ -664,9 +449,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="the whole system on this machine: a local control plane with simulated GPU "
              "nodes, the CRDs and RBAC, a mock cloud, the provider and the companion; "
              "Ctrl-C stops everything")
-    up.add_argument("--gpu-nodes", type=_count, default=2,
+    up.add_argument("--gpu-nodes", type=cliflags.count, default=2,
                     help="simulated internal GPU nodes (default 2)")
-    up.add_argument("--gpus", type=_positive_count, default=4,
+    up.add_argument("--gpus", type=cliflags.positive_count, default=4,
                     help="GPUs per simulated node (default 4)")
     up.add_argument("--cluster-only", action="store_true",
                     help="only the control plane, the GPU nodes, the CRDs and RBAC: no mock "
@@ -692,7 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the lab network's address map (default: $VKP_ADDRESS_MAP, which "
                            "dev up prints, else the one dev up --kubeconfig-out recorded in "
                            "the kubeconfig)")
-    curl.add_argument("--timeout", type=_positive_seconds, default=10.0,
+    curl.add_argument("--timeout", type=cliflags.positive_seconds, default=10.0,
                       help="seconds the request may take (default 10)")
     curl.set_defaults(func=_dev_curl, takes_kubeconfig=True)
     return parser
@@ -724,7 +509,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130
-    except APIServerUnreachable as exc:
+    except startup.APIServerUnreachable as exc:
         sys.stderr.write(f"vkprovider: error: {one_line(str(exc))}\n")
         return 1
     except BaseException as exc:

@@ -40,3 +40,8 @@ class PodConfigPending(VKError):
         self.reason = "CreateContainerConfigError"
         self.field = field
         self.message = message
+
+
+def one_line(text: str) -> str:
+    """``text`` with every run of whitespace (newlines included) made one space."""
+    return " ".join(text.split())

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from vkprovider import __version__, cli, logs
+from vkprovider.kube import startup
 
 
 @pytest.fixture(autouse=True)
@@ -143,7 +144,7 @@ def test_global_flags_after_the_command(files: dict[str, Path], tmp_path: Path,
     import vkprovider.service
 
     monkeypatch.setattr(vkprovider.service, "run_virtual_kubelet", fake_run)
-    monkeypatch.setattr(cli, "wait_for_api_server", reachable)
+    monkeypatch.setattr(startup, "wait_for_api_server", reachable)
     kubeconfig = write_kubeconfig(tmp_path / "kc", server="https://127.0.0.1:1")
     code, _, err = run_main(["run", "--config", str(files["ok.yaml"]), "--log-level", "debug",
                              "--log-format", "json", "--kubeconfig", str(kubeconfig)], capsys)
@@ -306,7 +307,7 @@ def test_descheduler_reads_a_config_file_and_flags_win(tmp_path: Path,
     import vkprovider.descheduler.service
 
     monkeypatch.setattr(vkprovider.descheduler.service, "run_companion", fake_companion)
-    monkeypatch.setattr(cli, "wait_for_api_server", reachable)
+    monkeypatch.setattr(startup, "wait_for_api_server", reachable)
     kubeconfig = write_kubeconfig(tmp_path / "kc", server="https://127.0.0.1:1")
     config = tmp_path / "companion.yaml"
     config.write_text(yaml.safe_dump({
