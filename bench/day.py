@@ -56,6 +56,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS, machine, table
+from vkprovider.cliflags import (
+    non_negative_seconds,
+    positive_count,
+    positive_number,
+    positive_seconds,
+)
 
 NS = "serving"
 NODE = "vk-gpu-burst"
@@ -91,52 +97,31 @@ class Step:
     target: str = ""
 
 
-def _positive(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text}: must be > 0")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text}: must be >= 0")
-    return value
-
-
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text}: must be >= 1")
-    return value
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="a day on a shared GPU cluster (issue 15)")
-    parser.add_argument("--gpus-per-node", type=_count, default=4,
+    parser.add_argument("--gpus-per-node", type=positive_count, default=4,
                         help="nvidia.com/gpu on each of the 2 internal nodes (default 4)")
-    parser.add_argument("--replicas", type=_count, default=4,
+    parser.add_argument("--replicas", type=positive_count, default=4,
                         help="inference replicas x 1 GPU (default 4)")
-    parser.add_argument("--rate", type=_positive, default=25.0,
+    parser.add_argument("--rate", type=positive_number, default=25.0,
                         help="requests per second through the Service (default 25)")
-    parser.add_argument("--load-seconds", type=_positive, default=3.0,
+    parser.add_argument("--load-seconds", type=positive_seconds, default=3.0,
                         help="the model server's weight load (default 3)")
-    parser.add_argument("--gangs", type=_count, nargs="+", default=[6, 8, 4],
+    parser.add_argument("--gangs", type=positive_count, nargs="+", default=[6, 8, 4],
                         help="gang sizes in 1-GPU pods, queued back to back (default 6 8 4)")
-    parser.add_argument("--run-seconds", type=_positive, default=30.0,
+    parser.add_argument("--run-seconds", type=positive_seconds, default=30.0,
                         help="how long each gang trains (default 30)")
-    parser.add_argument("--gangs-at", type=_non_negative, default=10.0,
+    parser.add_argument("--gangs-at", type=non_negative_seconds, default=10.0,
                         help="when the gangs are queued, s after the load starts (default 10)")
-    parser.add_argument("--hot-at", type=_non_negative, default=35.0,
+    parser.add_argument("--hot-at", type=non_negative_seconds, default=35.0,
                         help="when a cloud GPU turns hot (default 35)")
-    parser.add_argument("--cloud-out-at", type=_non_negative, default=60.0,
+    parser.add_argument("--cloud-out-at", type=non_negative_seconds, default=60.0,
                         help=f"when {CHEAP} (the cheap cloud) runs out of H100s (default 60)")
-    parser.add_argument("--taint-at", type=_non_negative, default=75.0,
+    parser.add_argument("--taint-at", type=non_negative_seconds, default=75.0,
                         help="when gpu-node-1 is tainted unhealthy (default 75)")
-    parser.add_argument("--taint-seconds", type=_positive, default=30.0,
+    parser.add_argument("--taint-seconds", type=positive_seconds, default=30.0,
                         help="how long it stays tainted (default 30)")
-    parser.add_argument("--timeout", type=_positive, default=600.0,
+    parser.add_argument("--timeout", type=positive_seconds, default=600.0,
                         help="give up on the day after this many seconds (default 600)")
     parser.add_argument("--out", type=Path, default=RESULTS,
                         help="directory for day.json and day.txt (default bench/results)")

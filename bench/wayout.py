@@ -42,6 +42,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS, machine, table
+from vkprovider.cliflags import (
+    positive_number,
+    positive_seconds,
+)
 from vkprovider.demo import run_story
 from vkprovider.storyreport import KUEUE, PREEMPTION, PREWARM, StoryResult
 
@@ -63,13 +67,6 @@ HEADER = ["way out", "failed / sent", "longest no-endpoint (s)", "below desired 
           "most replicas", "instances", "cloud $"]
 
 
-def _positive(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text}: must be > 0")
-    return value
-
-
 def _replicas(text: str) -> int:
     value = int(text)
     if value < 2:
@@ -83,11 +80,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="which ways out to measure (default: all four)")
     parser.add_argument("--replicas", type=_replicas, default=4,
                         help="inference replicas = internal GPUs = gang pods (default 4)")
-    parser.add_argument("--rate", type=_positive, default=25.0,
+    parser.add_argument("--rate", type=positive_number, default=25.0,
                         help="requests per second through the Service (default 25)")
-    parser.add_argument("--load-seconds", type=_positive, default=3.0,
+    parser.add_argument("--load-seconds", type=positive_seconds, default=3.0,
                         help="the model server's weight load (default 3)")
-    parser.add_argument("--training-seconds", type=_positive, default=30.0,
+    parser.add_argument("--training-seconds", type=positive_seconds, default=30.0,
                         help="how long the gang trains; longer than the slowest way out, or "
                              "training ends before inference is out (default 30)")
     parser.add_argument("--overflow-after", default="10s",

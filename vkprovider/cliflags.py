@@ -24,6 +24,7 @@ __all__ = [
     "non_negative_seconds",
     "port_type",
     "positive_count",
+    "positive_number",
     "positive_seconds",
 ]
 
@@ -48,6 +49,13 @@ def finite_number(value: str) -> float:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
     if number != number or number in (float("inf"), float("-inf")):
         raise argparse.ArgumentTypeError(f"{value!r} is not a finite number")
+    return number
+
+
+def positive_number(value: str) -> float:
+    number = finite_number(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number")
     return number
 
 
