@@ -461,14 +461,14 @@ def _condition_rows() -> list[list[str]]:
 
 
 def test_the_overflow_policy_conditions_in_the_docs_are_the_ones_written() -> None:
-    from vkprovider.descheduler import admission
+    from vkprovider.descheduler import policystatus
     from vkprovider.placement import policy as pol
     from vkprovider.placement.budget import Usage
 
     documented = {_ticked(row[1])[0]: row for row in _condition_rows()
                   if row[0] in ("both", "OverflowPolicy")}
-    write = getattr(admission, "policy_conditions", None)
-    assert write is not None, "admission.py writes only Valid: no policy_conditions()"
+    write = getattr(policystatus, "policy_conditions", None)
+    assert write is not None, "policystatus.py writes only Valid: no policy_conditions()"
     spec = {"providers": ["a", "b"], "limits": {"maxPods": 2, "maxGPUs": 4,
                                                 "maxPricePerHour": 5.0}}
     policy = pol.parse_overflow_policy({"metadata": {"name": "p", "generation": 3},

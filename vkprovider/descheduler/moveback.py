@@ -68,7 +68,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from vkprovider.descheduler.admission import Decision, OverflowAdmission
+from vkprovider.descheduler.admission import OverflowAdmission
 from vkprovider.descheduler.crashpoint import crash_point
 from vkprovider.descheduler.fit import (
     DEFAULT_HEALTH_TAINTS,
@@ -86,6 +86,7 @@ from vkprovider.descheduler.objects import deployment_ref as _dep_ref
 from vkprovider.descheduler.objects import hpa_path as _hpa_path
 from vkprovider.descheduler.objects import object_key as _key
 from vkprovider.descheduler.objects import pod_ref as _pod_ref
+from vkprovider.descheduler.policystatus import Decision
 from vkprovider.descheduler.prewarm_plan import INTENT as PREWARM_INTENT
 from vkprovider.descheduler.scoped import TaskScope
 from vkprovider.descheduler.surge import (

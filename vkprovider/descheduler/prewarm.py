@@ -69,7 +69,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from vkprovider.descheduler import prewarm_plan as plan
-from vkprovider.descheduler.admission import Decision, OverflowAdmission
+from vkprovider.descheduler.admission import OverflowAdmission
 from vkprovider.descheduler.backoff import Backoff
 from vkprovider.descheduler.kueueapi import KueueAPI
 from vkprovider.descheduler.loophealth import loop_problem
@@ -79,6 +79,7 @@ from vkprovider.descheduler.moveback import MoveBack, MoveBackError
 from vkprovider.descheduler.objects import deployment_path as _dep_path
 from vkprovider.descheduler.objects import deployment_ref as _dep_ref
 from vkprovider.descheduler.objects import object_key as _key
+from vkprovider.descheduler.policystatus import Decision
 from vkprovider.descheduler.surge import scale_back
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
