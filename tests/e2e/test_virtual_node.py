@@ -14,12 +14,8 @@ import pytest_asyncio
 from vkprovider.config import NodeSettings
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import NotFoundError
-from vkprovider.node.virtualnode import (
-    GPU_PRODUCTS_ANNOTATION,
-    NodeAgent,
-    NodeCapacity,
-    run_node,
-)
+from vkprovider.node.nodebody import GPU_PRODUCTS_ANNOTATION, NodeCapacity
+from vkprovider.node.virtualnode import NodeAgent, run_node
 from vkprovider.testing.cluster import LocalCluster
 from vkprovider.testing.waiting import eventually
 

@@ -10,11 +10,9 @@ import pytest
 
 from vkprovider.config import NodeSettings
 from vkprovider.node.lease import format_micro_time
-from vkprovider.node.virtualnode import (
-    GPU_RESOURCE,
+from vkprovider.node.nodebody import (
     TAINT_KEY,
     NodeCapacity,
-    VirtualNode,
     build_status,
     merge_taints,
     metadata_patch,
@@ -22,6 +20,8 @@ from vkprovider.node.virtualnode import (
     our_taints,
     status_key,
 )
+from vkprovider.node.virtualnode import VirtualNode
+from vkprovider.semantics.gpus import GPU_RESOURCE
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 T1 = T0 + timedelta(minutes=1)

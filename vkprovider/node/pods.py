@@ -83,6 +83,7 @@ from vkprovider.node.budgetbook import (
     pod_requests,
 )
 from vkprovider.node.listing import Lister
+from vkprovider.node.nodebody import NodeCapacity
 from vkprovider.node.placements import InstanceKey, Placed, Placements
 from vkprovider.node.podstate import (
     Body,
@@ -102,7 +103,6 @@ from vkprovider.node.providercaps import (
 from vkprovider.node.replicas import EndpointSink, ProberLike, Replicas
 from vkprovider.node.spend import SpendRecorder
 from vkprovider.node.translate import RefSource
-from vkprovider.node.virtualnode import NodeCapacity
 from vkprovider.node.workqueue import ShutDown, WorkQueue
 from vkprovider.placement import policy as pol
 from vkprovider.placement.blocks import Blocks

@@ -36,7 +36,7 @@ from typing import Any
 from providers.base import Instance, InstanceState
 from vkprovider.kube.sharing import copy_dict
 from vkprovider.node.interruption import CONDITION_PLANNED, planned_condition
-from vkprovider.semantics.timefmt import format_time  # re-exported: virtualnode imports it here
+from vkprovider.semantics.timefmt import format_time
 
 __all__ = [
     "ANNOTATION_PREFIX",
@@ -45,7 +45,6 @@ __all__ = [
     "config_pending_status",
     "crash_loop_status",
     "failed_status",
-    "format_time",
     "image_pull_status",
     "instance_annotations",
     "status_changed",
