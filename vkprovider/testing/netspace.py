@@ -20,20 +20,21 @@ failure.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ipaddress
 import logging
 import socket
 import subprocess
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from vkprovider.logs import kv
 from vkprovider.testing.modelserver import ModelServer
 from vkprovider.testing.realnode import LINK_POOL, RealNode, RealNodeError, in_netns, pick_link
 
-__all__ = ["AddressSpace"]
+__all__ = ["AddressSpace", "InstanceSpaces"]
 
 log = logging.getLogger(__name__)
 
@@ -152,3 +153,76 @@ class AddressSpace:
             with contextlib.suppress(RealNodeError):
                 _ip("netns", "delete", self.netns)
             self._made = False
+
+
+class InstanceSpaces:
+    """An :class:`AddressSpace` with a model server for every running instance of a cloud.
+
+    Polls ``instances()`` (a mock cloud's ``GET /instances``) every ``interval`` seconds: an
+    instance that is ``running`` with a public address gets a space holding that address and a
+    server on the public port of ``container_port``; one that stops running (terminating,
+    deleted, gone) loses it, as its machine would. ``servers`` keeps every server ever made, by
+    the instance's pod (``vkprovider.io/pod`` tag) or id, so its counts outlive it."""
+
+    def __init__(self, *, node: RealNode,
+                 instances: Callable[[], Awaitable[list[dict[str, Any]]]],
+                 container_port: int, interval: float = 0.2) -> None:
+        self.node = node
+        self.instances = instances
+        self.container_port = container_port
+        self.interval = interval
+        self.servers: dict[str, ModelServer] = {}
+        self._spaces: dict[str, AddressSpace] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self._sync()
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self._sync()
+            except Exception as exc:  # the next poll tries again
+                log.warning("instance spaces: sync failed", extra=kv(error=repr(exc)))
+
+    async def _sync(self) -> None:
+        running: dict[str, dict[str, Any]] = {}
+        for inst in await self.instances():
+            if inst.get("state") == "running" and inst.get("public_ip"):
+                running[str(inst["id"])] = inst
+        for instance_id in [i for i in self._spaces if i not in running]:
+            await self._spaces.pop(instance_id).stop()
+        for instance_id, inst in running.items():
+            if instance_id in self._spaces:
+                continue
+            ports = [p for p in inst.get("ports") or []
+                     if p.get("container_port") == self.container_port]
+            if not ports:
+                continue
+            name = str((inst.get("tags") or {}).get("vkprovider.io/pod") or instance_id)
+            space = AddressSpace(node=self.node, addresses=[str(inst["public_ip"])])
+            try:
+                await space.start()
+                server = await space.serve(address=str(inst["public_ip"]),
+                                           port=int(ports[0]["public_port"]),
+                                           identity={"replica": name})
+            except BaseException:
+                await space.stop()
+                raise
+            self._spaces[instance_id] = space
+            self.servers[name] = server
+
+    def open_count(self) -> int:
+        return len(self._spaces)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for space in list(self._spaces.values()):
+            await space.stop()
+        self._spaces.clear()
