@@ -247,6 +247,11 @@ def _all_ready_on(pods: list[dict[str, Any]], node: str) -> bool:
             for c in (p.get("status") or {}).get("conditions") or []) for p in pods)
 
 
+def _nat_rules(netns: str) -> str:
+    return subprocess.run(["ip", "netns", "exec", netns, "iptables-save", "-t", "nat"],
+                          capture_output=True, text=True, check=True, timeout=30).stdout
+
+
 async def _live_instances(cloud: MockCloudProcess) -> int:
     return sum(1 for e in await cloud.ledger() if e["state"] != "deleted")
 
@@ -348,6 +353,11 @@ async def play_real_story(*, kube: KubeClient, cluster: LocalCluster, node: Real
         await eventually(lambda: asyncio.sleep(0, spaces.open_count() if spaces else 0),
                          until=lambda n: n == REPLICAS, timeout=60,
                          what="the instances' addresses served")
+        # the chapter starts when kube-proxy's rules send to every instance
+        await eventually(lambda: asyncio.to_thread(_nat_rules, node.netns), timeout=60,
+                         until=lambda rules: spaces is not None and all(
+                             f"--to-destination {e}" in rules for e in spaces.endpoints()),
+                         what="kube-proxy's rules for the cloud replicas")
         story.timings["inference Ready on the cloud"] = time.monotonic() - t0
         say("inference serves from the cloud, through kube-proxy's rules")
         await log.mark("on the cloud")

@@ -217,6 +217,11 @@ class InstanceSpaces:
     def open_count(self) -> int:
         return len(self._spaces)
 
+    def endpoints(self) -> list[str]:
+        """``address:port`` of every server open now."""
+        return [f"{server.host}:{server.port}" for space in self._spaces.values()
+                for server in space.servers]
+
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
