@@ -303,7 +303,7 @@ def _demo(args: argparse.Namespace) -> int:
         if args.real_node:
             from vkprovider.realdemo import run_real_demo
 
-            return asyncio.run(run_real_demo(keep=args.keep))
+            return asyncio.run(run_real_demo(keep=args.keep, kueue=args.kueue))
         return asyncio.run(run_demo(keep=args.keep, kueue=args.kueue))
     except ControlPlaneError as exc:  # e.g. in the image: no Go-built control plane
         sys.stderr.write(f"vkprovider demo: error: {one_line(str(exc))} (the demo runs from a "
@@ -445,7 +445,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "VKP_KUEUE_BIN names a build, else plain preemption, saying so)")
     demo.add_argument("--real-node", action="store_true",
                       help="play it on a real node (kubelet, containerd, kube-proxy; as root), "
-                           "its traffic over kube-proxy, counted by a client pod")
+                           "its traffic over kube-proxy, counted by a client pod (--kueue and "
+                           "--no-kueue choose its way out as above)")
     demo.set_defaults(func=_demo)
 
     dev = sub.add_parser("dev", help="local development helpers", parents=[without_kube])

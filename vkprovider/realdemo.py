@@ -65,6 +65,8 @@ CHAPTER_REQUESTS = 50
 #: the chapter whose failed requests are reported, not judged (see RealStory.problems)
 MEASURED = "way out"
 POLICIES = "/apis/vkprovider.io/v1alpha1/overflowpolicies"
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_API = f"/apis/{KUEUE_GROUP}/v1beta2"
 PRIORITY = "/apis/scheduling.k8s.io/v1/priorityclasses"
 
 #: the client's load: requests one after another, forever, one line each ("ok <body>" or
@@ -107,11 +109,17 @@ def inference_deployment(*, pool: str, priority_class: str) -> dict[str, Any]:
                 }]}}}}
 
 
-def training_job(*, node: str, priority_class: str) -> dict[str, Any]:
-    """A gang as wide as the node's GPUs, running ``TRAINING_SECONDS`` there."""
+def training_job(*, node: str, priority_class: str, queue: str | None = None
+                 ) -> dict[str, Any]:
+    """A gang as wide as the node's GPUs, running ``TRAINING_SECONDS`` there. With ``queue``,
+    a Kueue batch Job: created suspended in that LocalQueue, unsuspended when Kueue admits it."""
+    meta: dict[str, Any] = {"name": "training"}
+    if queue is not None:
+        meta["labels"] = {f"{KUEUE_GROUP}/queue-name": queue}
     return {
-        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "training"},
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": meta,
         "spec": {"parallelism": REPLICAS, "completions": REPLICAS, "backoffLimit": 0,
+                 **({"suspend": True} if queue is not None else {}),
                  "template": {"metadata": {"labels": {"app": "training"}}, "spec": {
                      "restartPolicy": "Never", "priorityClassName": priority_class,
                      "nodeSelector": {"kubernetes.io/hostname": node},
@@ -122,6 +130,31 @@ def training_job(*, node: str, priority_class: str) -> dict[str, Any]:
                                      "imagePullPolicy": "Never",
                                      "command": ["sleep", str(TRAINING_SECONDS)],
                                      "resources": {"limits": {GPU: "1"}}}]}}}}
+
+
+def kueue_objects(*, tag: str, pool: str, namespace: str) -> list[tuple[str, dict[str, Any]]]:
+    """(collection path, body), in order: a ResourceFlavor on the pool's nodes, the pre-warm
+    AdmissionCheck, a ClusterQueue with the node's GPUs as quota carrying it, a LocalQueue."""
+    v = f"{KUEUE_GROUP}/v1beta2"
+    name = f"real-{tag}"
+    return [
+        (f"{KUEUE_API}/resourceflavors", {
+            "apiVersion": v, "kind": "ResourceFlavor", "metadata": {"name": name},
+            "spec": {"nodeLabels": {POOL_LABEL: pool}}}),
+        (f"{KUEUE_API}/admissionchecks", {
+            "apiVersion": v, "kind": "AdmissionCheck", "metadata": {"name": name},
+            "spec": {"controllerName": "vkprovider.io/prewarm"}}),
+        (f"{KUEUE_API}/clusterqueues", {
+            "apiVersion": v, "kind": "ClusterQueue", "metadata": {"name": name},
+            "spec": {"namespaceSelector": {},
+                     "resourceGroups": [{"coveredResources": [GPU], "flavors": [
+                         {"name": name, "resources": [{"name": GPU,
+                                                       "nominalQuota": str(REPLICAS)}]}]}],
+                     "admissionChecksStrategy": {"admissionChecks": [{"name": name}]}}}),
+        (f"{KUEUE_API}/namespaces/{namespace}/localqueues", {
+            "apiVersion": v, "kind": "LocalQueue", "metadata": {"name": "training"},
+            "spec": {"clusterQueue": name}}),
+    ]
 
 
 def client_pod(*, node: str, name: str, cluster_ip: str) -> dict[str, Any]:
@@ -149,6 +182,10 @@ class ChapterRow:
 class RealStory:
     """What the client counted per chapter, what each cloud server counted, and timings."""
 
+    #: the way out through Kueue with the pre-warm check (judged), else plain preemption
+    prewarm: bool = False
+    #: with ``prewarm``: the gang's Workload's pre-warm check state after the way out
+    check_state: str = ""
     rows: list[ChapterRow] = field(default_factory=list)
     #: requests each cloud replica's model server answered (traffic, not probes), by pod
     served: dict[str, int] = field(default_factory=dict)
@@ -163,13 +200,16 @@ class RealStory:
         measured, not judged: by plain preemption the replicas may go before their cloud
         replacements serve (the baseline a pre-warm removes, as in ``vkprovider demo``)."""
         out = [f"{r.chapter}: {r.failed} failed requests {r.failures}" for r in self.rows
-               if r.failed and r.chapter != MEASURED]
+               if r.failed and (self.prewarm or r.chapter != MEASURED)]
         if len(self.served) != REPLICAS or not all(self.served.values()):
             out.append(f"cloud replicas served {self.served}, not {REPLICAS} with traffic")
         for name, count in self.served.items():
             seen = sum(r.by_replica.get(name, 0) for r in self.rows)
             if seen != count:
                 out.append(f"{name}: its server answered {count}, the client saw {seen}")
+        if self.prewarm and self.check_state != "Ready":
+            out.append(f"the gang's pre-warm check is {self.check_state or 'missing'}, "
+                       "not Ready")
         home = [r for r in self.rows if r.chapter == "home"]
         if home and any(name in self.served for name in home[0].by_replica):
             out.append(f"a cloud replica still answered at home: {home[0].by_replica}")
@@ -247,6 +287,18 @@ def _all_ready_on(pods: list[dict[str, Any]], node: str) -> bool:
             for c in (p.get("status") or {}).get("conditions") or []) for p in pods)
 
 
+async def _check_state(kube: KubeClient, namespace: str, check: str) -> str:
+    """The pre-warm check's state on the training Job's Workload ("" before there is one)."""
+    body = await kube.get(f"{KUEUE_API}/namespaces/{namespace}/workloads")
+    for wl in body.get("items") or []:
+        if any(o.get("kind") == "Job" and o.get("name") == "training"
+               for o in wl["metadata"].get("ownerReferences") or []):
+            for entry in (wl.get("status") or {}).get("admissionChecks") or []:
+                if entry.get("name") == check:
+                    return str(entry.get("state") or "Pending")
+    return ""
+
+
 def _nat_rules(netns: str) -> str:
     return subprocess.run(["ip", "netns", "exec", netns, "iptables-save", "-t", "nat"],
                           capture_output=True, text=True, check=True, timeout=30).stdout
@@ -259,10 +311,13 @@ async def _live_instances(cloud: MockCloudProcess) -> int:
 async def play_real_story(*, kube: KubeClient, cluster: LocalCluster, node: RealNode,
                           namespace: str, provider_kubeconfig: Path,
                           companion_kubeconfig: Path, work_dir: Path,
-                          say: Callable[[str], None] = lambda _: None) -> RealStory:
+                          say: Callable[[str], None] = lambda _: None,
+                          prewarm: bool = False) -> RealStory:
     """The story in ``namespace`` (which exists), with the node, a mock cloud, the provider
-    and the companion; everything it starts or changes is undone before it returns."""
-    story = RealStory()
+    and the companion; everything it starts or changes is undone before it returns. With
+    ``prewarm`` the gang goes through Kueue (running beside ``cluster``) and the pre-warm
+    AdmissionCheck: inference surges onto the cloud before the gang is admitted."""
+    story = RealStory(prewarm=prewarm)
     t0 = time.monotonic()
     tag = uuid.uuid4().hex[:6]
     virtual = f"vk-{tag}"
@@ -315,8 +370,19 @@ async def play_real_story(*, kube: KubeClient, cluster: LocalCluster, node: Real
                                   "podSelector": {"matchLabels": {"app": "inference"}}},
                      "providers": ["cloud0"], "overflowAfter": "0s",
                      "moveBack": {"enabled": True, "stableFor": "2s", "maxConcurrent": 2,
-                                  "cooldown": "5s", "timeout": "60s"}}})
+                                  "cooldown": "5s", "timeout": "60s"},
+                     **({"prewarm": {"enabled": True, "timeout": "120s"}} if prewarm else {})}})
         made.append(f"{POLICIES}/inference-{tag}")
+        if prewarm:
+            for path, body in kueue_objects(tag=tag, pool=namespace, namespace=namespace):
+                await kube.create(path, body)
+                made.append(f"{path}/{body['metadata']['name']}")
+            check = f"{KUEUE_API}/admissionchecks/real-{tag}"
+            await eventually(lambda: kube.get(check), timeout=60,
+                             until=lambda ac: any(
+                                 c.get("type") == "Active" and c.get("status") == "True"
+                                 for c in (ac.get("status") or {}).get("conditions") or []),
+                             what="the pre-warm AdmissionCheck Active")
         svc = await kube.create(f"/api/v1/namespaces/{namespace}/services", {
             "apiVersion": "v1", "kind": "Service", "metadata": {"name": "inference"},
             "spec": {"selector": {"app": "inference"},
@@ -343,10 +409,13 @@ async def play_real_story(*, kube: KubeClient, cluster: LocalCluster, node: Real
         await log.mark("inside")
         await log.wait_requests(CHAPTER_REQUESTS, what="load inside")
 
-        say("the way out: a training Job of higher priority takes the node's GPUs")
+        say("the way out: a training Job of higher priority takes the node's GPUs"
+            + (" once Kueue admits it, after inference pre-warmed on the cloud"
+               if prewarm else ""))
         await log.mark("way out")
         await kube.create(f"/apis/batch/v1/namespaces/{namespace}/jobs",
-                          training_job(node=node.name, priority_class=high))
+                          training_job(node=node.name, priority_class=high,
+                                       queue="training" if prewarm else None))
         await eventually(lambda: _inference(kube, namespace), timeout=120,
                          until=lambda ps: _all_ready_on(ps, virtual),
                          what="inference Ready on the cloud")
@@ -359,6 +428,8 @@ async def play_real_story(*, kube: KubeClient, cluster: LocalCluster, node: Real
                              f"--to-destination {e}" in rules for e in spaces.endpoints()),
                          what="kube-proxy's rules for the cloud replicas")
         story.timings["inference Ready on the cloud"] = time.monotonic() - t0
+        if prewarm:
+            story.check_state = await _check_state(kube, namespace, f"real-{tag}")
         say("inference serves from the cloud, through kube-proxy's rules")
         await log.mark("on the cloud")
         await log.wait_requests(CHAPTER_REQUESTS, what="load on the cloud")
@@ -398,8 +469,21 @@ async def play_real_story(*, kube: KubeClient, cluster: LocalCluster, node: Real
                 "nvidia.com/gpu.count": None}}})
 
 
-async def run_real_demo(*, keep: bool = False) -> int:
-    """A local control plane and a real node (root), the story, its table; 0 on success."""
+async def run_real_demo(*, keep: bool = False, kueue: bool | None = None) -> int:
+    """A local control plane and a real node (root), the story, its table; 0 on success.
+    ``kueue``: the way out through real Kueue with the pre-warm check (True), by plain
+    preemption (False), or (None) through Kueue when ``VKP_KUEUE_BIN`` names a build."""
+    from vkprovider.testing.kueue import KueueError, KueueManager, find_kueue
+
+    home: Path | None = None
+    if kueue is not False:
+        try:
+            home = find_kueue()
+        except KueueError as exc:
+            if kueue:
+                sys.stderr.write(f"vkprovider demo --real-node: error: --kueue: {exc}\n")
+                return 1
+            sys.stdout.write(f"Kueue not found ({exc}): the way out by plain preemption\n")
     if os.geteuid() != 0:
         sys.stderr.write("vkprovider demo --real-node: error: the real node needs root\n")
         return 1
@@ -418,6 +502,9 @@ async def run_real_demo(*, keep: bool = False) -> int:
         node = RealNode(cluster=cluster)
         await node.start()
         say(f"real node {node.name} Ready in {node.timings['ready']:.1f}s")
+        if home is not None:
+            say("starting Kueue (its CRDs, manager and webhooks; 20-30 s) ...")
+            await KueueManager(cluster=cluster, home=home).start()  # cluster.stop() ends it
         async with cluster.client() as kube:
             await install_crds(kube)
             provider_kc = await install_provider_rbac(kube=kube, cluster=cluster,
@@ -433,7 +520,7 @@ async def run_real_demo(*, keep: bool = False) -> int:
                                           namespace=namespace,
                                           provider_kubeconfig=provider_kc,
                                           companion_kubeconfig=companion_kc, work_dir=work,
-                                          say=say)
+                                          say=say, prewarm=home is not None)
         sys.stdout.write("\nthe story over kube-proxy, counted by the client pod:\n"
                          f"{story.table()}\n")
         problems = story.problems
