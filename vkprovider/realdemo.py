@@ -390,9 +390,10 @@ async def play_real_story(*, kube: KubeClient, cluster: LocalCluster, node: Real
         cluster_ip = str(svc["spec"]["clusterIP"])
         await kube.create(f"/apis/apps/v1/namespaces/{namespace}/deployments",
                           inference_deployment(pool=namespace, priority_class=low))
-        await eventually(lambda: _inference(kube, namespace), timeout=90,
-                         until=lambda ps: _all_ready_on(ps, node.name),
-                         what="inference Ready on the real node")
+        inside = await eventually(lambda: _inference(kube, namespace), timeout=90,
+                                  until=lambda ps: _all_ready_on(ps, node.name),
+                                  what="inference Ready on the real node")
+        inside_endpoints = [f"{p['status']['podIP']}:{PORT}" for p in inside]
         story.timings["inference Ready inside"] = time.monotonic() - t0
         spaces = InstanceSpaces(node=node, instances=cloud.instances, container_port=PORT)
         await spaces.start()
@@ -422,11 +423,14 @@ async def play_real_story(*, kube: KubeClient, cluster: LocalCluster, node: Real
         await eventually(lambda: asyncio.sleep(0, spaces.open_count() if spaces else 0),
                          until=lambda n: n == REPLICAS, timeout=60,
                          what="the instances' addresses served")
-        # the chapter starts when kube-proxy's rules send to every instance
+        # the chapter starts when kube-proxy's rules send to every instance and no longer to
+        # the replicas that were inside (gone with their pods, after their grace period)
         await eventually(lambda: asyncio.to_thread(_nat_rules, node.netns), timeout=60,
                          until=lambda rules: spaces is not None and all(
-                             f"--to-destination {e}" in rules for e in spaces.endpoints()),
-                         what="kube-proxy's rules for the cloud replicas")
+                             f"--to-destination {e}" in rules for e in spaces.endpoints())
+                         and not any(f"--to-destination {e}" in rules
+                                     for e in inside_endpoints),
+                         what="kube-proxy's rules for the cloud replicas only")
         story.timings["inference Ready on the cloud"] = time.monotonic() - t0
         if prewarm:
             story.check_state = await _check_state(kube, namespace, f"real-{tag}")
