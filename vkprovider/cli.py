@@ -300,6 +300,10 @@ def _demo(args: argparse.Namespace) -> int:
     from vkprovider.testing.cluster import ControlPlaneError
 
     try:
+        if args.real_node:
+            from vkprovider.realdemo import run_real_demo
+
+            return asyncio.run(run_real_demo(keep=args.keep, kueue=args.kueue))
         return asyncio.run(run_demo(keep=args.keep, kueue=args.kueue))
     except ControlPlaneError as exc:  # e.g. in the image: no Go-built control plane
         sys.stderr.write(f"vkprovider demo: error: {one_line(str(exc))} (the demo runs from a "
@@ -439,6 +443,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "(needs VKP_KUEUE_BIN=$(bash tools/kueue/build.sh)); --no-kueue: by "
                            "plain preemption, the measured baseline (default: Kueue when "
                            "VKP_KUEUE_BIN names a build, else plain preemption, saying so)")
+    demo.add_argument("--real-node", action="store_true",
+                      help="play it on a real node (kubelet, containerd, kube-proxy; as root), "
+                           "its traffic over kube-proxy, counted by a client pod (--kueue and "
+                           "--no-kueue choose its way out as above)")
     demo.set_defaults(func=_demo)
 
     dev = sub.add_parser("dev", help="local development helpers", parents=[without_kube])

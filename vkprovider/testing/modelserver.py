@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -74,9 +75,14 @@ class ModelServer:
         """The container restarted: the model loads again from now."""
         self._started = self._clock()
 
-    async def start(self) -> int:
+    async def start(self, *, sock: socket.socket | None = None) -> int:
+        """Listen on ``host:port``, or on ``sock`` (bound already: one made inside a network
+        namespace, see vkprovider.testing.netspace); returns the port."""
         self._started = self._clock()
-        self._server = await asyncio.start_server(self._serve, self.host, self._want_port)
+        if sock is not None:
+            self._server = await asyncio.start_server(self._serve, sock=sock)
+        else:
+            self._server = await asyncio.start_server(self._serve, self.host, self._want_port)
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port
 

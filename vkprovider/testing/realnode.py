@@ -256,7 +256,7 @@ async def relay(*, netns: str, listen_port: int, target_port: int,
     the host's, so connections accepted in there are forwarded from out here; bytes pass
     through untouched (TLS end to end between the node agents and the API server).
     """
-    listener = _in_netns(netns, lambda: socket.create_server((listen_host, listen_port)))
+    listener = in_netns(netns, lambda: socket.create_server((listen_host, listen_port)))
 
     async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -282,7 +282,7 @@ async def relay(*, netns: str, listen_port: int, target_port: int,
         await server.serve_forever()
 
 
-def _in_netns(netns: str, make: Callable[[], socket.socket]) -> socket.socket:
+def in_netns(netns: str, make: Callable[[], socket.socket]) -> socket.socket:
     """A socket made inside ``netns``; the thread returns to its own namespace afterwards."""
     home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     try:
@@ -337,7 +337,7 @@ async def dns(*, netns: str, host: str, port: int, kubeconfig: str,
     """
     from vkprovider.kube import KubeClient  # the relay needs none of it
 
-    sock = _in_netns(netns, lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+    sock = in_netns(netns, lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
     sock.bind((host, port))
     suffix = f".svc.{domain}"
     loop = asyncio.get_running_loop()
