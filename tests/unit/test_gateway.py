@@ -1,0 +1,215 @@
+"""The gateway's planner (pure) and its Runtime API reconcile against a real HAProxy process.
+
+Why it exists: hostname-only cloud replicas (SaladCloud, RunPod's proxy) are served through a
+stock HAProxy the provider programs at runtime. These tests pin down the stable port plan, and,
+with a real ``haproxy`` on loopback and a real TLS edge whose certificate a test CA signed, that a
+reconcile pass makes HAProxy originate verified TLS with the edge's SNI and ``Host``, adds the
+edge key (and drops a client's own copy), removes what is no longer planned, re-programs a
+restarted HAProxy, and refuses an edge whose certificate does not match.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from vkprovider.gateway.plan import EdgeTarget, Planner, server_name
+from vkprovider.gateway.reconcile import Programmed, reconcile
+from vkprovider.gateway.runtime import GatewayError, RuntimeClient, RuntimeUnavailable
+from vkprovider.testing.haproxy import HAProxyProcess
+from vkprovider.testing.pki import CertificateAuthority
+
+EDGE_NAME = "abc-8000.edge.example.com"
+KEY = "k3y-not-for-logs"
+
+
+def edge(uid: str, port: int = 8000, *, host: str = EDGE_NAME, dial_port: int = 443,
+         auth: str | None = None) -> EdgeTarget:
+    return EdgeTarget(pod_uid=uid, container_port=port, host=host, port=443,
+                      dial_host="127.0.0.1", dial_port=dial_port, auth_header=auth)
+
+
+# ---- the planner -----------------------------------------------------------------------------
+
+
+def test_plan_allocates_one_port_per_replica_port_and_keeps_it() -> None:
+    planner = Planner(first_port=20000, count=4)
+    routes, exhausted = planner.plan([edge("b"), edge("a"), edge("a", 9000)])
+    assert not exhausted
+    assert {k: r.port for k, r in routes.items()} == {
+        ("a", 8000): 20000, ("a", 9000): 20001, ("b", 8000): 20002}
+    # a new replica and a gone one: the others keep their ports, the gone one is not reused
+    routes, _ = planner.plan([edge("b"), edge("a", 9000), edge("c")])
+    assert {k: r.port for k, r in routes.items()} == {
+        ("a", 9000): 20001, ("b", 8000): 20002, ("c", 8000): 20003}
+    # range full: the freed port comes back, and then none is left
+    routes, exhausted = planner.plan([edge("b"), edge("a", 9000), edge("c"), edge("d"),
+                                      edge("e")])
+    assert routes[("d", 8000)].port == 20000
+    assert [e.key for e in exhausted] == [("e", 8000)]
+    assert "gateway.port_count" in str(exhausted[0])
+
+
+def test_plan_adopts_allocations_of_a_previous_provider() -> None:
+    planner = Planner(first_port=20000, count=8)
+    planner.adopt({("z", 8000): 20005, ("y", 8000): 20002, ("x", 8000): 99})  # 99: not ours
+    routes, _ = planner.plan([edge("z"), edge("y"), edge("x")])
+    assert {k: r.port for k, r in routes.items()} == {
+        ("z", 8000): 20005, ("y", 8000): 20002, ("x", 8000): 20006}
+
+
+def test_server_name_changes_with_what_is_programmed() -> None:
+    a = edge("a")
+    assert server_name(a) == server_name(edge("a"))
+    assert server_name(a) != server_name(edge("a", host="other.example.com"))
+    assert server_name(a) != server_name(edge("a", dial_port=444))
+
+
+# ---- a real HAProxy ----------------------------------------------------------------------------
+
+
+class Edge:
+    """A TLS edge on loopback that answers with what it received (SNI, Host, headers)."""
+
+    def __init__(self, *, cert: Path, key: Path) -> None:
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.context.load_cert_chain(cert, key)
+        self.sni: list[str | None] = []
+        self.context.sni_callback = lambda _s, name, _c: self.sni.append(name)  # type: ignore[assignment,func-returns-value]
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0,
+                                                 ssl=self.context)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode().split("\r\n")
+                headers = {}
+                for line in lines[1:]:
+                    if ":" in line:
+                        name, value = line.split(":", 1)
+                        headers[name.strip().lower()] = value.strip()
+                body = json.dumps({"path": lines[0].split()[1], "headers": headers}).encode()
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                             b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+@pytest_asyncio.fixture
+async def lab(tmp_path: Path) -> AsyncIterator[tuple[HAProxyProcess, Edge, CertificateAuthority]]:
+    (tmp_path / "ca").mkdir()
+    ca = CertificateAuthority(directory=tmp_path / "ca", name="edge-test-ca")
+    pair = ca.issue(stem="edge", common_name="*.edge.example.com", server=True,
+                    hosts=("*.edge.example.com",))
+    edge_server = Edge(cert=pair.cert, key=pair.key)
+    await edge_server.start()
+    gateway = HAProxyProcess(work_dir=tmp_path / "gw", ca_file=ca.cert_path, count=4)
+    await gateway.start()
+    try:
+        yield gateway, edge_server, ca
+    finally:
+        gateway.stop()
+        edge_server.close()
+
+
+async def get(url: str, **kwargs: Any) -> httpx.Response:
+    async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
+        return await http.get(url, **kwargs)
+
+
+async def test_reconcile_programs_verified_tls_host_and_key(
+        lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
+    gateway, edge_server, _ = lab
+    planner = Planner(first_port=gateway.layout.first_port, count=gateway.layout.count)
+    routes, _ = planner.plan([edge("pod-a", dial_port=edge_server.port, auth="Salad-Api-Key")])
+    route = routes[("pod-a", 8000)]
+    result = await reconcile(client=gateway.client, layout=gateway.layout,
+                             desired=[Programmed(route=route, api_key=KEY)])
+    assert result.added == 1
+    answer = await get(gateway.url(route.port) + "/v1/models",
+                       headers={"Salad-Api-Key": "client-supplied", "Host": "evil.example"})
+    assert answer.status_code == 200, answer.text
+    seen = answer.json()
+    assert seen["path"] == "/v1/models"
+    assert seen["headers"]["host"] == EDGE_NAME
+    assert seen["headers"]["salad-api-key"] == KEY  # the gateway's, not the client's
+    assert edge_server.sni[-1] == EDGE_NAME
+    assert KEY not in answer.text.replace(KEY, "", 1)  # once: the edge echoes what it got
+    # a second pass over an up-to-date gateway changes nothing
+    again = await reconcile(client=gateway.client, layout=gateway.layout,
+                            desired=[Programmed(route=route, api_key=KEY)])
+    assert not again.changed
+    assert KEY not in gateway.log_path.read_text(errors="replace")
+
+
+async def test_reconcile_removes_unplanned_and_reprograms_a_restarted_haproxy(
+        lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
+    gateway, edge_server, _ = lab
+    planner = Planner(first_port=gateway.layout.first_port, count=gateway.layout.count)
+    routes, _ = planner.plan([edge("pod-a", dial_port=edge_server.port),
+                              edge("pod-b", dial_port=edge_server.port)])
+    desired = [Programmed(route=r) for r in routes.values()]
+    await reconcile(client=gateway.client, layout=gateway.layout, desired=desired)
+    a, b = routes[("pod-a", 8000)], routes[("pod-b", 8000)]
+    assert (await get(gateway.url(b.port))).status_code == 200
+    # pod-b goes: its listener stops serving (no server: HAProxy answers 503)
+    result = await reconcile(client=gateway.client, layout=gateway.layout,
+                             desired=[Programmed(route=a)])
+    assert result.deleted == 1
+    assert (await get(gateway.url(b.port))).status_code == 503
+    assert not (await gateway.client.show_map(gateway.layout.hosts_map)).get(b.backend)
+    # the gateway restarts with empty memory; one pass serves pod-a again
+    await gateway.restart()
+    assert (await get(gateway.url(a.port))).status_code == 503
+    result = await reconcile(client=gateway.client, layout=gateway.layout,
+                             desired=[Programmed(route=a)])
+    assert result.added == 1
+    answer = await get(gateway.url(a.port))
+    assert answer.status_code == 200
+    assert answer.json()["headers"]["host"] == EDGE_NAME
+    routes_map = await gateway.client.show_map(gateway.layout.routes_map)
+    assert routes_map == {a.backend: "pod-a/8000"}
+
+
+async def test_edge_with_a_certificate_for_another_name_is_refused(
+        lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
+    gateway, edge_server, _ = lab
+    planner = Planner(first_port=gateway.layout.first_port, count=gateway.layout.count)
+    routes, _ = planner.plan([edge("pod-a", host="abc.elsewhere.example.org",
+                                   dial_port=edge_server.port)])
+    route = routes[("pod-a", 8000)]
+    await reconcile(client=gateway.client, layout=gateway.layout,
+                    desired=[Programmed(route=route)])
+    assert (await get(gateway.url(route.port))).status_code == 503  # TLS verify failed
+
+
+async def test_runtime_client_errors_are_ours_and_never_carry_the_key(tmp_path: Path,
+        lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
+    gateway, _, _ = lab
+    with pytest.raises(RuntimeUnavailable):
+        await RuntimeClient(address=str(tmp_path / "nothing.sock")).info()
+    with pytest.raises(GatewayError) as err:
+        await gateway.client.set_map(gateway.layout.keys_map("Salad-Api-Key"), "gw1",
+                                     "secret value; show info", secret=True)
+    assert "secret" not in str(err.value).replace("(a secret value)", "")
