@@ -273,11 +273,47 @@ class LeaderElectionSettings(_Frozen):
         return f"{socket.gethostname()}-{os.getpid()}"
 
 
+class GatewayInstanceSettings(_Frozen):
+    """One gateway (HAProxy) pod: the address written into EndpointSlices and its Runtime API
+    (a Unix socket path, or ``tcp://host:port``)."""
+
+    address: str
+    runtime: str
+
+
+class GatewaySettings(_Frozen):
+    """The traffic gateway for replicas kube-proxy cannot reach (docs/traffic.md).
+
+    Disabled when ``instances`` is empty: a hostname-only replica then gets the
+    ``EndpointNotRoutable`` warning whatever the policy's ``traffic`` says. The paths are the
+    gateway's own (inside its pod), as its rendered configuration names them.
+    """
+
+    instances: tuple[GatewayInstanceSettings, ...] = ()
+    first_port: int = Field(default=20000, ge=1024, le=65535)
+    port_count: int = Field(default=256, ge=1, le=4096)
+    ca_file: str = "/etc/ssl/certs/ca-certificates.crt"
+    map_dir: str = "/var/lib/haproxy/maps"
+    auth_headers: tuple[str, ...] = ("Salad-Api-Key",)
+    reconcile_seconds: float = Field(default=1.0, gt=0)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.instances)
+
+    @model_validator(mode="after")
+    def _range(self) -> GatewaySettings:
+        if self.first_port + self.port_count - 1 > 65535:
+            raise ValueError("first_port + port_count - 1 must be at most 65535")
+        return self
+
+
 class Settings(_Frozen):
     kubeconfig: str | None = None  # None: in-cluster, else the default kubeconfig
     node: NodeSettings = Field(default_factory=NodeSettings)
     pods: PodSettings = Field(default_factory=PodSettings)
     endpoints: EndpointSettings = Field(default_factory=EndpointSettings)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     providers: tuple[ProviderSettings, ...] = ()
     metrics_port: int = Field(default=9464, ge=0, le=65535)  # 0: no metrics server
     tls_cert_file: str | None = None  # kubelet API serving cert; generated when absent

@@ -213,3 +213,81 @@ async def test_runtime_client_errors_are_ours_and_never_carry_the_key(tmp_path: 
         await gateway.client.set_map(gateway.layout.keys_map("Salad-Api-Key"), "gw1",
                                      "secret value; show info", secret=True)
     assert "secret" not in str(err.value).replace("(a secret value)", "")
+
+
+# ---- EndpointSlices through the gateway (pure: the router answers without I/O) ----------------
+
+
+def _router(mode: str = "auto", *, instances: int = 1) -> Any:
+    from vkprovider.gateway.controller import GatewayController, GatewayInstance
+    from vkprovider.gateway.haproxycfg import GatewayLayout
+
+    async def dial(host: str, port: int) -> tuple[str, int]:
+        return host, port
+
+    layout = GatewayLayout(bind_host="0.0.0.0", first_port=20000, count=16,
+                           socket=Path("/nonexistent/rt.sock"), ca_file=Path("/nonexistent/ca"),
+                           map_dir=Path("/nonexistent/maps"))
+    return GatewayController(
+        layout=layout, dial=dial, traffic_of=lambda _uid: mode,  # type: ignore[arg-type,return-value]
+        instances=[GatewayInstance(address=f"10.0.9.{i + 1}",
+                                   client=RuntimeClient(address="/nonexistent/rt.sock"))
+                   for i in range(instances)])
+
+
+def _hostname_pod(uid: str = "p1") -> Any:
+    from vkprovider.node.endpointslices import EndpointTarget, PodRecord
+    return PodRecord(namespace="ns", name=f"pod-{uid}", uid=uid, labels=(("app", "web"),),
+                     container_ports=(("main", "http", 8080, "TCP"),),
+                     endpoints=(EndpointTarget(container_port=8080, protocol="TCP",
+                                               host=f"{uid}-8080.edge.example.com", port=443,
+                                               kind="hostname", ready=True, serving=True,
+                                               terminating=False, provider="salad",
+                                               edge_auth="Salad-Api-Key"),))
+
+
+SERVICE = {"metadata": {"name": "web", "namespace": "ns", "uid": "svc"},
+           "spec": {"selector": {"app": "web"},
+                    "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}}
+
+
+@pytest.mark.parametrize("mode", ["auto", "gateway"])
+def test_a_hostname_only_replica_is_the_gateway_pods_address_and_port(mode: str) -> None:
+    from vkprovider.node.endpointslices import build_slices
+    router = _router(mode)
+    slices, unroutable = build_slices(service=SERVICE, node="vk", pods=[_hostname_pod()],
+                                      gateway=router)
+    assert unroutable == []
+    (body,) = slices.values()
+    assert body["addressType"] == "IPv4"
+    assert body["ports"] == [{"name": "http", "protocol": "TCP", "port": 20000}]
+    (endpoint,) = body["endpoints"]
+    assert endpoint["addresses"] == ["10.0.9.1"]
+    assert endpoint["conditions"] == {"ready": True, "serving": True, "terminating": False}
+    assert endpoint["targetRef"]["uid"] == "p1"
+    route = router._routes[("p1", 8080)]
+    assert (route.edge.host, route.edge.port, route.edge.auth_header) == (
+        "p1-8080.edge.example.com", 443, "Salad-Api-Key")
+
+
+def test_traffic_direct_keeps_the_not_routable_warning() -> None:
+    from vkprovider.node.endpointslices import build_slices
+    slices, unroutable = build_slices(service=SERVICE, node="vk", pods=[_hostname_pod()],
+                                      gateway=_router("direct"))
+    assert slices == {}
+    assert [(u.why, u.host) for u in unroutable] == [("hostname", "p1-8080.edge.example.com")]
+
+
+def test_replicas_are_rehomed_when_their_gateway_pod_is_unhealthy() -> None:
+    router = _router(instances=2)
+    pods = [_hostname_pod(f"p{i}") for i in range(8)]
+    homes = {p.uid: router.route(pod_uid=p.uid, target=p.endpoints[0])[0] for p in pods}
+    assert set(homes.values()) == {"10.0.9.1", "10.0.9.2"}  # spread over both
+    router.instances[0].healthy = False
+    for p in pods:
+        assert router.route(pod_uid=p.uid, target=p.endpoints[0])[0] == "10.0.9.2"
+    router.instances[1].healthy = False
+    assert router.route(pod_uid="p0", target=pods[0].endpoints[0]) is None
+    router.instances[1].healthy = True
+    router.instances[0].healthy = True
+    assert {p.uid: router.route(pod_uid=p.uid, target=p.endpoints[0])[0] for p in pods} == homes

@@ -250,7 +250,8 @@ class Replicas:
         targets = [
             EndpointTarget(container_port=p.container_port, protocol=p.protocol, host=p.host,
                            port=p.port, kind=p.kind, ready=ready, serving=serving,
-                           terminating=terminating)
+                           terminating=terminating, provider=instance.provider,
+                           edge_auth=p.edge_auth)
             for p in instance.published  # every entry: the sink publishes the first IP one
         ]
         if not targets and uid not in self._published:
