@@ -428,11 +428,31 @@ def _mock_cloud(args: argparse.Namespace) -> int:
         boot_delay=1.0 if args.boot_delay is None else args.boot_delay,
         delete_delay=0.0 if args.delete_delay is None else args.delete_delay,
         seed=0 if args.seed is None else args.seed, name=args.name,
-        public_block=args.public_block)
+        public_block=args.public_block, edge=_mock_edge(args, api_key))
     eventloop.run(serve(host=args.host, port=args.port, state=state, log_level="warning",
                         announce=_announce, address_map_dir=args.address_map_dir),
                   choice=args.event_loop, named="--event-loop")
     return 0
+
+
+def _mock_edge(args: argparse.Namespace, api_key: str | None) -> Any:
+    """Hostname-only mode from ``--edge-*`` (providers/mock/edge.py), or None."""
+    from providers.mock.edge import EdgeSettings
+
+    if not args.edge_domain:
+        if args.edge_cert or args.edge_key or args.edge_auth_header:
+            raise ConfigError("--edge-cert/--edge-key/--edge-auth-header need --edge-domain")
+        return None
+    if not args.edge_cert or not args.edge_key:
+        raise ConfigError("--edge-domain needs --edge-cert and --edge-key (PEM files)")
+    if args.edge_auth_header and not api_key:
+        raise ConfigError("--edge-auth-header needs --api-key-env (the edge wants that key)")
+    try:
+        return EdgeSettings(domain=args.edge_domain, cert_file=Path(args.edge_cert),
+                            key_file=Path(args.edge_key), auth_header=args.edge_auth_header,
+                            api_key=api_key if args.edge_auth_header else None)
+    except ValueError as exc:
+        raise ConfigError(f"--edge-*: {exc}") from None
 
 
 def _announce(line: str) -> None:
@@ -594,6 +614,16 @@ def build_parser() -> argparse.ArgumentParser:
                       help="this cloud's name in the address map (default: mock)")
     mock.add_argument("--event-loop", choices=eventloop.CHOICES, default="auto",
                       help="auto: uvloop when installed (default); uvloop; asyncio")
+    mock.add_argument("--edge-domain", metavar="DOMAIN",
+                      help="hostname-only mode: each container port is reached only at "
+                           "https://<instance>-<port>.DOMAIN:443 (like SaladCloud's access "
+                           "domains, RunPod's proxy), no IP mapping")
+    mock.add_argument("--edge-cert", metavar="PEM", help="the edge's certificate (a wildcard "
+                      "for DOMAIN, chain included)")
+    mock.add_argument("--edge-key", metavar="PEM", help="the edge certificate's private key")
+    mock.add_argument("--edge-auth-header", metavar="NAME",
+                      help="the edge answers 401 unless this header carries the API key "
+                           "(--api-key-env), like SaladCloud's Salad-Api-Key")
     mock.set_defaults(func=_mock_cloud)
 
     comp = sub.add_parser("descheduler", help="run the companion: overflow admission by policy",

@@ -1,0 +1,152 @@
+"""A hostname-only cloud's replica serves through the traffic gateway (issue 38).
+
+Real control plane, real provider process, a mock cloud in hostname-only mode (each container
+port only at ``https://<instance>-8000.edge.mock.test:443``, a wildcard certificate signed by a
+test CA, the edge answering 401 without the cloud's API key in ``Salad-Api-Key``), and a real
+HAProxy process standing for the gateway pod: its pod address 100.64.250.1 is routed by the lab's
+address map to its listeners on loopback, as kube-proxy's DNAT would. The provider programs it
+through its Runtime API. Nothing dials a virtual address except through the address map.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from vkprovider.kube import KubeClient
+from vkprovider.probing.dialing import AddressMap, Route, publish_routes
+from vkprovider.testing.haproxy import HAProxyProcess
+from vkprovider.testing.harness import MockCloudProcess, ProviderProcess
+from vkprovider.testing.pki import CertificateAuthority
+from vkprovider.testing.waiting import eventually
+
+from .conftest import System
+from .test_pods import create_pod, list_pods, node_ready, pod_spec
+from .test_traffic import server, service, slices
+
+GATEWAY_POD_IP = "100.64.250.1"
+DOMAIN = "edge.mock.test"
+KEY_ENV = "MOCK_GATEWAY_TEST_KEY"
+KEY = "edge-key-7d1f0c"  # a test value: the mock cloud's API key, which its edge wants too
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def _endpoints(items: list[dict[str, Any]]) -> list[tuple[str, int, dict[str, Any]]]:
+    """(address, port, endpoint) of every endpoint of our slices."""
+    out = []
+    for s in items:
+        port = int((s.get("ports") or [{}])[0].get("port") or 0)
+        for ep in s.get("endpoints") or []:
+            out.append((ep["addresses"][0], port, ep))
+    return out
+
+
+async def test_a_hostname_only_replica_serves_through_the_gateway_with_tls_and_the_edge_key(
+        kube: KubeClient, namespace: str, system: System, tmp_path: Path) -> None:
+    assert system.network is not None
+    (tmp_path / "ca").mkdir()
+    ca = CertificateAuthority(directory=tmp_path / "ca", name="mock-edge-ca")
+    wildcard = ca.issue(stem="edge", common_name=f"*.{DOMAIN}", server=True,
+                        hosts=(f"*.{DOMAIN}",))
+    cloud = MockCloudProcess(
+        work_dir=tmp_path, name="edgecloud", boot_delay=0.3, address_map_dir=system.network,
+        public_block=3, inventory="H100:us-east:8:2.49",
+        edge_args=["--api-key-env", KEY_ENV, "--edge-domain", DOMAIN,
+                   "--edge-cert", str(wildcard.cert), "--edge-key", str(wildcard.key),
+                   "--edge-auth-header", "Salad-Api-Key"],
+        env={**os.environ, KEY_ENV: KEY})
+    await cloud.start()
+    system.clouds.append(cloud)  # stopped with the system
+    gateway = HAProxyProcess(work_dir=tmp_path / "gateway", ca_file=ca.cert_path, count=8)
+    await gateway.start()
+    try:
+        layout = gateway.layout
+        publish_routes(directory=system.network, owner="gateway-test",
+                       routes=[Route(host=GATEWAY_POD_IP, port=p, to_host="127.0.0.1", to_port=p)
+                               for p in range(layout.first_port,
+                                              layout.first_port + layout.count)])
+        provider = ProviderProcess(
+            work_dir=tmp_path, kubeconfig=system.kubeconfig, node_name=system.node_name,
+            clouds=[cloud], config_providers=False, client_ca_file=system.client_ca,
+            pods={"probe_address_map": str(system.network)},
+            env={KEY_ENV: KEY},
+            extra={"providers": [{"name": cloud.name, "type": "mock", "url": cloud.url,
+                                  "api_key_env": KEY_ENV}],
+                   "gateway": {"instances": [{"address": GATEWAY_POD_IP,
+                                              "runtime": str(layout.socket)}],
+                               "first_port": layout.first_port, "port_count": layout.count,
+                               "ca_file": str(layout.ca_file), "map_dir": str(layout.map_dir),
+                               "auth_headers": ["Salad-Api-Key"], "reconcile_seconds": 0.5}})
+        system.provider = provider
+        provider.start()
+        await node_ready(kube, system.node_name)
+        await service(kube, namespace, "web", "web")
+        await create_pod(kube, namespace, "replica",
+                         pod_spec(system.node_name, container=server(readiness=False)),
+                         labels={"app": "web"})
+
+        # The Service's slice holds the gateway pod's address and an allocated gateway port.
+        ours = await eventually(
+            lambda: slices(kube, namespace, "web", ours=True),
+            until=lambda items: any(ep["conditions"].get("ready")
+                                    for _, _, ep in _endpoints(items)),
+            timeout=90, what="a ready endpoint for the hostname-only replica")
+        [(address, port, endpoint)] = _endpoints(ours)
+        assert address == GATEWAY_POD_IP
+        assert layout.first_port <= port < layout.first_port + layout.count
+        assert endpoint["targetRef"]["name"] == "replica"
+        [pod] = await list_pods(kube, namespace)
+        ports_note = pod["metadata"]["annotations"]["vkprovider.io/ports"]
+        assert f".{DOMAIN}:443" in ports_note, ports_note  # the cloud published a name only
+        events = (await kube.get(f"/api/v1/namespaces/{namespace}/events",
+                                 params={"fieldSelector": "reason=EndpointNotRoutable"}))
+        assert events["items"] == []
+
+        lab = AddressMap(system.network)
+        instance_id = pod["metadata"]["annotations"]["vkprovider.io/instance-id"]
+        edge_host = f"{instance_id.lower()}-8000.{DOMAIN}"
+
+        # Straight to the edge, verified TLS with its name, but no key: refused at the edge.
+        edge_ip, edge_port = lab.resolve(edge_host, 443)
+        context = ssl.create_default_context(cafile=str(ca.cert_path))
+        async with httpx.AsyncClient(verify=context, trust_env=False, timeout=10) as http:
+            refused = await http.get(f"https://{edge_ip}:{edge_port}/v1/models",
+                                     headers={"Host": edge_host},
+                                     extensions={"sni_hostname": edge_host})
+        assert refused.status_code == 401, refused.text
+
+        # Through the gateway (as kube-proxy would send a Service's traffic): the model server
+        # answers, over TLS the gateway verified, with the key the gateway added.
+        before = (await cloud.admin("GET", "/admin/traffic", headers=AUTH)).get(instance_id, {})
+        to_host, to_port = lab.resolve(address, port)
+        async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
+            answer = await eventually(
+                lambda: http.get(f"http://{to_host}:{to_port}/v1/models"),
+                until=lambda r: r.status_code == 200, timeout=30,
+                what="the gateway serving the replica")
+        body = answer.json()
+        assert (body["pod"], body["namespace"], body["container_port"]) == (
+            "replica", namespace, 8000)
+        assert body["instance"] == instance_id
+        after = (await cloud.admin("GET", "/admin/traffic", headers=AUTH)).get(instance_id, {})
+        assert after.get("traffic", 0) >= before.get("traffic", 0) + 1
+
+        # The key never reaches the provider's log or the gateway's.
+        assert KEY not in provider.log_text()
+        assert KEY not in gateway.log_path.read_text(errors="replace")
+
+        # A restarted gateway (a new pod, empty memory) is re-programmed by the provider.
+        await gateway.restart()
+        async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
+            again = await eventually(
+                lambda: http.get(f"http://{to_host}:{to_port}/v1/models"),
+                until=lambda r: r.status_code == 200, timeout=30,
+                what="the restarted gateway re-programmed")
+        assert again.json()["instance"] == instance_id
+    finally:
+        gateway.stop()
+        (system.network / "gateway-test.json").unlink(missing_ok=True)
