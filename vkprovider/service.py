@@ -38,7 +38,7 @@ from vkprovider.api import APIServers, listen_address
 from vkprovider.api.server import bind, serve
 from vkprovider.config import Settings
 from vkprovider.eventloop import loop_name
-from vkprovider.gateway.controller import TrafficMode
+from vkprovider.gateway.controller import GatewayController, TrafficMode
 from vkprovider.gateway.wiring import build_gateway
 from vkprovider.kube import KubeClient
 from vkprovider.kube.events import EventRecorder
@@ -184,6 +184,18 @@ def _serve_standby_health(settings: Settings) -> asyncio.Task[None] | None:
                                name="standby-health")
 
 
+async def _gateway_synced(slices: EndpointSliceController, gateway: GatewayController,
+                          *, limit: float = 60.0) -> None:
+    """The gateway may remove routes once the slices' first pass is done (every Service
+    reconciled once, so every route it needs was asked for), or after ``limit`` seconds."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(limit):
+            await slices.started.wait()
+            while len(slices.queue) or slices.queue.waiting:
+                await asyncio.sleep(0.2)
+    gateway.mark_synced()
+
+
 def _traffic(controller: PodController, uid: str) -> TrafficMode:
     """The ``traffic`` of the OverflowPolicy a cloud pod was created under (auto without one)."""
     claim = controller.book.get(uid)
@@ -260,6 +272,8 @@ async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str,
                     inner.create_task(slices.run(), name="endpointslices")
                     if gateway is not None:
                         inner.create_task(gateway.run(), name="gateway")
+                        inner.create_task(_gateway_synced(slices, gateway),
+                                          name="gateway-synced")
 
             tasks = [
                 tg.create_task(agent.run(), name="node"),

@@ -291,3 +291,43 @@ def test_replicas_are_rehomed_when_their_gateway_pod_is_unhealthy() -> None:
     router.instances[1].healthy = True
     router.instances[0].healthy = True
     assert {p.uid: router.route(pod_uid=p.uid, target=p.endpoints[0])[0] for p in pods} == homes
+
+
+class _Told:
+    """An EndpointTarget-like edge request, as the EndpointSlice controller passes one."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.container_port, self.host, self.port = 8000, host, port
+        self.provider, self.edge_auth = "cloud", None
+
+
+async def test_a_restarted_provider_keeps_the_live_gateway_and_its_ports(
+        lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
+    from vkprovider.gateway.controller import GatewayController, GatewayInstance
+
+    gateway, edge_server, _ = lab
+
+    async def dial(host: str, port: int) -> tuple[str, int]:
+        return "127.0.0.1", edge_server.port  # the lab's address map, in one line
+
+    def controller() -> GatewayController:
+        return GatewayController(layout=gateway.layout, dial=dial, instances=[
+            GatewayInstance(address="10.0.9.1", client=gateway.client)])
+
+    first = controller()
+    first.mark_synced()
+    ports = {uid: first.route(pod_uid=uid, target=_Told(EDGE_NAME, 443)) for uid in ("a", "b")}
+    await first.reconcile_once()
+    assert (await get(gateway.url(ports["b"][1]))).status_code == 200
+
+    second = controller()  # a new provider process: nothing told yet, not synced
+    await second.reconcile_once()
+    assert (await get(gateway.url(ports["b"][1]))).status_code == 200, "nothing removed"
+    # told in another order, each replica gets the port the live gateway serves it on
+    assert second.route(pod_uid="b", target=_Told(EDGE_NAME, 443)) == ports["b"]
+    assert second.route(pod_uid="a", target=_Told(EDGE_NAME, 443)) == ports["a"]
+    second.mark_synced()
+    second.forget("a")
+    await second.reconcile_once()
+    assert (await get(gateway.url(ports["a"][1]))).status_code == 503  # pruned once synced
+    assert (await get(gateway.url(ports["b"][1]))).status_code == 200

@@ -83,6 +83,10 @@ class GatewayController:
         self._dirty = asyncio.Event()
         self._adopted = False
         self.passes = 0
+        # Set once the EndpointSlice controller has asked for every route it needs after a
+        # start: until then a pass adds and fixes but removes nothing, so a restarted provider
+        # does not empty a gateway that serves replicas it has not been told of yet.
+        self.synced = asyncio.Event()
 
     # ---- what the EndpointSlice controller calls (synchronous, cheap) ------------------------
 
@@ -115,13 +119,19 @@ class GatewayController:
             self._replan()
 
     def _replan(self) -> None:
-        routes, exhausted = self.planner.plan(self._edges.values())
+        routes, exhausted = self.planner.plan(self._edges.values(),
+                                              release=self.synced.is_set())
         for problem in exhausted:
             log.warning("gateway route not allocated", extra=kv(pod=problem.key[0],
                                                                port=problem.key[1],
                                                                error=str(problem)))
         self._routes = routes
         self._dirty.set()
+
+    def mark_synced(self) -> None:
+        """Every route needed has been asked for: what was not may be removed from now on."""
+        self.synced.set()
+        self._replan()
 
     def _home(self, pod_uid: str) -> GatewayInstance | None:
         """One gateway pod per replica: a stable pick among the healthy ones (rendezvous
@@ -152,7 +162,8 @@ class GatewayController:
         changed = False
         for instance in self.instances:
             try:
-                await reconcile(client=instance.client, layout=self.layout, desired=desired)
+                await reconcile(client=instance.client, layout=self.layout, desired=desired,
+                                prune=self.synced.is_set())
                 ok, error = True, None
             except GatewayError as exc:
                 ok, error = False, str(exc)

@@ -112,12 +112,13 @@ class Planner:
         self._next = max(used, default=-1) + 1
         self._freed = [self.first_port + i for i in range(self._next) if i not in used]
 
-    def plan(self, edges: Iterable[EdgeTarget]) -> tuple[dict[RouteKey, GatewayRoute],
-                                                         list[PortsExhausted]]:
+    def plan(self, edges: Iterable[EdgeTarget], *, release: bool = True
+             ) -> tuple[dict[RouteKey, GatewayRoute], list[PortsExhausted]]:
         """Routes for exactly ``edges`` (one per key; the last of a duplicate key wins), and
-        the keys that got no port."""
+        the keys that got no port. With ``release`` False, keys not in ``edges`` keep their
+        ports (adopted ones not told again yet after a restart)."""
         wanted = {e.key: e for e in edges}
-        for key in [k for k in self._ports if k not in wanted]:
+        for key in [k for k in self._ports if k not in wanted and release]:
             self._freed.append(self._ports.pop(key))
         routes: dict[RouteKey, GatewayRoute] = {}
         exhausted: list[PortsExhausted] = []

@@ -50,8 +50,10 @@ def route_value(route: GatewayRoute) -> str:
 
 
 async def reconcile(*, client: RuntimeClient, layout: GatewayLayout,
-                    desired: Sequence[Programmed]) -> ReconcileResult:
-    """One pass: the gateway behind ``client`` serves exactly ``desired``."""
+                    desired: Sequence[Programmed], prune: bool = True) -> ReconcileResult:
+    """One pass: the gateway behind ``client`` serves exactly ``desired`` (with ``prune``
+    False: at least ``desired``; nothing is removed, as while a restarted provider has not
+    told every replica yet)."""
     result = ReconcileResult()
     ours = {backend_name(p) for p in range(layout.first_port, layout.first_port + layout.count)}
     want = {p.route.backend: p for p in desired}
@@ -60,7 +62,8 @@ async def reconcile(*, client: RuntimeClient, layout: GatewayLayout,
     for s in live:
         have.setdefault(s.backend, []).append(s.name)
         target = want.get(s.backend)
-        if target is None or target.route.server != s.name:
+        if (target is None and prune) or (target is not None
+                                           and target.route.server != s.name):
             await client.delete_server(backend=s.backend, server=s.name)
             result.deleted += 1
         elif s.in_maintenance:
@@ -76,15 +79,17 @@ async def reconcile(*, client: RuntimeClient, layout: GatewayLayout,
         result.added += 1
     # maps after servers: a Host/key entry for a listener with no server does no harm
     result.map_writes += await _sync_map(
-        client, layout.hosts_map, {b: p.route.edge.host for b, p in want.items()}, ours)
+        client, layout.hosts_map, {b: p.route.edge.host for b, p in want.items()}, ours,
+        prune=prune)
     result.map_writes += await _sync_map(
-        client, layout.routes_map, {b: route_value(p.route) for b, p in want.items()}, ours)
+        client, layout.routes_map, {b: route_value(p.route) for b, p in want.items()}, ours,
+        prune=prune)
     for header in layout.auth_headers:
         keys = {b: p.api_key for b, p in want.items()
                 if p.api_key and p.route.edge.auth_header
                 and p.route.edge.auth_header.lower() == header.lower()}
         result.map_writes += await _sync_map(client, layout.keys_map(header), keys, ours,
-                                             secret=True)
+                                             secret=True, prune=prune)
     if result.changed:
         log.info("gateway programmed", extra=kv(gateway=client.address, routes=len(want),
                                                 added=result.added, deleted=result.deleted,
@@ -94,12 +99,12 @@ async def reconcile(*, client: RuntimeClient, layout: GatewayLayout,
 
 
 async def _sync_map(client: RuntimeClient, path: Path, want: dict[str, str],
-                    ours: Iterable[str], *, secret: bool = False) -> int:
+                    ours: Iterable[str], *, secret: bool = False, prune: bool = True) -> int:
     live = await client.show_map(path)
     ours_set = set(ours)
     writes = 0
     for key in sorted(set(live) - set(want)):
-        if key in ours_set:
+        if key in ours_set and prune:
             await client.del_map(path, key)
             writes += 1
     for key, value in sorted(want.items()):
