@@ -229,7 +229,7 @@ async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str,
     gateway = build_gateway(
         settings=settings, policy=policy,
         dialer=None if settings.pods.probe_address_map is None else _dialer(settings),
-        api_keys={p.name: p.api_key for p in settings.providers})
+        api_keys={p.name: p.api_key for p in settings.providers}, metrics=metrics)
     slices = EndpointSliceController(client=client, node=settings.node.name, events=events,
                                      metrics=metrics, policy=policy, gateway=gateway)
     controller = PodController(client=client, settings=settings, providers=providers,

@@ -331,3 +331,37 @@ async def test_a_restarted_provider_keeps_the_live_gateway_and_its_ports(
     await second.reconcile_once()
     assert (await get(gateway.url(ports["a"][1]))).status_code == 503  # pruned once synced
     assert (await get(gateway.url(ports["b"][1]))).status_code == 200
+
+
+async def test_an_unreachable_gateway_pod_is_unhealthy_counted_and_its_replicas_rehomed(
+        tmp_path: Path, lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
+    from vkprovider.gateway.controller import GatewayController, GatewayInstance
+    from vkprovider.metrics import Metrics
+
+    gateway, edge_server, _ = lab
+    metrics = Metrics()
+
+    async def dial(host: str, port: int) -> tuple[str, int]:
+        return "127.0.0.1", edge_server.port
+
+    ctl = GatewayController(layout=gateway.layout, dial=dial, metrics=metrics, instances=[
+        GatewayInstance(address="10.0.9.1", client=gateway.client),
+        GatewayInstance(address="10.0.9.2",
+                        client=RuntimeClient(address=str(tmp_path / "gone.sock")))])
+    changes: list[int] = []
+    ctl.on_change = lambda: changes.append(1)
+    ctl.mark_synced()
+    homes = {uid: ctl.route(pod_uid=uid, target=_Told(EDGE_NAME, 443))
+             for uid in ("a", "b", "e", "f")}  # the lab gateway has 4 ports
+    assert {h[0] for h in homes.values() if h} == {"10.0.9.1", "10.0.9.2"}
+    await ctl.reconcile_once()
+    assert changes == [1]  # the slices are told to re-home
+    for uid in homes:
+        address, port = ctl.route(pod_uid=uid, target=_Told(EDGE_NAME, 443))
+        assert address == "10.0.9.1"
+        assert (await get(gateway.url(port))).status_code == 200  # all programmed there
+    value = metrics.registry.get_sample_value
+    assert value("vkprovider_gateway_pods_healthy") == 1
+    assert value("vkprovider_gateway_routes") == 4
+    assert value("vkprovider_gateway_passes_total", {"result": "error"}) == 1
+    assert value("vkprovider_gateway_passes_total", {"result": "ok"}) == 1

@@ -21,6 +21,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from prometheus_client import Counter, Gauge
+
 from vkprovider.gateway.haproxycfg import GatewayLayout
 from vkprovider.gateway.plan import EdgeTarget, GatewayRoute, Planner, RouteKey
 from vkprovider.gateway.reconcile import Programmed, reconcile
@@ -34,6 +36,19 @@ log = logging.getLogger(__name__)
 TrafficMode = Literal["direct", "gateway", "auto"]
 #: Resolves an edge ``host:port`` to the ``(host, port)`` HAProxy dials; raises to skip it.
 DialResolver = Callable[[str, int], Awaitable[tuple[str, int]]]
+
+
+class GatewayMetrics(Protocol):
+    """The gateway's metrics (vkprovider/metrics.py)."""
+
+    @property
+    def gateway_routes(self) -> Gauge: ...
+    @property
+    def gateway_pods_healthy(self) -> Gauge: ...
+    @property
+    def gateway_passes(self) -> Counter: ...
+    @property
+    def gateway_ports_exhausted(self) -> Gauge: ...
 
 
 class EdgeRequest(Protocol):
@@ -66,7 +81,7 @@ class GatewayController:
                  dial: DialResolver,
                  traffic_of: Callable[[str], TrafficMode] = lambda _uid: "auto",
                  edge_key: Callable[[str], str | None] = lambda _provider: None,
-                 interval: float = 1.0) -> None:
+                 interval: float = 1.0, metrics: GatewayMetrics | None = None) -> None:
         if not instances:
             raise ValueError("a gateway needs at least one instance")
         self.layout = layout
@@ -75,6 +90,7 @@ class GatewayController:
         self.traffic_of = traffic_of
         self.edge_key = edge_key
         self.interval = interval
+        self.metrics = metrics
         self.planner = Planner(first_port=layout.first_port, count=layout.count)
         self.on_change: Callable[[], None] = lambda: None  # re-homing: slices must be rewritten
         self._edges: dict[RouteKey, EdgeTarget] = {}
@@ -127,6 +143,9 @@ class GatewayController:
                                                                error=str(problem)))
         self._routes = routes
         self._dirty.set()
+        if self.metrics is not None:
+            self.metrics.gateway_routes.set(len(routes))
+            self.metrics.gateway_ports_exhausted.set(len(exhausted))
 
     def mark_synced(self) -> None:
         """Every route needed has been asked for: what was not may be removed from now on."""
@@ -173,7 +192,11 @@ class GatewayController:
                         "gateway pod healthy" if ok else "gateway pod unreachable; re-homing",
                         extra=kv(gateway=instance.address, error=error))
             instance.healthy, instance.last_error = ok, error
+            if self.metrics is not None:
+                self.metrics.gateway_passes.labels("ok" if ok else "error").inc()
         self.passes += 1
+        if self.metrics is not None:
+            self.metrics.gateway_pods_healthy.set(sum(i.healthy for i in self.instances))
         if changed:
             self.on_change()
 

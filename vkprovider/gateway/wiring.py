@@ -17,7 +17,12 @@ from pathlib import Path
 
 from providers.addresses import AddressPolicy, refusal
 from vkprovider.config import Settings
-from vkprovider.gateway.controller import DialResolver, GatewayController, GatewayInstance
+from vkprovider.gateway.controller import (
+    DialResolver,
+    GatewayController,
+    GatewayInstance,
+    GatewayMetrics,
+)
 from vkprovider.gateway.haproxycfg import GatewayLayout
 from vkprovider.gateway.runtime import GatewayError, RuntimeClient
 from vkprovider.probing.dialing import Dialer
@@ -63,7 +68,8 @@ def dns_dial(policy: AddressPolicy, *, ttl: float = _DNS_TTL) -> DialResolver:
 
 
 def build_gateway(*, settings: Settings, dialer: Dialer | None, policy: AddressPolicy,
-                  api_keys: Mapping[str, Callable[[], str | None]]) -> GatewayController | None:
+                  api_keys: Mapping[str, Callable[[], str | None]],
+                  metrics: GatewayMetrics | None = None) -> GatewayController | None:
     """The gateway controller ``settings.gateway`` describes, or None when it has no instance.
 
     ``dialer``: the lab's address map (None in production: DNS). ``api_keys``: per provider
@@ -84,4 +90,4 @@ def build_gateway(*, settings: Settings, dialer: Dialer | None, policy: AddressP
 
     return GatewayController(layout=layout, instances=instances,
                              dial=mapped_dial(dialer) if dialer is not None else dns_dial(policy),
-                             edge_key=edge_key, interval=g.reconcile_seconds)
+                             edge_key=edge_key, interval=g.reconcile_seconds, metrics=metrics)
