@@ -222,14 +222,16 @@ async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str,
     # One address filter for everything a cloud publishes (providers/addresses.py): the pod
     # controller screens instances with it; the prober and the slices apply it once more.
     policy = settings.endpoints.policy()
+    keys = {p.name: p.api_key for p in settings.providers}  # read when used, never kept
     prober = Prober(dialer=_dialer(settings), max_concurrent=settings.pods.probe_concurrency,
-                    refuse=lambda host: refusal(host, policy=policy))
+                    refuse=lambda host: refusal(host, policy=policy),
+                    edge_key=lambda name: keys[name]() if name in keys else None)
     prober.on_refused = metrics.probes_refused.inc
     # The traffic gateway (settings gateway:) serves hostname-only replicas; None: not set up
     gateway = build_gateway(
         settings=settings, policy=policy,
         dialer=None if settings.pods.probe_address_map is None else _dialer(settings),
-        api_keys={p.name: p.api_key for p in settings.providers}, metrics=metrics)
+        api_keys=keys, metrics=metrics)
     slices = EndpointSliceController(client=client, node=settings.node.name, events=events,
                                      metrics=metrics, policy=policy, gateway=gateway)
     controller = PodController(client=client, settings=settings, providers=providers,

@@ -5,7 +5,8 @@ port only at ``https://<instance>-8000.edge.mock.test:443``, a wildcard certific
 test CA, the edge answering 401 without the cloud's API key in ``Salad-Api-Key``), and a real
 HAProxy process standing for the gateway pod: its pod address 100.64.250.1 is routed by the lab's
 address map to its listeners on loopback, as kube-proxy's DNAT would. The provider programs it
-through its Runtime API. Nothing dials a virtual address except through the address map.
+through its Runtime API and probes the replica at its edge with the cloud's key. Nothing dials
+a virtual address except through the address map.
 """
 
 from __future__ import annotations
@@ -86,10 +87,11 @@ async def test_a_hostname_only_replica_serves_through_the_gateway_with_tls_and_t
         await node_ready(kube, system.node_name)
         await service(kube, namespace, "web", "web")
         await create_pod(kube, namespace, "replica",
-                         pod_spec(system.node_name, container=server(readiness=False)),
+                         pod_spec(system.node_name, container=server()),
                          labels={"app": "web"})
 
-        # The Service's slice holds the gateway pod's address and an allocated gateway port.
+        # Ready by its readinessProbe, which the provider sends to the edge with the cloud's
+        # key; the Service's slice holds the gateway pod's address and an allocated port.
         ours = await eventually(
             lambda: slices(kube, namespace, "web", ours=True),
             until=lambda items: any(ep["conditions"].get("ready")

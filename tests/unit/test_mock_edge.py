@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ssl
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -88,3 +89,54 @@ def test_edge_settings_refuse_bad_input() -> None:
                      auth_header="Salad-Api-Key")
     assert KEY not in repr(EdgeSettings(domain="edge.test", cert_file=Path("c"),
                                         key_file=Path("k"), auth_header="X-Key", api_key=KEY))
+
+
+async def test_probes_of_an_authenticated_edge_carry_the_clouds_key(tmp_path: Path) -> None:
+    import time
+
+    from vkprovider.probing.prober import Prober
+    from vkprovider.probing.spec import ContainerProbes, Probe
+
+    (tmp_path / "ca").mkdir()
+    ca = CertificateAuthority(directory=tmp_path / "ca", name="unit-edge-ca")
+    pair = ca.issue(stem="edge", common_name="*.edge.unit.test", server=True,
+                    hosts=("*.edge.unit.test",))
+    edge = EdgeSettings(domain="edge.unit.test", cert_file=pair.cert, key_file=pair.key,
+                        auth_header="Salad-Api-Key", api_key=KEY)
+    async with start_mock_cloud(boot_delay=0.0, api_key=KEY, edge=edge, name="e2",
+                                address_map_dir=tmp_path / "map") as cloud:
+        provider = cloud.provider(api_key=KEY)
+        created = await provider.create(InstanceSpec(
+            name="vk-p", image="vllm/vllm-openai", gpu_count=1, gpu_type="L4",
+            ports=(Port(container_port=8000),)))
+        host = f"{created.id.lower()}-8000.edge.unit.test"
+        lab = AddressMap(tmp_path / "map")
+        await eventually(lambda: _resolve(lab, host), until=lambda r: r is not None,
+                         timeout=10, what="the edge's route")
+        prober = Prober(dialer=lab, edge_key=lambda name: KEY if name == "e2" else None)
+        probe = Probe(action="http", port=8000, path="/ready", period=0.05,  # type: ignore[arg-type]
+                      timeout=2.0, failure_threshold=1)
+        containers = [ContainerProbes(name="c", readiness=probe)]
+        prober.track("with-key", containers=containers, running_since=time.monotonic(),
+                     target=lambda _p: (host, 443, "https", ("Salad-Api-Key", "e2")))
+        prober.track("no-key", containers=containers, running_since=time.monotonic(),
+                     target=lambda _p: (host, 443, "https", None))
+        try:
+            await eventually(lambda: _ready(prober, "with-key"), until=bool, timeout=10,
+                             what="the probe with the key passing")
+            await eventually(lambda: _message(prober, "no-key"), until=lambda m: "401" in m,
+                             timeout=10, what="the probe without the key refused")
+            assert not await _ready(prober, "no-key")
+            assert KEY not in await _message(prober, "no-key")
+        finally:
+            await prober.aclose()
+
+
+async def _ready(prober: Any, key: str) -> bool:
+    state = prober.state(key)
+    return bool(state and state[0].ready)
+
+
+async def _message(prober: Any, key: str) -> str:
+    state = prober.state(key)
+    return str((state[0].message if state else None) or "")
