@@ -281,6 +281,15 @@ class GatewayInstanceSettings(_Frozen):
     runtime: str
 
 
+class GatewayRuntimeTLSSettings(_Frozen):
+    """The provider's side of the gateway's mutual-TLS Runtime API (``tls://`` instances)."""
+
+    cert_file: str  # the provider's client certificate, signed by the CA the gateway trusts
+    key_file: str
+    ca_file: str  # the CA that signs the gateway pods' Runtime API certificates
+    server_name: str | None = None  # the name their certificates carry; None: the address
+
+
 class GatewaySettings(_Frozen):
     """The traffic gateway for replicas kube-proxy cannot reach (docs/traffic.md).
 
@@ -296,6 +305,7 @@ class GatewaySettings(_Frozen):
     map_dir: str = "/var/lib/haproxy/maps"
     auth_headers: tuple[str, ...] = ("Salad-Api-Key",)
     reconcile_seconds: float = Field(default=1.0, gt=0)
+    runtime_tls: GatewayRuntimeTLSSettings | None = None
 
     @property
     def enabled(self) -> bool:
@@ -305,6 +315,9 @@ class GatewaySettings(_Frozen):
     def _range(self) -> GatewaySettings:
         if self.first_port + self.port_count - 1 > 65535:
             raise ValueError("first_port + port_count - 1 must be at most 65535")
+        for i, inst in enumerate(self.instances):
+            if inst.runtime.startswith("tls://") and self.runtime_tls is None:
+                raise ValueError(f"instances[{i}].runtime is tls://: set gateway.runtime_tls")
         return self
 
 

@@ -365,3 +365,54 @@ async def test_an_unreachable_gateway_pod_is_unhealthy_counted_and_its_replicas_
     assert value("vkprovider_gateway_routes") == 4
     assert value("vkprovider_gateway_passes_total", {"result": "error"}) == 1
     assert value("vkprovider_gateway_passes_total", {"result": "ok"}) == 1
+
+
+async def test_the_runtime_api_over_the_network_wants_the_providers_client_certificate(
+        tmp_path: Path) -> None:
+    import socket
+    import ssl as ssl_
+
+    from vkprovider.gateway.haproxycfg import RuntimeTLS
+
+    (tmp_path / "pki").mkdir()
+    ca = CertificateAuthority(directory=tmp_path / "pki", name="gateway-runtime-ca")
+    server = ca.issue(stem="gateway", common_name="gateway", server=True, hosts=("gateway",))
+    client = ca.issue(stem="provider", common_name="vkprovider", client=True)
+    pem = tmp_path / "pki" / "gateway.pem"
+    pem.write_bytes(server.cert.read_bytes() + server.key.read_bytes())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    gateway = HAProxyProcess(work_dir=tmp_path / "gw", ca_file=ca.cert_path, runtime_tls=RuntimeTLS(
+        bind=f"127.0.0.1:{port}", server_pem=pem, client_ca=ca.cert_path))
+    await gateway.start()
+    try:
+        trusted = ssl_.create_default_context(cafile=str(ca.cert_path))
+        with_cert = ssl_.create_default_context(cafile=str(ca.cert_path))
+        with_cert.load_cert_chain(client.cert, client.key)
+        ok = RuntimeClient(address=f"tls://127.0.0.1:{port}", tls=with_cert,
+                           server_name="gateway")
+        assert (await ok.info())["Name"] == "HAProxy"
+        assert {s.backend for s in await ok.servers()} == {"ca-store", "runtime-api"}
+        with pytest.raises(RuntimeUnavailable):  # no client certificate: refused
+            await RuntimeClient(address=f"tls://127.0.0.1:{port}", tls=trusted,
+                                server_name="gateway").info()
+        with pytest.raises(GatewayError):
+            RuntimeClient(address=f"tls://127.0.0.1:{port}")
+    finally:
+        gateway.stop()
+
+
+def test_gateway_settings_name_the_field_at_fault() -> None:
+    from vkprovider.config import load_settings
+    from vkprovider.errors import ConfigError
+
+    ok = load_settings(None, gateway={"instances": [{"address": "10.0.0.9",
+                                                     "runtime": "/run/haproxy.sock"}]})
+    assert ok.gateway.enabled and ok.gateway.first_port == 20000
+    assert not load_settings(None).gateway.enabled
+    with pytest.raises(ConfigError, match=r"gateway.*runtime_tls"):
+        load_settings(None, gateway={"instances": [{"address": "10.0.0.9",
+                                                    "runtime": "tls://10.0.0.9:9999"}]})
+    with pytest.raises(ConfigError, match=r"gateway\.port_count"):
+        load_settings(None, gateway={"port_count": 0})

@@ -19,9 +19,22 @@ from pathlib import Path
 
 from vkprovider.gateway.plan import backend_name
 
-__all__ = ["GatewayLayout", "render"]
+__all__ = ["GatewayLayout", "RuntimeTLS", "render", "write"]
 
 _HEADER = re.compile(r"^[A-Za-z0-9-]{1,64}$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeTLS:
+    """The Runtime API offered over the network with mutual TLS: HAProxy terminates TLS on
+    ``bind`` (``host:port``), requires a client certificate signed by ``client_ca`` (the
+    provider's), and forwards to its own admin socket. ``server_pem`` holds the gateway's
+    certificate and key. The Runtime API has no authentication of its own: never expose it
+    without this."""
+
+    bind: str
+    server_pem: Path
+    client_ca: Path
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,6 +48,7 @@ class GatewayLayout:
     ca_file: Path  # PEM bundle of the CAs that sign the clouds' edge certificates
     map_dir: Path
     auth_headers: Sequence[str] = ("Salad-Api-Key",)
+    runtime_tls: RuntimeTLS | None = None
     connect_timeout_seconds: float = 5.0
     # long streamed responses (SSE, chunked) must not be cut: the edge's timeout rules
     stream_timeout_seconds: float = 3600.0
@@ -82,6 +96,16 @@ def render(layout: GatewayLayout) -> str:
         "  # loads the routes map (which replica port each listener fronts) for the Runtime API",
         f"  http-request set-var(txn.route) be_name,map({layout.routes_map})",
     ]
+    if layout.runtime_tls is not None:
+        t = layout.runtime_tls
+        lines += [
+            "",
+            "listen runtime-api",
+            "  # the Runtime API for the provider, mutual TLS only (it has no auth of its own)",
+            "  mode tcp",
+            f"  bind {t.bind} ssl crt {t.server_pem} ca-file {t.client_ca} verify required",
+            f"  server admin unix@{layout.socket}",
+        ]
     hosts = layout.hosts_map
     for port in range(layout.first_port, layout.first_port + layout.count):
         lines += ["", f"listen {backend_name(port)}", f"  bind {layout.bind_host}:{port}"]

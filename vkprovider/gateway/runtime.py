@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,12 +71,18 @@ def safe(value: str, *, what: str, secret: bool = False) -> str:
 
 
 class RuntimeClient:
-    """Talks to one HAProxy's Runtime API at ``address``: a Unix socket path, or
-    ``tcp://host:port``."""
+    """Talks to one HAProxy's Runtime API at ``address``: a Unix socket path, ``tcp://host:port``
+    (only where nothing else can reach it), or ``tls://host:port`` with ``tls`` (the client
+    certificate and the CA of the gateway's certificate; ``server_name`` is checked)."""
 
-    def __init__(self, *, address: str, timeout: float = 5.0) -> None:
+    def __init__(self, *, address: str, timeout: float = 5.0, tls: ssl.SSLContext | None = None,
+                 server_name: str | None = None) -> None:
+        if address.startswith("tls://") and tls is None:
+            raise GatewayError(f"{address}: a tls:// Runtime API needs a TLS context")
         self.address = address
         self.timeout = timeout
+        self.tls = tls
+        self.server_name = server_name
 
     def __repr__(self) -> str:
         return f"RuntimeClient({self.address!r})"
@@ -86,10 +93,12 @@ class RuntimeClient:
             raise GatewayError("a Runtime API command is one line without ';'")
         try:
             async with asyncio.timeout(self.timeout):
-                if self.address.startswith("tcp://"):
+                if self.address.startswith(("tcp://", "tls://")):
                     host, _, port = self.address[len("tcp://"):].rpartition(":")
-                    reader, writer = await asyncio.open_connection(host.strip("[]"), int(port),
-                                                                   limit=_READ_LIMIT)
+                    tls = self.tls if self.address.startswith("tls://") else None
+                    reader, writer = await asyncio.open_connection(
+                        host.strip("[]"), int(port), limit=_READ_LIMIT, ssl=tls,
+                        server_hostname=(self.server_name or host.strip("[]")) if tls else None)
                 else:
                     reader, writer = await asyncio.open_unix_connection(
                         str(Path(self.address)), limit=_READ_LIMIT)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -81,7 +82,13 @@ def build_gateway(*, settings: Settings, dialer: Dialer | None, policy: AddressP
     layout = GatewayLayout(bind_host="0.0.0.0", first_port=g.first_port, count=g.port_count,
                            socket=Path("/var/run/haproxy/runtime.sock"), ca_file=Path(g.ca_file),
                            map_dir=Path(g.map_dir), auth_headers=g.auth_headers)
-    instances = [GatewayInstance(address=i.address, client=RuntimeClient(address=i.runtime))
+    tls = None
+    if g.runtime_tls is not None:  # mutual TLS to the gateway pods' Runtime API
+        tls = ssl.create_default_context(cafile=g.runtime_tls.ca_file)
+        tls.load_cert_chain(g.runtime_tls.cert_file, g.runtime_tls.key_file)
+    server_name = g.runtime_tls.server_name if g.runtime_tls is not None else None
+    instances = [GatewayInstance(address=i.address, client=RuntimeClient(
+                     address=i.runtime, tls=tls, server_name=server_name))
                  for i in g.instances]
 
     def edge_key(provider: str) -> str | None:
