@@ -542,9 +542,32 @@ def _demo(args: argparse.Namespace) -> int:
         return 1
 
 
+def _gateway_config(args: argparse.Namespace) -> int:
+    """Print the gateway's HAProxy configuration for the provider's ``gateway:`` settings."""
+    from vkprovider.config import Settings, load_model
+    from vkprovider.gateway.haproxycfg import GatewayLayout, RuntimeTLS, render
+
+    g = load_model(Settings, args.config).gateway
+    tls = None
+    if args.runtime_bind:
+        if not args.runtime_pem or not args.runtime_client_ca:
+            raise ConfigError("--runtime-bind needs --runtime-pem and --runtime-client-ca")
+        tls = RuntimeTLS(bind=args.runtime_bind, server_pem=Path(args.runtime_pem),
+                         client_ca=Path(args.runtime_client_ca))
+    try:
+        layout = GatewayLayout(bind_host=args.bind, first_port=g.first_port, count=g.port_count,
+                               socket=Path(args.socket), ca_file=Path(g.ca_file),
+                               map_dir=Path(g.map_dir), auth_headers=g.auth_headers,
+                               runtime_tls=tls)
+    except ValueError as exc:
+        raise ConfigError(f"gateway: {exc}") from None
+    sys.stdout.write(render(layout))
+    return 0
+
+
 def _without_command(args: argparse.Namespace) -> int:
-    sys.stderr.write("vkprovider: error: name a command: run, mock-cloud, descheduler, demo or "
-                     "dev (vkprovider --help)\n")
+    sys.stderr.write("vkprovider: error: name a command: run, mock-cloud, gateway-config, "
+                     "descheduler, demo or dev (vkprovider --help)\n")
     return 2
 
 
@@ -625,6 +648,20 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the edge answers 401 unless this header carries the API key "
                            "(--api-key-env), like SaladCloud's Salad-Api-Key")
     mock.set_defaults(func=_mock_cloud)
+
+    gwc = sub.add_parser("gateway-config", parents=[without_kube],
+                         help="print the traffic gateway's HAProxy configuration (traffic.md)")
+    gwc.add_argument("--config", required=True, help="the provider's settings YAML (its "
+                     "gateway: block gives the ports, CA, maps and auth headers)")
+    gwc.add_argument("--bind", default="0.0.0.0", help="the listeners' address (default: all)")
+    gwc.add_argument("--socket", default="/var/run/haproxy/runtime.sock",
+                     help="the Runtime API's Unix socket (admin level, mode 600)")
+    gwc.add_argument("--runtime-bind", metavar="HOST:PORT", help="also offer the Runtime API "
+                     "there, mutual TLS only (for a provider in another pod)")
+    gwc.add_argument("--runtime-pem", metavar="PEM", help="the gateway's certificate and key")
+    gwc.add_argument("--runtime-client-ca", metavar="PEM",
+                     help="the CA whose client certificates (the provider's) may connect")
+    gwc.set_defaults(func=_gateway_config)
 
     comp = sub.add_parser("descheduler", help="run the companion: overflow admission by policy",
                           parents=[with_kube])

@@ -416,3 +416,39 @@ def test_gateway_settings_name_the_field_at_fault() -> None:
                                                     "runtime": "tls://10.0.0.9:9999"}]})
     with pytest.raises(ConfigError, match=r"gateway\.port_count"):
         load_settings(None, gateway={"port_count": 0})
+
+
+def test_gateway_config_prints_a_configuration_haproxy_accepts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import subprocess
+
+    import yaml
+
+    from vkprovider.cli import main
+
+    (tmp_path / "pki").mkdir()
+    ca = CertificateAuthority(directory=tmp_path / "pki", name="gw-config-ca")
+    server = ca.issue(stem="gateway", common_name="gateway", server=True, hosts=("gateway",))
+    pem = tmp_path / "pki" / "gateway.pem"
+    pem.write_bytes(server.cert.read_bytes() + server.key.read_bytes())
+    maps = tmp_path / "maps"
+    settings = tmp_path / "settings.yaml"
+    settings.write_text(yaml.safe_dump({"gateway": {
+        "first_port": 30000, "port_count": 3, "ca_file": str(ca.cert_path),
+        "map_dir": str(maps), "auth_headers": ["Salad-Api-Key", "X-Edge-Key"]}}))
+    assert main(["gateway-config", "--config", str(settings), "--bind", "127.0.0.1",
+                 "--socket", str(tmp_path / "rt.sock"), "--runtime-bind", "127.0.0.1:29999",
+                 "--runtime-pem", str(pem), "--runtime-client-ca", str(ca.cert_path)]) == 0
+    text = capsys.readouterr().out
+    assert [line.split()[1] for line in text.splitlines() if line.startswith("listen gw")] == [
+        "gw30000", "gw30001", "gw30002"]
+    assert "http-request del-header X-Edge-Key" in text
+    assert "verify required" in text.split("listen runtime-api")[1]
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(text)
+    maps.mkdir()
+    for name in ("hosts.map", "routes.map", "keys-salad-api-key.map", "keys-x-edge-key.map"):
+        (maps / name).touch()
+    check = subprocess.run(["haproxy", "-c", "-f", str(config)], capture_output=True, text=True,
+                           check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
