@@ -29,6 +29,7 @@ from vkprovider.testing.pki import CertificateAuthority
 
 EDGE_NAME = "abc-8000.edge.example.com"
 KEY = "k3y-not-for-logs"
+STREAM_EVENTS = 8  # 8 events 0.4 s apart: a response that takes ~3 s to finish
 
 
 def edge(uid: str, port: int = 8000, *, host: str = EDGE_NAME, dial_port: int = 443,
@@ -102,7 +103,14 @@ class Edge:
                     if ":" in line:
                         name, value = line.split(":", 1)
                         headers[name.strip().lower()] = value.strip()
-                body = json.dumps({"path": lines[0].split()[1], "headers": headers}).encode()
+                path = lines[0].split()[1]
+                if path == "/stream":  # SSE, chunked, one event every 0.4 s
+                    await self._stream(writer)
+                    continue
+                if headers.get("upgrade", "").lower() == "websocket":
+                    await self._upgrade(reader, writer)
+                    return
+                body = json.dumps({"path": path, "headers": headers}).encode()
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
                              b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
                 await writer.drain()
@@ -110,6 +118,28 @@ class Edge:
             pass
         finally:
             writer.close()
+
+    async def _stream(self, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                     b"transfer-encoding: chunked\r\n\r\n")
+        for i in range(STREAM_EVENTS):
+            event = f"data: token {i}\n\n".encode()
+            writer.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.4)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    async def _upgrade(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A WebSocket-style upgrade, then the raw bytes echoed (HAProxy tunnels them as
+        they are: framing is the endpoints' business)."""
+        writer.write(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n"
+                     b"connection: upgrade\r\n"
+                     b"sec-websocket-accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n")  # RFC 6455
+        await writer.drain()
+        while data := await reader.read(4096):
+            writer.write(data)
+            await writer.drain()
 
     def close(self) -> None:
         if self.server is not None:
@@ -452,3 +482,38 @@ def test_gateway_config_prints_a_configuration_haproxy_accepts(
     check = subprocess.run(["haproxy", "-c", "-f", str(config)], capture_output=True, text=True,
                            check=False)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+async def test_streamed_responses_and_upgraded_connections_pass_through(
+        lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
+    gateway, edge_server, _ = lab
+    planner = Planner(first_port=gateway.layout.first_port, count=gateway.layout.count)
+    routes, _ = planner.plan([edge("pod-a", dial_port=edge_server.port)])
+    route = routes[("pod-a", 8000)]
+    await reconcile(client=gateway.client, layout=gateway.layout,
+                    desired=[Programmed(route=route)])
+    # SSE over chunked encoding: every event arrives, each as it is sent (not buffered whole)
+    arrivals: list[float] = []
+    async with httpx.AsyncClient(trust_env=False, timeout=10) as http, \
+            http.stream("GET", gateway.url(route.port) + "/stream") as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "text/event-stream"
+        events = []
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                events.append(line)
+                arrivals.append(asyncio.get_running_loop().time())
+    assert events == [f"data: token {i}" for i in range(STREAM_EVENTS)]
+    assert arrivals[-1] > arrivals[0], "streamed as sent, not delivered in one piece"
+    # an upgraded connection (WebSocket) is tunnelled both ways
+    reader, writer = await asyncio.open_connection("127.0.0.1", route.port)
+    writer.write(b"GET /ws HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\n"
+                 b"connection: upgrade\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                 b"sec-websocket-version: 13\r\n\r\n")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    for payload in (b"\x81\x05hello", b"\x81\x05again"):
+        writer.write(payload)
+        await writer.drain()
+        assert await asyncio.wait_for(reader.readexactly(len(payload)), 10) == payload
+    writer.close()
