@@ -290,6 +290,15 @@ class GatewayRuntimeTLSSettings(_Frozen):
     server_name: str | None = None  # the name their certificates carry; None: the address
 
 
+class GatewayPodsSettings(_Frozen):
+    """Find the gateway pods by label (the chart's gateway Deployment): each Ready pod is an
+    instance at its pod IP, its Runtime API at ``tls://<pod IP>:<runtime_port>``."""
+
+    namespace: str = "vkprovider-system"
+    selector: str = "app.kubernetes.io/component=gateway"
+    runtime_port: int = Field(default=9999, ge=1, le=65535)
+
+
 class GatewaySettings(_Frozen):
     """The traffic gateway for replicas kube-proxy cannot reach (docs/traffic.md).
 
@@ -306,10 +315,11 @@ class GatewaySettings(_Frozen):
     auth_headers: tuple[str, ...] = ("Salad-Api-Key",)
     reconcile_seconds: float = Field(default=1.0, gt=0)
     runtime_tls: GatewayRuntimeTLSSettings | None = None
+    pods: GatewayPodsSettings | None = None  # discovered gateway pods (besides instances)
 
     @property
     def enabled(self) -> bool:
-        return bool(self.instances)
+        return bool(self.instances) or self.pods is not None
 
     @model_validator(mode="after")
     def _range(self) -> GatewaySettings:
@@ -318,6 +328,9 @@ class GatewaySettings(_Frozen):
         for i, inst in enumerate(self.instances):
             if inst.runtime.startswith("tls://") and self.runtime_tls is None:
                 raise ValueError(f"instances[{i}].runtime is tls://: set gateway.runtime_tls")
+        if self.pods is not None and self.runtime_tls is None:
+            raise ValueError("pods: discovered gateway pods are reached over tls://: set "
+                             "gateway.runtime_tls")
         return self
 
 

@@ -39,6 +39,7 @@ from vkprovider.api.server import bind, serve
 from vkprovider.config import Settings
 from vkprovider.eventloop import loop_name
 from vkprovider.gateway.controller import GatewayController, TrafficMode
+from vkprovider.gateway.discovery import GatewayPods
 from vkprovider.gateway.wiring import build_gateway
 from vkprovider.kube import KubeClient
 from vkprovider.kube.events import EventRecorder
@@ -274,6 +275,11 @@ async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str,
                     inner.create_task(slices.run(), name="endpointslices")
                     if gateway is not None:
                         inner.create_task(gateway.run(), name="gateway")
+                        if settings.gateway.pods is not None:
+                            inner.create_task(GatewayPods(
+                                client=client, namespace=settings.gateway.pods.namespace,
+                                selector=settings.gateway.pods.selector,
+                                on_change=gateway.discovered).run(), name="gateway-pods")
                         inner.create_task(_gateway_synced(slices, gateway),
                                           name="gateway-synced")
 

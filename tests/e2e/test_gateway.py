@@ -18,8 +18,10 @@ from typing import Any
 
 import httpx
 
+from vkprovider.gateway.haproxycfg import RuntimeTLS
 from vkprovider.kube import KubeClient
 from vkprovider.probing.dialing import AddressMap, Route, publish_routes
+from vkprovider.testing.cluster import free_port
 from vkprovider.testing.haproxy import HAProxyProcess
 from vkprovider.testing.harness import MockCloudProcess, ProviderProcess
 from vkprovider.testing.pki import CertificateAuthority
@@ -46,8 +48,9 @@ def _endpoints(items: list[dict[str, Any]]) -> list[tuple[str, int, dict[str, An
     return out
 
 
-async def test_a_hostname_only_replica_serves_through_the_gateway_with_tls_and_the_edge_key(
-        kube: KubeClient, namespace: str, system: System, tmp_path: Path) -> None:
+async def _edge_cloud(system: System, tmp_path: Path
+                      ) -> tuple[MockCloudProcess, CertificateAuthority]:
+    """The hostname-only mock cloud (started, stopped with ``system``) and its edge's CA."""
     assert system.network is not None
     (tmp_path / "ca").mkdir()
     ca = CertificateAuthority(directory=tmp_path / "ca", name="mock-edge-ca")
@@ -62,28 +65,55 @@ async def test_a_hostname_only_replica_serves_through_the_gateway_with_tls_and_t
         env={**os.environ, KEY_ENV: KEY})
     await cloud.start()
     system.clouds.append(cloud)  # stopped with the system
+    return cloud, ca
+
+
+def _route_gateway_pod(system: System, gateway: HAProxyProcess,
+                       extra: tuple[tuple[int, int], ...] = ()) -> None:
+    """The lab's network: the gateway pod's IP, its listener ports, to HAProxy on loopback."""
+    assert system.network is not None
+    layout = gateway.layout
+    publish_routes(directory=system.network, owner="gateway-test", routes=[
+        Route(host=GATEWAY_POD_IP, port=p, to_host="127.0.0.1", to_port=to)
+        for p, to in [(p, p) for p in range(layout.first_port,
+                                             layout.first_port + layout.count)] + list(extra)])
+
+
+def _provider(system: System, tmp_path: Path, cloud: MockCloudProcess,
+              gateway: dict[str, Any]) -> ProviderProcess:
+    assert system.network is not None
+    provider = ProviderProcess(
+        work_dir=tmp_path, kubeconfig=system.kubeconfig, node_name=system.node_name,
+        clouds=[cloud], config_providers=False, client_ca_file=system.client_ca,
+        pods={"probe_address_map": str(system.network)},
+        env={KEY_ENV: KEY},
+        extra={"providers": [{"name": cloud.name, "type": "mock", "url": cloud.url,
+                              "api_key_env": KEY_ENV}],
+               "gateway": {"auth_headers": ["Salad-Api-Key"], "reconcile_seconds": 0.5,
+                           **gateway}})
+    system.provider = provider
+    provider.start()
+    return provider
+
+
+def _layout_settings(gateway: HAProxyProcess) -> dict[str, Any]:
+    layout = gateway.layout
+    return {"first_port": layout.first_port, "port_count": layout.count,
+            "ca_file": str(layout.ca_file), "map_dir": str(layout.map_dir)}
+
+
+async def test_a_hostname_only_replica_serves_through_the_gateway_with_tls_and_the_edge_key(
+        kube: KubeClient, namespace: str, system: System, tmp_path: Path) -> None:
+    assert system.network is not None
+    cloud, ca = await _edge_cloud(system, tmp_path)
     gateway = HAProxyProcess(work_dir=tmp_path / "gateway", ca_file=ca.cert_path, count=8)
     await gateway.start()
     try:
         layout = gateway.layout
-        publish_routes(directory=system.network, owner="gateway-test",
-                       routes=[Route(host=GATEWAY_POD_IP, port=p, to_host="127.0.0.1", to_port=p)
-                               for p in range(layout.first_port,
-                                              layout.first_port + layout.count)])
-        provider = ProviderProcess(
-            work_dir=tmp_path, kubeconfig=system.kubeconfig, node_name=system.node_name,
-            clouds=[cloud], config_providers=False, client_ca_file=system.client_ca,
-            pods={"probe_address_map": str(system.network)},
-            env={KEY_ENV: KEY},
-            extra={"providers": [{"name": cloud.name, "type": "mock", "url": cloud.url,
-                                  "api_key_env": KEY_ENV}],
-                   "gateway": {"instances": [{"address": GATEWAY_POD_IP,
-                                              "runtime": str(layout.socket)}],
-                               "first_port": layout.first_port, "port_count": layout.count,
-                               "ca_file": str(layout.ca_file), "map_dir": str(layout.map_dir),
-                               "auth_headers": ["Salad-Api-Key"], "reconcile_seconds": 0.5}})
-        system.provider = provider
-        provider.start()
+        _route_gateway_pod(system, gateway)
+        provider = _provider(system, tmp_path, cloud, {
+            "instances": [{"address": GATEWAY_POD_IP, "runtime": str(layout.socket)}],
+            **_layout_settings(gateway)})
         await node_ready(kube, system.node_name)
         await service(kube, namespace, "web", "web")
         await create_pod(kube, namespace, "replica",
@@ -149,6 +179,89 @@ async def test_a_hostname_only_replica_serves_through_the_gateway_with_tls_and_t
                 until=lambda r: r.status_code == 200, timeout=30,
                 what="the restarted gateway re-programmed")
         assert again.json()["instance"] == instance_id
+    finally:
+        gateway.stop()
+        (system.network / "gateway-test.json").unlink(missing_ok=True)
+
+
+async def test_gateway_pods_are_found_by_label_programmed_over_mutual_tls_and_left_when_unready(
+        kube: KubeClient, namespace: str, system: System, tmp_path: Path) -> None:
+    """The chart's shape: the provider finds the gateway Deployment's Ready pods by label and
+    programs each through its Runtime API over mutual TLS (HAProxy terminates it); a gateway
+    pod that turns unready is no longer any replica's endpoint, and is again once Ready."""
+    assert system.network is not None
+    cloud, ca = await _edge_cloud(system, tmp_path)
+    (tmp_path / "runtime-pki").mkdir()
+    runtime_ca = CertificateAuthority(directory=tmp_path / "runtime-pki", name="gw-runtime-ca")
+    server_pair = runtime_ca.issue(stem="gateway", common_name="gateway", server=True,
+                                   hosts=("gateway",))
+    client_pair = runtime_ca.issue(stem="provider", common_name="vkprovider", client=True)
+    pem = tmp_path / "runtime-pki" / "gateway.pem"
+    pem.write_bytes(server_pair.cert.read_bytes() + server_pair.key.read_bytes())
+    runtime_port = free_port()
+    gateway = HAProxyProcess(
+        work_dir=tmp_path / "gateway", ca_file=ca.cert_path, count=8,
+        runtime_tls=RuntimeTLS(bind=f"127.0.0.1:{runtime_port}", server_pem=pem,
+                               client_ca=runtime_ca.cert_path))
+    await gateway.start()
+    pod_path = f"/api/v1/namespaces/{namespace}/pods"
+    try:
+        _route_gateway_pod(system, gateway, extra=((9999, runtime_port),))
+        # the gateway pod as the API server knows it (never scheduled: nothing runs it here;
+        # the HAProxy process above plays it), Ready at GATEWAY_POD_IP
+        await kube.create(pod_path, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "gateway-0",
+                         "labels": {"app.kubernetes.io/component": "gateway"}},
+            "spec": {"nodeSelector": {"vkprovider.io/no-such-node": "true"},
+                     "containers": [{"name": "haproxy", "image": "haproxy:2.6"}]}})
+
+        async def gateway_pod_ready(ready: bool) -> None:
+            await kube.request("PATCH", f"{pod_path}/gateway-0/status", body={"status": {
+                "podIP": GATEWAY_POD_IP, "podIPs": [{"ip": GATEWAY_POD_IP}],
+                "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}},
+                content_type="application/strategic-merge-patch+json")
+
+        await gateway_pod_ready(True)
+        _provider(system, tmp_path, cloud, {
+            "pods": {"namespace": namespace,
+                     "selector": "app.kubernetes.io/component=gateway",
+                     "runtime_port": 9999},
+            "runtime_tls": {"cert_file": str(client_pair.cert),
+                            "key_file": str(client_pair.key),
+                            "ca_file": str(runtime_ca.cert_path), "server_name": "gateway"},
+            **_layout_settings(gateway)})
+        await node_ready(kube, system.node_name)
+        await service(kube, namespace, "web", "web")
+        await create_pod(kube, namespace, "replica",
+                         pod_spec(system.node_name, container=server()),
+                         labels={"app": "web"})
+        ours = await eventually(
+            lambda: slices(kube, namespace, "web", ours=True),
+            until=lambda items: any(ep["conditions"].get("ready")
+                                    for _, _, ep in _endpoints(items)),
+            timeout=90, what="a ready endpoint at the discovered gateway pod")
+        [(address, port, _)] = _endpoints(ours)
+        assert address == GATEWAY_POD_IP
+        lab = AddressMap(system.network)
+        to_host, to_port = lab.resolve(address, port)
+        async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
+            answer = await eventually(
+                lambda: http.get(f"http://{to_host}:{to_port}/v1/models"),
+                until=lambda r: r.status_code == 200, timeout=30,
+                what="the discovered gateway serving the replica")
+        assert answer.json()["pod"] == "replica"
+
+        # unready: no gateway pod left to home the replica, so no endpoint points there
+        await gateway_pod_ready(False)
+        await eventually(lambda: slices(kube, namespace, "web", ours=True),
+                         until=lambda items: not _endpoints(items), timeout=30,
+                         what="the endpoint gone with the unready gateway pod")
+        await gateway_pod_ready(True)
+        back = await eventually(lambda: slices(kube, namespace, "web", ours=True),
+                                until=lambda items: bool(_endpoints(items)), timeout=30,
+                                what="the endpoint back with the Ready gateway pod")
+        assert [(a, p) for a, p, _ in _endpoints(back)] == [(GATEWAY_POD_IP, port)]
     finally:
         gateway.stop()
         (system.network / "gateway-test.json").unlink(missing_ok=True)

@@ -517,3 +517,32 @@ async def test_streamed_responses_and_upgraded_connections_pass_through(
         await writer.drain()
         assert await asyncio.wait_for(reader.readexactly(len(payload)), 10) == payload
     writer.close()
+
+
+def test_only_ready_gateway_pods_with_an_ip_and_not_deleting_are_homes() -> None:
+    from vkprovider.gateway.discovery import ready_addresses
+
+    def pod(ip: str | None, ready: str = "True", deleting: bool = False) -> dict[str, Any]:
+        return {"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"} if deleting else {},
+                "status": {**({"podIP": ip} if ip else {}),
+                           "conditions": [{"type": "Ready", "status": ready}]}}
+
+    assert ready_addresses([pod("10.0.0.2"), pod("10.0.0.1"), pod(None),
+                            pod("10.0.0.3", ready="False"),
+                            pod("10.0.0.4", deleting=True)]) == ["10.0.0.1", "10.0.0.2"]
+
+
+def test_discovered_gateway_pods_are_homes_only_once_programmed() -> None:
+    from vkprovider.gateway.controller import GatewayInstance
+
+    router = _router(instances=1)
+    told = _hostname_pod().endpoints[0]
+    changes: list[int] = []
+    router.on_change = lambda: changes.append(1)
+    assert router.route(pod_uid="p1", target=told)[0] == "10.0.9.1"
+    router.set_instances([GatewayInstance(address="10.0.9.7",
+                                          client=RuntimeClient(address="/nonexistent"))])
+    assert changes == [1]
+    assert router.route(pod_uid="p1", target=told) is None  # not programmed yet
+    router.instances[0].healthy = True  # what a successful pass does
+    assert router.route(pod_uid="p1", target=told)[0] == "10.0.9.7"

@@ -82,8 +82,6 @@ class GatewayController:
                  traffic_of: Callable[[str], TrafficMode] = lambda _uid: "auto",
                  edge_key: Callable[[str], str | None] = lambda _provider: None,
                  interval: float = 1.0, metrics: GatewayMetrics | None = None) -> None:
-        if not instances:
-            raise ValueError("a gateway needs at least one instance")
         self.layout = layout
         self.instances = list(instances)
         self.dial = dial
@@ -93,6 +91,8 @@ class GatewayController:
         self.metrics = metrics
         self.planner = Planner(first_port=layout.first_port, count=layout.count)
         self.on_change: Callable[[], None] = lambda: None  # re-homing: slices must be rewritten
+        # discovery (gateway/discovery.py) calls this with the Ready gateway pods' IPs
+        self.discovered: Callable[[list[str]], None] = lambda _addresses: None
         self._edges: dict[RouteKey, EdgeTarget] = {}
         self._providers: dict[RouteKey, str] = {}
         self._routes: dict[RouteKey, GatewayRoute] = {}
@@ -146,6 +146,21 @@ class GatewayController:
         if self.metrics is not None:
             self.metrics.gateway_routes.set(len(routes))
             self.metrics.gateway_ports_exhausted.set(len(exhausted))
+
+    def set_instances(self, instances: Sequence[GatewayInstance]) -> None:
+        """The gateway pods now (discovery): an address kept keeps its instance (and health);
+        a new one is programmed by the next pass; replicas of a gone one are re-homed."""
+        by_address = {i.address: i for i in self.instances}
+        new = []
+        for i in instances:
+            if i.address not in by_address:
+                i.healthy = False  # a home for replicas once a pass has programmed it
+            new.append(by_address.get(i.address, i))
+        if [i.address for i in new] == [i.address for i in self.instances]:
+            return
+        self.instances = new
+        self._dirty.set()
+        self.on_change()
 
     def mark_synced(self) -> None:
         """Every route needed has been asked for: what was not may be removed from now on."""

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import re
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,13 +77,15 @@ class RuntimeClient:
     certificate and the CA of the gateway's certificate; ``server_name`` is checked)."""
 
     def __init__(self, *, address: str, timeout: float = 5.0, tls: ssl.SSLContext | None = None,
-                 server_name: str | None = None) -> None:
+                 server_name: str | None = None,
+                 resolve: Callable[[str, int], tuple[str, int]] | None = None) -> None:
         if address.startswith("tls://") and tls is None:
             raise GatewayError(f"{address}: a tls:// Runtime API needs a TLS context")
         self.address = address
         self.timeout = timeout
         self.tls = tls
         self.server_name = server_name
+        self.resolve = resolve  # a lab's address map (pod IPs are virtual there)
 
     def __repr__(self) -> str:
         return f"RuntimeClient({self.address!r})"
@@ -95,10 +98,13 @@ class RuntimeClient:
             async with asyncio.timeout(self.timeout):
                 if self.address.startswith(("tcp://", "tls://")):
                     host, _, port = self.address[len("tcp://"):].rpartition(":")
+                    host = host.strip("[]")
                     tls = self.tls if self.address.startswith("tls://") else None
+                    dial_host, dial_port = (self.resolve(host, int(port)) if self.resolve
+                                            else (host, int(port)))
                     reader, writer = await asyncio.open_connection(
-                        host.strip("[]"), int(port), limit=_READ_LIMIT, ssl=tls,
-                        server_hostname=(self.server_name or host.strip("[]")) if tls else None)
+                        dial_host, dial_port, limit=_READ_LIMIT, ssl=tls,
+                        server_hostname=(self.server_name or host) if tls else None)
                 else:
                     reader, writer = await asyncio.open_unix_connection(
                         str(Path(self.address)), limit=_READ_LIMIT)

@@ -87,14 +87,25 @@ def build_gateway(*, settings: Settings, dialer: Dialer | None, policy: AddressP
         tls = ssl.create_default_context(cafile=g.runtime_tls.ca_file)
         tls.load_cert_chain(g.runtime_tls.cert_file, g.runtime_tls.key_file)
     server_name = g.runtime_tls.server_name if g.runtime_tls is not None else None
-    instances = [GatewayInstance(address=i.address, client=RuntimeClient(
-                     address=i.runtime, tls=tls, server_name=server_name))
-                 for i in g.instances]
+    resolve = dialer.resolve if dialer is not None else None
+
+    def instance(address: str, runtime: str) -> GatewayInstance:
+        return GatewayInstance(address=address, client=RuntimeClient(
+            address=runtime, tls=tls, server_name=server_name, resolve=resolve))
+
+    instances = [instance(i.address, i.runtime) for i in g.instances]
 
     def edge_key(provider: str) -> str | None:
         read = api_keys.get(provider)
         return read() if read is not None else None
 
-    return GatewayController(layout=layout, instances=instances,
-                             dial=mapped_dial(dialer) if dialer is not None else dns_dial(policy),
-                             edge_key=edge_key, interval=g.reconcile_seconds, metrics=metrics)
+    controller = GatewayController(
+        layout=layout, instances=instances,
+        dial=mapped_dial(dialer) if dialer is not None else dns_dial(policy),
+        edge_key=edge_key, interval=g.reconcile_seconds, metrics=metrics)
+    if g.pods is not None:
+        port = g.pods.runtime_port
+        static = list(instances)
+        controller.discovered = lambda addresses: controller.set_instances(
+            static + [instance(a, f"tls://{a}:{port}") for a in addresses])
+    return controller
