@@ -558,7 +558,7 @@ def _gateway_config(args: argparse.Namespace) -> int:
         layout = GatewayLayout(bind_host=args.bind, first_port=g.first_port, count=g.port_count,
                                socket=Path(args.socket), ca_file=Path(g.ca_file),
                                map_dir=Path(g.map_dir), auth_headers=g.auth_headers,
-                               runtime_tls=tls)
+                               runtime_tls=tls, health_bind=args.health_bind)
     except ValueError as exc:
         raise ConfigError(f"gateway: {exc}") from None
     sys.stdout.write(render(layout))
@@ -661,6 +661,8 @@ def build_parser() -> argparse.ArgumentParser:
     gwc.add_argument("--runtime-pem", metavar="PEM", help="the gateway's certificate and key")
     gwc.add_argument("--runtime-client-ca", metavar="PEM",
                      help="the CA whose client certificates (the provider's) may connect")
+    gwc.add_argument("--health-bind", metavar="HOST:PORT", help="serve /healthz (probes) and "
+                     "/metrics (HAProxy's Prometheus exporter) there")
     gwc.set_defaults(func=_gateway_config)
 
     comp = sub.add_parser("descheduler", help="run the companion: overflow admission by policy",

@@ -546,3 +546,26 @@ def test_discovered_gateway_pods_are_homes_only_once_programmed() -> None:
     assert router.route(pod_uid="p1", target=told) is None  # not programmed yet
     router.instances[0].healthy = True  # what a successful pass does
     assert router.route(pod_uid="p1", target=told)[0] == "10.0.9.7"
+
+
+async def test_the_gateway_serves_healthz_and_prometheus_metrics_for_its_pod(
+        tmp_path: Path) -> None:
+    import socket
+
+    (tmp_path / "ca").mkdir()
+    ca = CertificateAuthority(directory=tmp_path / "ca", name="health-ca")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    gateway = HAProxyProcess(work_dir=tmp_path / "gw", ca_file=ca.cert_path,
+                             health_bind=f"127.0.0.1:{port}")
+    await gateway.start()
+    try:
+        assert (await get(f"http://127.0.0.1:{port}/healthz")).text == "ok"
+        metrics = await get(f"http://127.0.0.1:{port}/metrics")
+        assert metrics.status_code == 200
+        assert "haproxy_process_start_time_seconds" in metrics.text
+        assert f'proxy="gw{gateway.layout.first_port}"' in metrics.text  # per listener
+        assert (await get(f"http://127.0.0.1:{port}/other")).status_code == 404
+    finally:
+        gateway.stop()

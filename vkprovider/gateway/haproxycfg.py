@@ -49,6 +49,8 @@ class GatewayLayout:
     map_dir: Path
     auth_headers: Sequence[str] = ("Salad-Api-Key",)
     runtime_tls: RuntimeTLS | None = None
+    # host:port of /healthz (the pod's probes) and /metrics (HAProxy's Prometheus exporter)
+    health_bind: str | None = None
     connect_timeout_seconds: float = 5.0
     # long streamed responses (SSE, chunked) must not be cut: the edge's timeout rules
     stream_timeout_seconds: float = 3600.0
@@ -105,6 +107,16 @@ def render(layout: GatewayLayout) -> str:
             "  mode tcp",
             f"  bind {t.bind} ssl crt {t.server_pem} ca-file {t.client_ca} verify required",
             f"  server admin unix@{layout.socket}",
+        ]
+    if layout.health_bind is not None:
+        lines += [
+            "",
+            "frontend health",
+            f"  bind {layout.health_bind}",
+            "  http-request return status 200 content-type text/plain string ok"
+            " if { path /healthz }",
+            "  http-request use-service prometheus-exporter if { path /metrics }",
+            "  http-request deny deny_status 404",
         ]
     hosts = layout.hosts_map
     for port in range(layout.first_port, layout.first_port + layout.count):

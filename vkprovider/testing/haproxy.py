@@ -45,7 +45,8 @@ class HAProxyProcess:
 
     def __init__(self, *, work_dir: Path, ca_file: Path, count: int = 4,
                  auth_headers: tuple[str, ...] = ("Salad-Api-Key",),
-                 runtime_tls: RuntimeTLS | None = None) -> None:
+                 runtime_tls: RuntimeTLS | None = None, health_bind: str | None = None
+                 ) -> None:
         binary = shutil.which("haproxy") or "/usr/sbin/haproxy"
         if not Path(binary).exists():
             raise RuntimeError("haproxy is not installed: run 'bash tools/setup.sh system'")
@@ -55,7 +56,7 @@ class HAProxyProcess:
         self.layout = GatewayLayout(
             bind_host="127.0.0.1", first_port=free_port_block(count), count=count,
             socket=work_dir / "runtime.sock", ca_file=ca_file, map_dir=work_dir / "maps",
-            auth_headers=auth_headers, runtime_tls=runtime_tls)
+            auth_headers=auth_headers, runtime_tls=runtime_tls, health_bind=health_bind)
         self.config = work_dir / "haproxy.cfg"
         write(self.layout, self.config)
         self.client = RuntimeClient(address=str(self.layout.socket))
