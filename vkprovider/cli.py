@@ -545,7 +545,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _gateway_config(args: argparse.Namespace) -> int:
     """Print the gateway's HAProxy configuration for the provider's ``gateway:`` settings."""
     from vkprovider.config import Settings, load_model
-    from vkprovider.gateway.haproxycfg import GatewayLayout, RuntimeTLS, render
+    from vkprovider.gateway.haproxycfg import GatewayLayout, RuntimeTLS, render, write
 
     g = load_model(Settings, args.config).gateway
     tls = None
@@ -561,7 +561,10 @@ def _gateway_config(args: argparse.Namespace) -> int:
                                runtime_tls=tls, health_bind=args.health_bind)
     except ValueError as exc:
         raise ConfigError(f"gateway: {exc}") from None
-    sys.stdout.write(render(layout))
+    if args.output:  # the file, and the empty map files it loads (a pod's init container)
+        write(layout, Path(args.output))
+    else:
+        sys.stdout.write(render(layout))
     return 0
 
 
@@ -663,6 +666,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the CA whose client certificates (the provider's) may connect")
     gwc.add_argument("--health-bind", metavar="HOST:PORT", help="serve /healthz (probes) and "
                      "/metrics (HAProxy's Prometheus exporter) there")
+    gwc.add_argument("--output", metavar="FILE", help="write the configuration there and create "
+                     "the empty map files it loads (default: print it)")
     gwc.set_defaults(func=_gateway_config)
 
     comp = sub.add_parser("descheduler", help="run the companion: overflow admission by policy",
