@@ -569,3 +569,17 @@ async def test_the_gateway_serves_healthz_and_prometheus_metrics_for_its_pod(
         assert (await get(f"http://127.0.0.1:{port}/other")).status_code == 404
     finally:
         gateway.stop()
+
+
+def test_a_hostname_the_address_filter_refuses_is_never_given_a_gateway_route() -> None:
+    import dataclasses
+
+    from vkprovider.node.endpointslices import build_slices
+
+    router = _router()
+    pod = _hostname_pod()
+    inside = dataclasses.replace(pod, endpoints=(dataclasses.replace(
+        pod.endpoints[0], host="api.default.svc.cluster.local"),))
+    slices, unroutable = build_slices(service=SERVICE, node="vk", pods=[inside], gateway=router)
+    assert slices == {} and [u.host for u in unroutable] == ["api.default.svc.cluster.local"]
+    assert router._routes == {}  # no port allocated, nothing for HAProxy to dial

@@ -303,7 +303,8 @@ def endpoints_for(service: Body, pod: PodRecord, *, policy: AddressPolicy = DEFA
                 chosen = (target, addr)
                 break
         if chosen is None and gateway is not None and targets \
-                and targets[0].kind == "hostname":
+                and targets[0].kind == "hostname" \
+                and refusal(targets[0].host, kind="hostname", policy=policy) is None:
             routed = gateway.route(pod_uid=pod.uid, target=targets[0])
             gw_addr = address_family(routed[0]) if routed is not None else None
             if routed is not None and gw_addr is not None:
