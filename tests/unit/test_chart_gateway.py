@@ -102,3 +102,24 @@ def test_the_init_containers_command_writes_a_configuration_haproxy_accepts(
     text = (run / "haproxy.cfg").read_text()
     assert "listen gw20000" in text and "listen gw20255" in text
     assert "verify required" in text.split("listen runtime-api")[1]
+
+
+def test_gateway_network_policy_and_pod_monitor() -> None:
+    objs = template(*ON, "networkPolicy.enabled=true", "serviceMonitor.enabled=true")
+    gw = deployment(objs, "gateway")
+    [np] = [o for o in objs if o["kind"] == "NetworkPolicy"
+            and o["metadata"]["name"] == gw["metadata"]["name"]]
+    assert np["spec"]["podSelector"] == gw["spec"]["selector"]
+    by_port = {rule["ports"][0]["port"]: rule for rule in np["spec"]["ingress"]}
+    listeners = by_port[20000]
+    assert listeners["ports"][0]["endPort"] == 20255 and "from" not in listeners  # any client
+    provider = deployment(objs, "virtual-kubelet")
+    assert by_port[9999]["from"] == [{"podSelector": provider["spec"]["selector"]}]
+    assert all("podSelector" in peer for peer in by_port[8404]["from"])  # metricsFrom, helm test
+    [monitor] = [o for o in objs if o["kind"] == "PodMonitor"]
+    assert monitor["spec"]["selector"] == gw["spec"]["selector"]
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"]) == ("health", "/metrics")
+    ports = {p["name"] for p in gw["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert "health" in ports
+    assert {"targetLabel": "virtual_node", "replacement": "vk-gpu-burst"} in endpoint["relabelings"]
