@@ -91,6 +91,9 @@ class PublishedPort:
     port: int
     kind: Literal["ip", "hostname"]
     scheme: str | None = None
+    # the header a hostname edge wants the account's API key in (SaladCloud's access domain
+    # with authentication on: "Salad-Api-Key"); None when the edge has no auth
+    edge_auth: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

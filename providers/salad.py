@@ -34,7 +34,9 @@ kind ``"hostname"`` entry: host ``dns``, port 443, scheme ``https`` (the gateway
 and speaks ``networking.protocol``, always ``http``, to the container). A group without
 ``networking``, ``dns`` or ``port`` reports none. The name is screened by the service like every
 published address (:mod:`providers.addresses`: an in-cluster name or an IP literal is refused).
-With ``networking.auth`` (option ``networking_auth``) callers must also send a Salad API key.
+With ``networking.auth`` (option ``networking_auth``) callers must also send a Salad API key:
+the entry's ``edge_auth`` is then ``Salad-Api-Key``, so the provider's probes and its traffic
+gateway add the account's key (clients never see it).
 
 Shared memory: a spec's ``shm_bytes`` (a pod's memory-backed emptyDir at ``/dev/shm``) becomes
 ``container.resources.shm_size`` in MB, rounded up, at most the container's ``memory`` (as the
@@ -181,6 +183,10 @@ _QUOTA_WORDS = ("quota", "limit exceeded", "insufficient", "balance", "payment")
 _CAPACITY_WORDS = ("capacity", "no available", "not available", "unavailable")
 
 
+#: The header SaladCloud's container gateway wants the account's API key in (networking.auth).
+SALAD_EDGE_AUTH_HEADER = "Salad-Api-Key"
+
+
 def _published(networking: Any) -> tuple[PublishedPort, ...]:
     """The group's one published port: ``networking.dns`` on 443 over https, for
     ``networking.port``; none when either is missing or malformed."""
@@ -197,8 +203,9 @@ def _published(networking: Any) -> tuple[PublishedPort, ...]:
             return ()
     if not host or not 1 <= port <= 65535:
         return ()
+    auth = networking.get("auth") is True  # callers must send the account's key
     return (PublishedPort(container_port=port, host=host, port=443, kind="hostname",
-                          scheme="https"),)
+                          scheme="https", edge_auth=SALAD_EDGE_AUTH_HEADER if auth else None),)
 
 
 def salad_name(spec_name: str) -> str:

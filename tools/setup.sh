@@ -8,7 +8,8 @@
 #   system        Debian packages the steps and tests call, installed with apt-get when missing
 #                 (as root; otherwise it stops and prints the apt-get command): mmdebstrap (the
 #                 image's root filesystem), util-linux (unshare, setpriv, flock: the image sandbox
-#                 and Kueue's private /etc), python3-venv (make venv). Go >= 1.26 is checked, not
+#                 and Kueue's private /etc), haproxy (the traffic gateway's tests run it for real),
+#                 python3-venv (make venv). Go >= 1.26 is checked, not
 #                 installed (Debian's is older): see go.dev/doc/install.
 #   venv          .venv with the dev extras (make venv)
 #   controlplane  etcd, kube-apiserver, kube-controller-manager, kube-scheduler (tools/controlplane)
@@ -60,8 +61,9 @@ check_go() {
 }
 
 # command -> the Debian package that ships it
+# (haproxy: the traffic gateway the gateway tests run for real, vkprovider/testing/haproxy.py)
 declare -A PKG=([mmdebstrap]=mmdebstrap [unshare]=util-linux [setpriv]=util-linux
-                [flock]=util-linux [chroot]=coreutils)
+                [flock]=util-linux [chroot]=coreutils [haproxy]=haproxy)
 system() {
   local -a missing=() pkgs=()
   local cmd

@@ -213,11 +213,31 @@ def _mock_cloud(args: argparse.Namespace) -> int:
         boot_delay=1.0 if args.boot_delay is None else args.boot_delay,
         delete_delay=0.0 if args.delete_delay is None else args.delete_delay,
         seed=0 if args.seed is None else args.seed, name=args.name,
-        public_block=args.public_block)
+        public_block=args.public_block, edge=_mock_edge(args, api_key))
     eventloop.run(serve(host=args.host, port=args.port, state=state, log_level="warning",
                         announce=_announce, address_map_dir=args.address_map_dir),
                   choice=args.event_loop, named="--event-loop")
     return 0
+
+
+def _mock_edge(args: argparse.Namespace, api_key: str | None) -> Any:
+    """Hostname-only mode from ``--edge-*`` (providers/mock/edge.py), or None."""
+    from providers.mock.edge import EdgeSettings
+
+    if not args.edge_domain:
+        if args.edge_cert or args.edge_key or args.edge_auth_header:
+            raise ConfigError("--edge-cert/--edge-key/--edge-auth-header need --edge-domain")
+        return None
+    if not args.edge_cert or not args.edge_key:
+        raise ConfigError("--edge-domain needs --edge-cert and --edge-key (PEM files)")
+    if args.edge_auth_header and not api_key:
+        raise ConfigError("--edge-auth-header needs --api-key-env (the edge wants that key)")
+    try:
+        return EdgeSettings(domain=args.edge_domain, cert_file=Path(args.edge_cert),
+                            key_file=Path(args.edge_key), auth_header=args.edge_auth_header,
+                            api_key=api_key if args.edge_auth_header else None)
+    except ValueError as exc:
+        raise ConfigError(f"--edge-*: {exc}") from None
 
 
 def _announce(line: str) -> None:
@@ -311,9 +331,35 @@ def _demo(args: argparse.Namespace) -> int:
         return 1
 
 
+def _gateway_config(args: argparse.Namespace) -> int:
+    """Print the gateway's HAProxy configuration for the provider's ``gateway:`` settings."""
+    from vkprovider.config import Settings, load_model
+    from vkprovider.gateway.haproxycfg import GatewayLayout, RuntimeTLS, render, write
+
+    g = load_model(Settings, args.config).gateway
+    tls = None
+    if args.runtime_bind:
+        if not args.runtime_pem or not args.runtime_client_ca:
+            raise ConfigError("--runtime-bind needs --runtime-pem and --runtime-client-ca")
+        tls = RuntimeTLS(bind=args.runtime_bind, server_pem=Path(args.runtime_pem),
+                         client_ca=Path(args.runtime_client_ca))
+    try:
+        layout = GatewayLayout(bind_host=args.bind, first_port=g.first_port, count=g.port_count,
+                               socket=Path(args.socket), ca_file=Path(g.ca_file),
+                               map_dir=Path(g.map_dir), auth_headers=g.auth_headers,
+                               runtime_tls=tls, health_bind=args.health_bind)
+    except ValueError as exc:
+        raise ConfigError(f"gateway: {exc}") from None
+    if args.output:  # the file, and the empty map files it loads (a pod's init container)
+        write(layout, Path(args.output))
+    else:
+        sys.stdout.write(render(layout))
+    return 0
+
+
 def _without_command(args: argparse.Namespace) -> int:
-    sys.stderr.write("vkprovider: error: name a command: run, mock-cloud, descheduler, demo or "
-                     "dev (vkprovider --help)\n")
+    sys.stderr.write("vkprovider: error: name a command: run, mock-cloud, gateway-config, "
+                     "descheduler, demo or dev (vkprovider --help)\n")
     return 2
 
 
@@ -383,7 +429,35 @@ def build_parser() -> argparse.ArgumentParser:
                       help="this cloud's name in the address map (default: mock)")
     mock.add_argument("--event-loop", choices=eventloop.CHOICES, default="auto",
                       help="auto: uvloop when installed (default); uvloop; asyncio")
+    mock.add_argument("--edge-domain", metavar="DOMAIN",
+                      help="hostname-only mode: each container port is reached only at "
+                           "https://<instance>-<port>.DOMAIN:443 (like SaladCloud's access "
+                           "domains, RunPod's proxy), no IP mapping")
+    mock.add_argument("--edge-cert", metavar="PEM", help="the edge's certificate (a wildcard "
+                      "for DOMAIN, chain included)")
+    mock.add_argument("--edge-key", metavar="PEM", help="the edge certificate's private key")
+    mock.add_argument("--edge-auth-header", metavar="NAME",
+                      help="the edge answers 401 unless this header carries the API key "
+                           "(--api-key-env), like SaladCloud's Salad-Api-Key")
     mock.set_defaults(func=_mock_cloud)
+
+    gwc = sub.add_parser("gateway-config", parents=[without_kube],
+                         help="print the traffic gateway's HAProxy configuration (traffic.md)")
+    gwc.add_argument("--config", required=True, help="the provider's settings YAML (its "
+                     "gateway: block gives the ports, CA, maps and auth headers)")
+    gwc.add_argument("--bind", default="0.0.0.0", help="the listeners' address (default: all)")
+    gwc.add_argument("--socket", default="/var/run/haproxy/runtime.sock",
+                     help="the Runtime API's Unix socket (admin level, mode 600)")
+    gwc.add_argument("--runtime-bind", metavar="HOST:PORT", help="also offer the Runtime API "
+                     "there, mutual TLS only (for a provider in another pod)")
+    gwc.add_argument("--runtime-pem", metavar="PEM", help="the gateway's certificate and key")
+    gwc.add_argument("--runtime-client-ca", metavar="PEM",
+                     help="the CA whose client certificates (the provider's) may connect")
+    gwc.add_argument("--health-bind", metavar="HOST:PORT", help="serve /healthz (probes) and "
+                     "/metrics (HAProxy's Prometheus exporter) there")
+    gwc.add_argument("--output", metavar="FILE", help="write the configuration there and create "
+                     "the empty map files it loads (default: print it)")
+    gwc.set_defaults(func=_gateway_config)
 
     comp = sub.add_parser("descheduler", help="run the companion: overflow admission by policy",
                           parents=[with_kube])

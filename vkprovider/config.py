@@ -273,11 +273,73 @@ class LeaderElectionSettings(_Frozen):
         return f"{socket.gethostname()}-{os.getpid()}"
 
 
+class GatewayInstanceSettings(_Frozen):
+    """One gateway (HAProxy) pod: the address written into EndpointSlices and its Runtime API
+    (a Unix socket path, or ``tcp://host:port``)."""
+
+    address: str
+    runtime: str
+
+
+class GatewayRuntimeTLSSettings(_Frozen):
+    """The provider's side of the gateway's mutual-TLS Runtime API (``tls://`` instances)."""
+
+    cert_file: str  # the provider's client certificate, signed by the CA the gateway trusts
+    key_file: str
+    ca_file: str  # the CA that signs the gateway pods' Runtime API certificates
+    server_name: str | None = None  # the name their certificates carry; None: the address
+
+
+class GatewayPodsSettings(_Frozen):
+    """Find the gateway pods by label (the chart's gateway Deployment): each Ready pod is an
+    instance at its pod IP, its Runtime API at ``tls://<pod IP>:<runtime_port>``."""
+
+    namespace: str = "vkprovider-system"
+    selector: str = "app.kubernetes.io/component=gateway"
+    runtime_port: int = Field(default=9999, ge=1, le=65535)
+
+
+class GatewaySettings(_Frozen):
+    """The traffic gateway for replicas kube-proxy cannot reach (docs/traffic.md).
+
+    Disabled when ``instances`` is empty: a hostname-only replica then gets the
+    ``EndpointNotRoutable`` warning whatever the policy's ``traffic`` says. The paths are the
+    gateway's own (inside its pod), as its rendered configuration names them.
+    """
+
+    instances: tuple[GatewayInstanceSettings, ...] = ()
+    first_port: int = Field(default=20000, ge=1024, le=65535)
+    port_count: int = Field(default=256, ge=1, le=4096)
+    ca_file: str = "/etc/ssl/certs/ca-certificates.crt"
+    map_dir: str = "/var/lib/haproxy/maps"
+    auth_headers: tuple[str, ...] = ("Salad-Api-Key",)
+    reconcile_seconds: float = Field(default=1.0, gt=0)
+    runtime_tls: GatewayRuntimeTLSSettings | None = None
+    pods: GatewayPodsSettings | None = None  # discovered gateway pods (besides instances)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.instances) or self.pods is not None
+
+    @model_validator(mode="after")
+    def _range(self) -> GatewaySettings:
+        if self.first_port + self.port_count - 1 > 65535:
+            raise ValueError("first_port + port_count - 1 must be at most 65535")
+        for i, inst in enumerate(self.instances):
+            if inst.runtime.startswith("tls://") and self.runtime_tls is None:
+                raise ValueError(f"instances[{i}].runtime is tls://: set gateway.runtime_tls")
+        if self.pods is not None and self.runtime_tls is None:
+            raise ValueError("pods: discovered gateway pods are reached over tls://: set "
+                             "gateway.runtime_tls")
+        return self
+
+
 class Settings(_Frozen):
     kubeconfig: str | None = None  # None: in-cluster, else the default kubeconfig
     node: NodeSettings = Field(default_factory=NodeSettings)
     pods: PodSettings = Field(default_factory=PodSettings)
     endpoints: EndpointSettings = Field(default_factory=EndpointSettings)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     providers: tuple[ProviderSettings, ...] = ()
     metrics_port: int = Field(default=9464, ge=0, le=65535)  # 0: no metrics server
     tls_cert_file: str | None = None  # kubelet API serving cert; generated when absent

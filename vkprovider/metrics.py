@@ -190,6 +190,20 @@ class Metrics:
             "vkprovider_endpointslice_hostname_only_endpoints",
             "Service+pod pairs with a Service port the cloud publishes only by hostname (or at "
             "an address slices refuse): not in any EndpointSlice.", registry=r)
+        self.gateway_routes = Gauge(
+            "vkprovider_gateway_routes",
+            "Replica ports served through the traffic gateway (a gateway port allocated).",
+            registry=r)
+        self.gateway_pods_healthy = Gauge(
+            "vkprovider_gateway_pods_healthy",
+            "Gateway pods whose Runtime API answered the last reconcile pass.", registry=r)
+        self.gateway_passes = Counter(
+            "vkprovider_gateway_passes",
+            "Reconcile passes per gateway pod, by result (ok, error).", ["result"], registry=r)
+        self.gateway_ports_exhausted = Gauge(
+            "vkprovider_gateway_ports_exhausted",
+            "Replica ports that wanted a gateway route but got none: every gateway port is "
+            "taken (raise gateway.port_count).", registry=r)
         self.endpoints_refused = Counter(
             "vkprovider_endpoints_refused",
             "Addresses a cloud published for a pod that were refused (never probed, never in "

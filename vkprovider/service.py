@@ -38,6 +38,9 @@ from vkprovider.api import APIServers, listen_address
 from vkprovider.api.server import bind, serve
 from vkprovider.config import Settings
 from vkprovider.eventloop import loop_name
+from vkprovider.gateway.controller import GatewayController, TrafficMode
+from vkprovider.gateway.discovery import GatewayPods
+from vkprovider.gateway.wiring import build_gateway
 from vkprovider.kube import KubeClient
 from vkprovider.kube.events import EventRecorder
 from vkprovider.kube.leader import LeaderElector
@@ -182,6 +185,27 @@ def _serve_standby_health(settings: Settings) -> asyncio.Task[None] | None:
                                name="standby-health")
 
 
+async def _gateway_synced(slices: EndpointSliceController, gateway: GatewayController,
+                          *, limit: float = 60.0) -> None:
+    """The gateway may remove routes once the slices' first pass is done (every Service
+    reconciled once, so every route it needs was asked for), or after ``limit`` seconds."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(limit):
+            await slices.started.wait()
+            while len(slices.queue) or slices.queue.waiting:
+                await asyncio.sleep(0.2)
+    gateway.mark_synced()
+
+
+def _traffic(controller: PodController, uid: str) -> TrafficMode:
+    """The ``traffic`` of the OverflowPolicy a cloud pod was created under (auto without one)."""
+    claim = controller.book.get(uid)
+    if claim is None or claim.policy is None:
+        return "auto"
+    policy = controller.gate.parsed().get(claim.policy)
+    return policy.spec.traffic if policy is not None else "auto"
+
+
 def _dialer(settings: Settings) -> Dialer:
     """Probes dial what clouds publish; a lab (the test harness) puts its address map between."""
     lab = settings.pods.probe_address_map
@@ -199,14 +223,24 @@ async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str,
     # One address filter for everything a cloud publishes (providers/addresses.py): the pod
     # controller screens instances with it; the prober and the slices apply it once more.
     policy = settings.endpoints.policy()
+    keys = {p.name: p.api_key for p in settings.providers}  # read when used, never kept
     prober = Prober(dialer=_dialer(settings), max_concurrent=settings.pods.probe_concurrency,
-                    refuse=lambda host: refusal(host, policy=policy))
+                    refuse=lambda host: refusal(host, policy=policy),
+                    edge_key=lambda name: keys[name]() if name in keys else None)
     prober.on_refused = metrics.probes_refused.inc
+    # The traffic gateway (settings gateway:) serves hostname-only replicas; None: not set up
+    gateway = build_gateway(
+        settings=settings, policy=policy,
+        dialer=None if settings.pods.probe_address_map is None else _dialer(settings),
+        api_keys=keys, metrics=metrics)
     slices = EndpointSliceController(client=client, node=settings.node.name, events=events,
-                                     metrics=metrics, policy=policy)
+                                     metrics=metrics, policy=policy, gateway=gateway)
     controller = PodController(client=client, settings=settings, providers=providers,
                                events=events, refs=KubeRefSource(client=client), metrics=metrics,
                                prober=prober, endpoints=slices, policy=policy)
+    if gateway is not None:
+        gateway.traffic_of = lambda uid: _traffic(controller, uid)
+        gateway.on_change = slices.refresh
     prober.on_change = controller.queue.add  # a probe result changed: reconcile that pod
     agent = NodeAgent(client=client, settings=settings.node, capacity=controller.node_capacity,
                       version=f"v1.37.2-vkprovider-{__version__}",
@@ -239,6 +273,15 @@ async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str,
                         inner.create_task(source.run(), name="gpuproviders")
                     inner.create_task(controller.run(), name="pods")
                     inner.create_task(slices.run(), name="endpointslices")
+                    if gateway is not None:
+                        inner.create_task(gateway.run(), name="gateway")
+                        if settings.gateway.pods is not None:
+                            inner.create_task(GatewayPods(
+                                client=client, namespace=settings.gateway.pods.namespace,
+                                selector=settings.gateway.pods.selector,
+                                on_change=gateway.discovered).run(), name="gateway-pods")
+                        inner.create_task(_gateway_synced(slices, gateway),
+                                          name="gateway-synced")
 
             tasks = [
                 tg.create_task(agent.run(), name="node"),

@@ -101,8 +101,33 @@ def _port_number(value: Any) -> int | None:
 
 
 def _published(data: Mapping[str, Any]) -> tuple[PublishedPort, ...]:
-    """``public_ip:public_port`` per entry of the instance's ``ports``; what is missing or
-    malformed is left out (no ``public_ip``: nothing), never an error."""
+    """``public_ip:public_port`` per entry of the instance's ``ports``, and in hostname-only
+    mode each entry of ``edges`` (an HTTPS edge by name, maybe wanting the API key in a
+    header); what is missing or malformed is left out, never an error."""
+    return _edges(data) + _ip_ports(data)
+
+
+def _edges(data: Mapping[str, Any]) -> tuple[PublishedPort, ...]:
+    edges = data.get("edges")
+    if not isinstance(edges, list):
+        return ()
+    out = []
+    for entry in edges:
+        if not isinstance(entry, Mapping):
+            continue
+        container_port = _port_number(entry.get("container_port"))
+        port = _port_number(entry.get("port"))
+        host, protocol, auth = entry.get("host"), entry.get("protocol", "TCP"), \
+            entry.get("auth_header")
+        if container_port is None or port is None or not isinstance(host, str) or not host \
+                or not isinstance(protocol, str) or not (auth is None or isinstance(auth, str)):
+            continue
+        out.append(PublishedPort(container_port=container_port, protocol=protocol, host=host,
+                                 port=port, kind="hostname", scheme="https", edge_auth=auth))
+    return tuple(out)
+
+
+def _ip_ports(data: Mapping[str, Any]) -> tuple[PublishedPort, ...]:
     host, ports = data.get("public_ip"), data.get("ports")
     if not isinstance(host, str) or not host or not isinstance(ports, list):
         return ()

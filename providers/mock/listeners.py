@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import socket
+import ssl
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -43,6 +44,7 @@ from typing import Any, cast
 import h11
 
 from providers.base import TAG_NAMESPACE, TAG_POD
+from providers.mock.edge import EDGE_PORT, EdgeSettings
 from providers.mock.records import Record
 
 __all__ = ["LISTEN_HOST", "PROBE_PATHS", "Listener", "ListenerSet", "answer", "write_routes"]
@@ -59,8 +61,8 @@ _ROUTES_MIN_INTERVAL = 0.05
 #: The ticker checks every listener (not only changed records) once in this many ticks.
 _FULL_SYNC_EVERY = 10
 _MAX_BODY = 1 << 20
-_REASONS = {200: b"OK", 400: b"Bad Request", 500: b"Internal Server Error",
-            503: b"Service Unavailable"}
+_REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized",
+            500: b"Internal Server Error", 503: b"Service Unavailable"}
 
 
 def write_routes(*, directory: Path, owner: str, routes: Iterable[tuple[str, int, str, int]]
@@ -233,6 +235,11 @@ class _Connection(asyncio.Protocol):
         self._requests += 1
         path = request.target.split(b"?", 1)[0].decode("ascii", "replace")
         agent = next((v for k, v in request.headers if k == b"user-agent"), b"")
+        edge = self._owner.edge
+        if edge is not None and not edge.allows(list(request.headers)):
+            payload = b'{"error": "unauthorized: the edge wants its API key"}'
+            self._send(401, b"" if request.method == b"HEAD" else payload, length=len(payload))
+            return  # refused at the edge: the container never sees it
         listener.count(probe=path in PROBE_PATHS or agent.startswith(_PROBE_AGENT))
         status, body = answer(record, container_port=listener.container_port, path=path, now=now)
         payload = json.dumps(body).encode()
@@ -303,6 +310,9 @@ class ListenerSet:
         self._routes_dirty = False
         self._routes_written = -1e18
         self._routes_timer: asyncio.TimerHandle | None = None
+        # hostname-only mode (providers/mock/edge.py): TLS listeners reached by edge name
+        self.edge: EdgeSettings | None = None
+        self._tls: ssl.SSLContext | None = None
 
     def __repr__(self) -> str:
         return f"ListenerSet(open={len(self._open)}, active={self.active})"
@@ -417,9 +427,13 @@ class ListenerSet:
                 sock.close()
                 log.exception("mock cloud: cannot listen for %s:%d", record.id, container_port)
                 continue
+            public_host, published_port = record.reported_ip, public_port
+            if self.edge is not None:
+                public_host = self.edge.host(record.id, container_port)
+                published_port = EDGE_PORT
             listener = Listener(record=record, run=record.restart_count,
-                                container_port=container_port, public_host=record.reported_ip,
-                                public_port=public_port, sock=sock,
+                                container_port=container_port, public_host=public_host,
+                                public_port=published_port, sock=sock,
                                 port=sock.getsockname()[1])
             record.served.setdefault(container_port, [0, 0])
             opened.append(listener)
@@ -445,7 +459,8 @@ class ListenerSet:
         try:
             # without start_serving this does not suspend, so ``closed`` cannot change meanwhile
             server = await loop.create_server(lambda: _Connection(listener, self),
-                                                    sock=listener.sock, start_serving=False)
+                                                    sock=listener.sock, start_serving=False,
+                                                    ssl=self._tls_context())
         except OSError:
             listener.sock.close()
             log.exception("mock cloud: cannot serve %s", listener.to_json())
@@ -455,6 +470,13 @@ class ListenerSet:
             server.close()
             return
         await server.start_serving()
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        if self.edge is None:
+            return None
+        if self._tls is None:
+            self._tls = self.edge.context()
+        return self._tls
 
     # -- what is open -----------------------------------------------------------------------
 

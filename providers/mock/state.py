@@ -31,6 +31,7 @@ from pydantic import ValidationError
 
 from providers.base import TAG_UID
 from providers.mock.bodies import CreateBody
+from providers.mock.edge import EDGE_PORT, EdgeSettings
 from providers.mock.errors import (
     FAULT_CODES,
     LostResponse,
@@ -194,6 +195,7 @@ class MockCloudState:
         name: str = "mock",
         address_map_dir: Path | str | None = None,
         public_block: int = 0,
+        edge: EdgeSettings | None = None,
     ) -> None:
         if not 0 <= public_block < PUBLIC_BLOCKS:
             raise ValueError(f"public_block must be in 0..{PUBLIC_BLOCKS - 1}, got {public_block}")
@@ -225,6 +227,9 @@ class MockCloudState:
             address_map_dir=None if address_map_dir is None else Path(address_map_dir),
             owner=f"mock-{name}",
         )
+        # hostname-only mode (providers/mock/edge.py): no IP mapping, an HTTPS edge per port
+        self.edge = edge
+        self.listeners.edge = edge
         self.follow_poll_interval = follow_poll_interval
         self.follow_max_seconds = follow_max_seconds
         self.faults = FaultPlan()
@@ -743,10 +748,16 @@ class MockCloudState:
             "price_per_hour": r.price_per_hour,
             "ip": r.ip,
             "endpoints": endpoints,
-            "public_ip": r.reported_ip,
-            "ports": [
+            "public_ip": None if self.edge is not None else r.reported_ip,
+            "ports": [] if self.edge is not None else [
                 {"container_port": port, "protocol": protocol, "public_port": public}
                 for port, protocol, public in r.published
+            ],
+            "edges": [] if self.edge is None else [
+                {"container_port": port, "protocol": protocol,
+                 "host": self.edge.host(r.id, port), "port": EDGE_PORT,
+                 "auth_header": self.edge.auth_header}
+                for port, protocol, _public in r.published if protocol == "TCP"
             ],
             "created_at": self._iso(r.created),
             "started_at": self._iso(r.started),

@@ -104,6 +104,15 @@ def test_parse_duration_rejects_non_strings() -> None:
         parse_duration(30)  # type: ignore[arg-type]
 
 
+def test_traffic_is_auto_by_default_and_a_bad_value_names_the_field() -> None:
+    assert parse_overflow_policy(ofp()).spec.traffic == "auto"
+    assert parse_overflow_policy(ofp(traffic="direct")).spec.traffic == "direct"
+    with pytest.raises(PolicyError, match="traffic"):
+        parse_overflow_policy(ofp(traffic="tunnel"))
+    schema = crd_schema("overflowpolicies.yaml")["properties"]["spec"]["properties"]["traffic"]
+    assert schema["enum"] == ["direct", "gateway", "auto"]
+
+
 def test_duration_pattern_is_the_crds_pattern() -> None:
     spec = crd_schema("overflowpolicies.yaml")["properties"]["spec"]["properties"]
     fields = [spec["overflowAfter"]] + [spec["moveBack"]["properties"][k]
@@ -255,7 +264,7 @@ def _at(body: dict[str, Any], path: str) -> Any:
 def test_the_model_defaults_are_the_crd_defaults() -> None:
     policy_defaults = _defaults(crd_schema("overflowpolicies.yaml")["properties"]["spec"])
     assert set(policy_defaults) == {"overflowAfter", "dryRun", "execProbes", "placement",
-                                    "interruptible",
+                                    "interruptible", "traffic",
                                     "moveBack.enabled", "moveBack.stableFor",
                                     "moveBack.maxConcurrent", "moveBack.cooldown",
                                     "moveBack.timeout", "moveBack.headroomGPUs",

@@ -891,3 +891,12 @@ async def test_salad_offers_stay_ordinary_and_an_interruptible_spec_runs_at_its_
     assert body["container"]["priority"] == "batch"
     assert "interruptible" not in json.dumps(body)
     assert (created.interruption_at, created.interrupted) == (None, False)
+
+
+def test_an_access_domain_with_auth_on_says_the_edge_wants_the_salad_api_key() -> None:
+    # networking.auth: SaladCloud's gateway refuses callers without the account's key; the
+    # provider's probes and traffic gateway add it (docs/traffic.md)
+    with_auth = {"dns": "abc.salad.cloud", "port": 80, "auth": True}
+    assert _published(with_auth)[0].edge_auth == "Salad-Api-Key"
+    assert _published({**with_auth, "auth": False})[0].edge_auth is None
+    assert _published({**with_auth, "auth": "true"})[0].edge_auth is None  # not a boolean

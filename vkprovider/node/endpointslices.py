@@ -38,7 +38,10 @@ Hostname-only ports (SaladCloud's access domain, RunPod's HTTP proxy) are **not*
 slices: FQDN EndpointSlices are deprecated (the API server warns on them) and kube-proxy ignores
 them. Such a Service+pod pair is counted in ``vkprovider_endpointslice_hostname_only_endpoints``
 and told once with a Warning Event ``EndpointNotRoutable`` on the Service, pointing to the pod's
-``vkprovider.io/ports`` annotation (where a gateway or mesh can read the hostname). Addresses the
+``vkprovider.io/ports`` annotation (where a gateway or mesh can read the hostname), unless the
+traffic gateway (``vkprovider/gateway``) serves them: then the endpoint is the gateway pod's
+address and the port it allocated for that replica port (a :class:`GatewayRouter` says which;
+``traffic: direct`` keeps the warning). Addresses the
 API server refuses (loopback, link-local, unspecified) are skipped the same way, and so is any
 address the filter of ``providers/addresses.py`` refuses (private, CGNAT, metadata, the cluster's
 own ranges, ...): the pod controller screens instances before telling them here, and
@@ -53,8 +56,8 @@ import ipaddress
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Protocol
 
 from providers.addresses import DEFAULT_POLICY, AddressPolicy, refusal
 from vkprovider.kube import KubeClient
@@ -118,6 +121,18 @@ class EndpointTarget:
     ready: bool
     serving: bool
     terminating: bool
+    provider: str = ""  # the cloud (the gateway adds that cloud's edge key)
+    edge_auth: str | None = None  # the header a hostname edge wants its API key in
+
+
+class GatewayRouter(Protocol):
+    """Where the traffic gateway serves a hostname-only replica port (vkprovider/gateway)."""
+
+    def route(self, *, pod_uid: str, target: EndpointTarget) -> tuple[str, int] | None:
+        """``(gateway address, gateway port)``, or None when the gateway does not serve it."""
+        ...
+
+    def forget(self, pod_uid: str) -> None: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -258,12 +273,15 @@ def _usable(target: EndpointTarget, policy: AddressPolicy) -> tuple[str, Family]
     return address_family(target.host)
 
 
-def endpoints_for(service: Body, pod: PodRecord, *, policy: AddressPolicy = DEFAULT_POLICY
+def endpoints_for(service: Body, pod: PodRecord, *, policy: AddressPolicy = DEFAULT_POLICY,
+                  gateway: GatewayRouter | None = None
                   ) -> tuple[list[DesiredEndpoint], list[Unroutable]]:
     """The slice endpoints one pod contributes to one Service, and its unroutable ports.
 
     An address ``policy`` refuses (``providers/addresses.py``) is never an endpoint. The pod
     controller screens instances before they get here; this is the last line, for any caller.
+    A hostname-only port is the ``gateway``'s address and port when it serves it (the gateway's
+    address is the cluster's own, so the cloud filter does not apply to it).
     """
     spec = service.get("spec") or {}
     publish_not_ready = bool(spec.get("publishNotReadyAddresses"))
@@ -284,6 +302,13 @@ def endpoints_for(service: Body, pod: PodRecord, *, policy: AddressPolicy = DEFA
             if addr is not None:
                 chosen = (target, addr)
                 break
+        if chosen is None and gateway is not None and targets \
+                and targets[0].kind == "hostname" \
+                and refusal(targets[0].host, kind="hostname", policy=policy) is None:
+            routed = gateway.route(pod_uid=pod.uid, target=targets[0])
+            gw_addr = address_family(routed[0]) if routed is not None else None
+            if routed is not None and gw_addr is not None:
+                chosen = (replace(targets[0], port=routed[1]), gw_addr)
         if chosen is None:
             if targets:
                 first = targets[0]
@@ -351,7 +376,7 @@ def slice_labels(service_name: str, node: str) -> dict[str, str]:
 
 
 def build_slices(*, service: Body, node: str, pods: Iterable[PodRecord],
-                 policy: AddressPolicy = DEFAULT_POLICY
+                 policy: AddressPolicy = DEFAULT_POLICY, gateway: GatewayRouter | None = None
                  ) -> tuple[dict[str, Body], list[Unroutable]]:
     """Every slice this node should hold for ``service`` (name -> body), and what cannot be."""
     meta = service.get("metadata") or {}
@@ -360,7 +385,7 @@ def build_slices(*, service: Body, node: str, pods: Iterable[PodRecord],
     endpoints: list[DesiredEndpoint] = []
     unroutable: list[Unroutable] = []
     for pod in pods:
-        eps, bad = endpoints_for(service, pod, policy=policy)
+        eps, bad = endpoints_for(service, pod, policy=policy, gateway=gateway)
         endpoints.extend(eps)
         unroutable.extend(bad)
     out: dict[str, Body] = {}
@@ -476,8 +501,10 @@ class EndpointSliceController:
         max_backoff: float = 30.0,
         pods_sync_timeout: float = 60.0,
         policy: AddressPolicy = DEFAULT_POLICY,
+        gateway: GatewayRouter | None = None,
     ) -> None:
         self.client = client
+        self.gateway = gateway  # serves hostname-only replica ports (None: they are warned of)
         self.node = node
         self.policy = policy  # the address filter, applied again to every endpoint
         self.events = events
@@ -534,6 +561,8 @@ class EndpointSliceController:
     def remove_pod(self, *, uid: str) -> None:
         """The pod is gone from this node (deleted, or its endpoints should all go)."""
         self._release(uid)
+        if self.gateway is not None:
+            self.gateway.forget(uid)
         old = self.pods.pop(uid, None)
         if old is None:
             return
@@ -544,6 +573,13 @@ class EndpointSliceController:
                 del self._pods_by_ns[old.namespace]
         self._told = {t for t in self._told if t[1] != uid}
         self._touch_services(old)
+
+    def refresh(self) -> None:
+        """Re-reconcile every Service that selects a pod of this node (a gateway pod's health
+        changed: its replicas are re-homed)."""
+        for ns in self._pods_by_ns:
+            for key in sorted(self._services_by_ns.get(ns, ())):
+                self._enqueue(key)
 
     def mark_pods_synced(self) -> None:
         """Every pod of the node has been told once (or held): reconciling may start (and
@@ -712,7 +748,8 @@ class EndpointSliceController:
                 if selector_matches(selector, self.pods[uid].label_map)]
         if not pods:
             return {}, []
-        return build_slices(service=svc, node=self.node, pods=pods, policy=self.policy)
+        return build_slices(service=svc, node=self.node, pods=pods, policy=self.policy,
+                            gateway=self.gateway)
 
     async def reconcile(self, key: str) -> None:
         ns = key.split("/", 1)[0]

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from providers.base import Instance, PublishedPort
 from vkprovider.node.endpointslices import EndpointTarget
-from vkprovider.probing.prober import ContainerProbeState
+from vkprovider.probing.prober import ContainerProbeState, Target
 from vkprovider.probing.spec import ContainerProbes, ProbeSpecError, parse_probes
 
 __all__ = ["EndpointSink", "EndpointTarget", "ProberLike", "Replicas"]
@@ -50,7 +50,7 @@ class EndpointSink(Protocol):
 
 class ProberLike(Protocol):
     def track(self, key: str, *, containers: Sequence[ContainerProbes],
-              target: Callable[[int], tuple[str, int] | tuple[str, int, str | None] | None],
+              target: Target,
               running_since: float, assume_ready: bool = False) -> None: ...
 
     def forget(self, key: str) -> None: ...
@@ -163,9 +163,16 @@ class Replicas:
             return
         by_port = _preferred(tracked.published)
 
-        def target(port: int) -> tuple[str, int, str | None] | None:
+        provider = tracked.instance[0]
+
+        def target(port: int) -> (tuple[str, int, str | None]
+                                  | tuple[str, int, str | None, tuple[str, str] | None] | None):
             p = by_port.get(port)
-            return None if p is None else (p.host, p.port, p.scheme)
+            if p is None:
+                return None
+            if p.edge_auth:  # an edge that wants the cloud's key (SaladCloud auth): the prober
+                return (p.host, p.port, p.scheme, (p.edge_auth, provider))  # adds it
+            return (p.host, p.port, p.scheme)
 
         self._prober.track(uid, containers=tracked.probes, target=target,
                            running_since=self._clock(), assume_ready=assume_ready)
@@ -250,7 +257,8 @@ class Replicas:
         targets = [
             EndpointTarget(container_port=p.container_port, protocol=p.protocol, host=p.host,
                            port=p.port, kind=p.kind, ready=ready, serving=serving,
-                           terminating=terminating)
+                           terminating=terminating, provider=instance.provider,
+                           edge_auth=p.edge_auth)
             for p in instance.published  # every entry: the sink publishes the first IP one
         ]
         if not targets and uid not in self._published:

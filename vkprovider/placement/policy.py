@@ -370,6 +370,10 @@ class OverflowPolicySpec(_Frozen):
     move_back: MoveBack = Field(default_factory=MoveBack)
     prewarm: Prewarm = Field(default_factory=Prewarm)
     exec_probes: Literal["Refuse", "Ignore"] = "Refuse"
+    # How Services reach this policy's cloud replicas (docs/traffic.md): direct (the published
+    # IP:port only; a hostname-only replica gets the EndpointNotRoutable warning), gateway
+    # (through the traffic gateway), auto (direct where routable, the gateway otherwise)
+    traffic: Literal["direct", "gateway", "auto"] = "auto"
     placement: Literal["Ordered", "Cheapest"] = "Ordered"
     # Spot/bid offers: Never (not used, never asked for), Allow (they compete on price),
     # Prefer (tried first). See vkprovider/placement/spot.py.

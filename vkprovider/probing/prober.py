@@ -48,9 +48,13 @@ log = logging.getLogger(__name__)
 USER_AGENT = "kube-probe/1.37"
 
 #: Maps a container port to where it is dialled: (host, port) or (host, port, scheme), where a
-#: scheme of "https" says the cloud terminates TLS in front of the container. None: the port is
-#: not reachable (yet); the probe counts as failed.
-Target = Callable[[int], tuple[str, int] | tuple[str, int, str | None] | None]
+#: scheme of "https" says the cloud terminates TLS in front of the container, or (host, port,
+#: scheme, edge) where edge is (header, provider): the cloud's edge wants that provider's API
+#: key in that header (SaladCloud's access domain with auth on), added by the prober's
+#: ``edge_key``. None: the port is not reachable (yet); the probe counts as failed.
+EdgeAuth = tuple[str, str]
+Target = Callable[[int], tuple[str, int] | tuple[str, int, str | None]
+                  | tuple[str, int, str | None, EdgeAuth | None] | None]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -93,8 +97,11 @@ class Prober:
     def __init__(self, *, dialer: Dialer = DIRECT, max_concurrent: int = 64,
                  on_change: Callable[[str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic, jitter: float = 0.1,
-                 refuse: Callable[[str], str | None] | None = None) -> None:
+                 refuse: Callable[[str], str | None] | None = None,
+                 edge_key: Callable[[str], str | None] | None = None) -> None:
         self._dialer = dialer
+        # a provider's API key for its edge's auth header (never in a message or log)
+        self._edge_key = edge_key
         self._refuse = refuse
         self._sem = asyncio.Semaphore(max_concurrent)
         self.on_change = on_change
@@ -251,6 +258,7 @@ class Prober:
             return False, f"port {probe.port} is not published (yet)"
         host, port = target[0], target[1]
         tls = len(target) > 2 and target[2] == "https"
+        edge = target[3] if len(target) > 3 else None
         why = self._refuse(host) if self._refuse is not None else None
         if why is not None:  # never dialled: an untrusted address (providers/addresses.py)
             self.probes_refused += 1
@@ -260,7 +268,8 @@ class Prober:
         async with self._sem:
             self.probes_run += 1
             if probe.action == "http":
-                return await self._http(host, port, probe, tls=tls)
+                return await self._http(host, port, probe, tls=tls,
+                                        edge=self._edge_header(edge))
             return await self._tcp(host, port, probe)  # grpc: a TCP connect (module docstring)
 
     async def _connect(self, host: str, port: int, *, tls: bool
@@ -271,8 +280,14 @@ class Prober:
                                                  server_hostname=host)
         return await asyncio.open_connection(real_host, real_port)
 
-    async def _http(self, host: str, port: int, probe: Probe, *,
-                    tls: bool) -> tuple[bool, str | None]:
+    def _edge_header(self, edge: EdgeAuth | None) -> tuple[str, str] | None:
+        if edge is None or self._edge_key is None:
+            return None
+        key = self._edge_key(edge[1])
+        return (edge[0].lower(), key) if key else None
+
+    async def _http(self, host: str, port: int, probe: Probe, *, tls: bool,
+                    edge: tuple[str, str] | None = None) -> tuple[bool, str | None]:
         https = tls or probe.scheme == "HTTPS"
         netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         url = f"{'https' if https else 'http'}://{netloc}{probe.path}"
@@ -280,6 +295,8 @@ class Prober:
                    "accept": "*/*"}
         for name, value in probe.headers:
             headers[name.lower()] = value
+        if edge is not None:  # the edge's key wins over a pod author's header of that name
+            headers[edge[0]] = edge[1]
         head = "".join(f"{k}: {v}\r\n" for k, v in headers.items() if "\n" not in k + v)
         request = f"GET {probe.path} HTTP/1.1\r\n{head}connection: close\r\n\r\n".encode()
         writer: asyncio.StreamWriter | None = None

@@ -157,7 +157,8 @@ class MockCloudProcess(_Process):
                  delete_delay: float = 0.0, inventory: str | None = None,
                  scenario: str | Path | None = None,
                  address_map_dir: Path | None = None, public_block: int = 0,
-                 event_loop: str | None = None) -> None:
+                 event_loop: str | None = None, edge_args: Sequence[str] = (),
+                 env: dict[str, str] | None = None) -> None:
         self.name = name
         self.address_map_dir = address_map_dir  # routes to its listeners: mock-<name>.json
         self.port = free_port()
@@ -171,12 +172,15 @@ class MockCloudProcess(_Process):
                   *(["--address-map-dir", str(address_map_dir), "--name", name]
                     if address_map_dir is not None else []),
                   "--public-block", str(public_block),
-                  *(["--event-loop", event_loop] if event_loop else [])],
+                  *(["--event-loop", event_loop] if event_loop else []),
+                  # hostname-only mode (--edge-domain ...; providers/mock/edge.py)
+                  *edge_args],
             log_path=work_dir / f"mock-cloud-{name}.log",
         )
+        self.env = env  # e.g. the API key (--api-key-env) the edge wants
 
     async def start(self) -> None:
-        self.component.start()
+        self.component.start(env=self.env)
         deadline = time.monotonic() + 30
         async with httpx.AsyncClient(base_url=self.url) as http:
             while True:

@@ -153,6 +153,9 @@ VKP_API_KEY_{{ . | upper | replace "-" "_" }}
 {{- if and (not .Values.leaderElection.enabled) (or (gt (int .Values.provider.replicas) 1) (gt (int .Values.companion.replicas) 1)) -}}
 {{- fail "leaderElection.enabled: false needs provider.replicas and companion.replicas of 1 (two replicas without leader election would both act)" -}}
 {{- end -}}
+{{- if and .Values.gateway.enabled (not .Values.gateway.runtimeTLSSecret) -}}
+{{- fail "gateway.enabled needs gateway.runtimeTLSSecret (the Runtime API is served over mutual TLS only)" -}}
+{{- end -}}
 {{- if and (eq (toString .Values.provider.probes) "true") (eq (int .Values.provider.metricsPort) 0) -}}
 {{- fail "provider.probes needs provider.metricsPort (the probes read /healthz there)" -}}
 {{- end -}}
@@ -181,6 +184,22 @@ true
 {{- $dir := include "vkprovider.servingCertDir" . -}}
 {{- $_ := set $provider "tls_cert_file" (printf "%s/tls.crt" $dir) -}}
 {{- $_ := set $provider "tls_key_file" (printf "%s/tls.key" $dir) -}}
+{{- end -}}
+{{- if .Values.gateway.enabled -}}
+{{- $g := .Values.gateway -}}
+{{- $tls := "/etc/vkprovider/gateway-tls" -}}
+{{- $sel := include "vkprovider.selector" (dict "ctx" $ "component" "gateway") | fromYaml -}}
+{{- $selector := list -}}
+{{- range $k, $v := $sel }}{{ $selector = append $selector (printf "%s=%s" $k $v) }}{{ end -}}
+{{- $_ := set $provider "gateway" (dict
+      "first_port" $g.firstPort "port_count" $g.portCount "ca_file" $g.edgeCAFile
+      "map_dir" "/run/haproxy/maps" "auth_headers" $g.authHeaders
+      "pods" (dict "namespace" $ns "selector" (join "," (sortAlpha $selector))
+                   "runtime_port" $g.runtimePort)
+      "runtime_tls" (dict "cert_file" (printf "%s/tls.crt" $tls)
+                          "key_file" (printf "%s/tls.key" $tls)
+                          "ca_file" (printf "%s/ca.crt" $tls)
+                          "server_name" $g.runtimeServerName)) -}}
 {{- end -}}
 {{- $provider = mustMergeOverwrite $provider (include "vkprovider.providers" . | fromYaml) -}}
 {{- $provider = mustMergeOverwrite $provider (deepCopy .Values.provider.settings) -}}

@@ -1,0 +1,267 @@
+"""A hostname-only cloud's replica serves through the traffic gateway (issue 38).
+
+Real control plane, real provider process, a mock cloud in hostname-only mode (each container
+port only at ``https://<instance>-8000.edge.mock.test:443``, a wildcard certificate signed by a
+test CA, the edge answering 401 without the cloud's API key in ``Salad-Api-Key``), and a real
+HAProxy process standing for the gateway pod: its pod address 100.64.250.1 is routed by the lab's
+address map to its listeners on loopback, as kube-proxy's DNAT would. The provider programs it
+through its Runtime API and probes the replica at its edge with the cloud's key. Nothing dials
+a virtual address except through the address map.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from vkprovider.gateway.haproxycfg import RuntimeTLS
+from vkprovider.kube import KubeClient
+from vkprovider.probing.dialing import AddressMap, Route, publish_routes
+from vkprovider.testing.cluster import free_port
+from vkprovider.testing.haproxy import HAProxyProcess
+from vkprovider.testing.harness import MockCloudProcess, ProviderProcess
+from vkprovider.testing.pki import CertificateAuthority
+from vkprovider.testing.waiting import eventually
+
+from .conftest import System
+from .test_pods import create_pod, list_pods, node_ready, pod_spec
+from .test_traffic import server, service, slices
+
+GATEWAY_POD_IP = "100.64.250.1"
+DOMAIN = "edge.mock.test"
+KEY_ENV = "MOCK_GATEWAY_TEST_KEY"
+KEY = "edge-key-7d1f0c"  # a test value: the mock cloud's API key, which its edge wants too
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def _endpoints(items: list[dict[str, Any]]) -> list[tuple[str, int, dict[str, Any]]]:
+    """(address, port, endpoint) of every endpoint of our slices."""
+    out = []
+    for s in items:
+        port = int((s.get("ports") or [{}])[0].get("port") or 0)
+        for ep in s.get("endpoints") or []:
+            out.append((ep["addresses"][0], port, ep))
+    return out
+
+
+async def _edge_cloud(system: System, tmp_path: Path
+                      ) -> tuple[MockCloudProcess, CertificateAuthority]:
+    """The hostname-only mock cloud (started, stopped with ``system``) and its edge's CA."""
+    assert system.network is not None
+    (tmp_path / "ca").mkdir()
+    ca = CertificateAuthority(directory=tmp_path / "ca", name="mock-edge-ca")
+    wildcard = ca.issue(stem="edge", common_name=f"*.{DOMAIN}", server=True,
+                        hosts=(f"*.{DOMAIN}",))
+    cloud = MockCloudProcess(
+        work_dir=tmp_path, name="edgecloud", boot_delay=0.3, address_map_dir=system.network,
+        public_block=3, inventory="H100:us-east:8:2.49",
+        edge_args=["--api-key-env", KEY_ENV, "--edge-domain", DOMAIN,
+                   "--edge-cert", str(wildcard.cert), "--edge-key", str(wildcard.key),
+                   "--edge-auth-header", "Salad-Api-Key"],
+        env={**os.environ, KEY_ENV: KEY})
+    await cloud.start()
+    system.clouds.append(cloud)  # stopped with the system
+    return cloud, ca
+
+
+def _route_gateway_pod(system: System, gateway: HAProxyProcess,
+                       extra: tuple[tuple[int, int], ...] = ()) -> None:
+    """The lab's network: the gateway pod's IP, its listener ports, to HAProxy on loopback."""
+    assert system.network is not None
+    layout = gateway.layout
+    publish_routes(directory=system.network, owner="gateway-test", routes=[
+        Route(host=GATEWAY_POD_IP, port=p, to_host="127.0.0.1", to_port=to)
+        for p, to in [(p, p) for p in range(layout.first_port,
+                                             layout.first_port + layout.count)] + list(extra)])
+
+
+def _provider(system: System, tmp_path: Path, cloud: MockCloudProcess,
+              gateway: dict[str, Any]) -> ProviderProcess:
+    assert system.network is not None
+    provider = ProviderProcess(
+        work_dir=tmp_path, kubeconfig=system.kubeconfig, node_name=system.node_name,
+        clouds=[cloud], config_providers=False, client_ca_file=system.client_ca,
+        pods={"probe_address_map": str(system.network)},
+        env={KEY_ENV: KEY},
+        extra={"providers": [{"name": cloud.name, "type": "mock", "url": cloud.url,
+                              "api_key_env": KEY_ENV}],
+               "gateway": {"auth_headers": ["Salad-Api-Key"], "reconcile_seconds": 0.5,
+                           **gateway}})
+    system.provider = provider
+    provider.start()
+    return provider
+
+
+def _layout_settings(gateway: HAProxyProcess) -> dict[str, Any]:
+    layout = gateway.layout
+    return {"first_port": layout.first_port, "port_count": layout.count,
+            "ca_file": str(layout.ca_file), "map_dir": str(layout.map_dir)}
+
+
+async def test_a_hostname_only_replica_serves_through_the_gateway_with_tls_and_the_edge_key(
+        kube: KubeClient, namespace: str, system: System, tmp_path: Path) -> None:
+    assert system.network is not None
+    cloud, ca = await _edge_cloud(system, tmp_path)
+    gateway = HAProxyProcess(work_dir=tmp_path / "gateway", ca_file=ca.cert_path, count=8)
+    await gateway.start()
+    try:
+        layout = gateway.layout
+        _route_gateway_pod(system, gateway)
+        provider = _provider(system, tmp_path, cloud, {
+            "instances": [{"address": GATEWAY_POD_IP, "runtime": str(layout.socket)}],
+            **_layout_settings(gateway)})
+        await node_ready(kube, system.node_name)
+        await service(kube, namespace, "web", "web")
+        await create_pod(kube, namespace, "replica",
+                         pod_spec(system.node_name, container=server()),
+                         labels={"app": "web"})
+
+        # Ready by its readinessProbe, which the provider sends to the edge with the cloud's
+        # key; the Service's slice holds the gateway pod's address and an allocated port.
+        ours = await eventually(
+            lambda: slices(kube, namespace, "web", ours=True),
+            until=lambda items: any(ep["conditions"].get("ready")
+                                    for _, _, ep in _endpoints(items)),
+            timeout=90, what="a ready endpoint for the hostname-only replica")
+        [(address, port, endpoint)] = _endpoints(ours)
+        assert address == GATEWAY_POD_IP
+        assert layout.first_port <= port < layout.first_port + layout.count
+        assert endpoint["targetRef"]["name"] == "replica"
+        [pod] = await list_pods(kube, namespace)
+        ports_note = pod["metadata"]["annotations"]["vkprovider.io/ports"]
+        assert f".{DOMAIN}:443" in ports_note, ports_note  # the cloud published a name only
+        events = (await kube.get(f"/api/v1/namespaces/{namespace}/events",
+                                 params={"fieldSelector": "reason=EndpointNotRoutable"}))
+        assert events["items"] == []
+
+        lab = AddressMap(system.network)
+        instance_id = pod["metadata"]["annotations"]["vkprovider.io/instance-id"]
+        edge_host = f"{instance_id.lower()}-8000.{DOMAIN}"
+
+        # Straight to the edge, verified TLS with its name, but no key: refused at the edge.
+        edge_ip, edge_port = lab.resolve(edge_host, 443)
+        context = ssl.create_default_context(cafile=str(ca.cert_path))
+        async with httpx.AsyncClient(verify=context, trust_env=False, timeout=10) as http:
+            refused = await http.get(f"https://{edge_ip}:{edge_port}/v1/models",
+                                     headers={"Host": edge_host},
+                                     extensions={"sni_hostname": edge_host})
+        assert refused.status_code == 401, refused.text
+
+        # Through the gateway (as kube-proxy would send a Service's traffic): the model server
+        # answers, over TLS the gateway verified, with the key the gateway added.
+        before = (await cloud.admin("GET", "/admin/traffic", headers=AUTH)).get(instance_id, {})
+        to_host, to_port = lab.resolve(address, port)
+        async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
+            answer = await eventually(
+                lambda: http.get(f"http://{to_host}:{to_port}/v1/models"),
+                until=lambda r: r.status_code == 200, timeout=30,
+                what="the gateway serving the replica")
+        body = answer.json()
+        assert (body["pod"], body["namespace"], body["container_port"]) == (
+            "replica", namespace, 8000)
+        assert body["instance"] == instance_id
+        after = (await cloud.admin("GET", "/admin/traffic", headers=AUTH)).get(instance_id, {})
+        assert after.get("traffic", 0) >= before.get("traffic", 0) + 1
+
+        # The key never reaches the provider's log or the gateway's.
+        assert KEY not in provider.log_text()
+        assert KEY not in gateway.log_path.read_text(errors="replace")
+
+        # A restarted gateway (a new pod, empty memory) is re-programmed by the provider.
+        await gateway.restart()
+        async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
+            again = await eventually(
+                lambda: http.get(f"http://{to_host}:{to_port}/v1/models"),
+                until=lambda r: r.status_code == 200, timeout=30,
+                what="the restarted gateway re-programmed")
+        assert again.json()["instance"] == instance_id
+    finally:
+        gateway.stop()
+        (system.network / "gateway-test.json").unlink(missing_ok=True)
+
+
+async def test_gateway_pods_are_found_by_label_programmed_over_mutual_tls_and_left_when_unready(
+        kube: KubeClient, namespace: str, system: System, tmp_path: Path) -> None:
+    """The chart's shape: the provider finds the gateway Deployment's Ready pods by label and
+    programs each through its Runtime API over mutual TLS (HAProxy terminates it); a gateway
+    pod that turns unready is no longer any replica's endpoint, and is again once Ready."""
+    assert system.network is not None
+    cloud, ca = await _edge_cloud(system, tmp_path)
+    (tmp_path / "runtime-pki").mkdir()
+    runtime_ca = CertificateAuthority(directory=tmp_path / "runtime-pki", name="gw-runtime-ca")
+    server_pair = runtime_ca.issue(stem="gateway", common_name="gateway", server=True,
+                                   hosts=("gateway",))
+    client_pair = runtime_ca.issue(stem="provider", common_name="vkprovider", client=True)
+    pem = tmp_path / "runtime-pki" / "gateway.pem"
+    pem.write_bytes(server_pair.cert.read_bytes() + server_pair.key.read_bytes())
+    runtime_port = free_port()
+    gateway = HAProxyProcess(
+        work_dir=tmp_path / "gateway", ca_file=ca.cert_path, count=8,
+        runtime_tls=RuntimeTLS(bind=f"127.0.0.1:{runtime_port}", server_pem=pem,
+                               client_ca=runtime_ca.cert_path))
+    await gateway.start()
+    pod_path = f"/api/v1/namespaces/{namespace}/pods"
+    try:
+        _route_gateway_pod(system, gateway, extra=((9999, runtime_port),))
+        # the gateway pod as the API server knows it (never scheduled: nothing runs it here;
+        # the HAProxy process above plays it), Ready at GATEWAY_POD_IP
+        await kube.create(pod_path, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "gateway-0",
+                         "labels": {"app.kubernetes.io/component": "gateway"}},
+            "spec": {"nodeSelector": {"vkprovider.io/no-such-node": "true"},
+                     "containers": [{"name": "haproxy", "image": "haproxy:2.6"}]}})
+
+        async def gateway_pod_ready(ready: bool) -> None:
+            await kube.request("PATCH", f"{pod_path}/gateway-0/status", body={"status": {
+                "podIP": GATEWAY_POD_IP, "podIPs": [{"ip": GATEWAY_POD_IP}],
+                "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}},
+                content_type="application/strategic-merge-patch+json")
+
+        await gateway_pod_ready(True)
+        _provider(system, tmp_path, cloud, {
+            "pods": {"namespace": namespace,
+                     "selector": "app.kubernetes.io/component=gateway",
+                     "runtime_port": 9999},
+            "runtime_tls": {"cert_file": str(client_pair.cert),
+                            "key_file": str(client_pair.key),
+                            "ca_file": str(runtime_ca.cert_path), "server_name": "gateway"},
+            **_layout_settings(gateway)})
+        await node_ready(kube, system.node_name)
+        await service(kube, namespace, "web", "web")
+        await create_pod(kube, namespace, "replica",
+                         pod_spec(system.node_name, container=server()),
+                         labels={"app": "web"})
+        ours = await eventually(
+            lambda: slices(kube, namespace, "web", ours=True),
+            until=lambda items: any(ep["conditions"].get("ready")
+                                    for _, _, ep in _endpoints(items)),
+            timeout=90, what="a ready endpoint at the discovered gateway pod")
+        [(address, port, _)] = _endpoints(ours)
+        assert address == GATEWAY_POD_IP
+        lab = AddressMap(system.network)
+        to_host, to_port = lab.resolve(address, port)
+        async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
+            answer = await eventually(
+                lambda: http.get(f"http://{to_host}:{to_port}/v1/models"),
+                until=lambda r: r.status_code == 200, timeout=30,
+                what="the discovered gateway serving the replica")
+        assert answer.json()["pod"] == "replica"
+
+        # unready: no gateway pod left to home the replica, so no endpoint points there
+        await gateway_pod_ready(False)
+        await eventually(lambda: slices(kube, namespace, "web", ours=True),
+                         until=lambda items: not _endpoints(items), timeout=30,
+                         what="the endpoint gone with the unready gateway pod")
+        await gateway_pod_ready(True)
+        back = await eventually(lambda: slices(kube, namespace, "web", ours=True),
+                                until=lambda items: bool(_endpoints(items)), timeout=30,
+                                what="the endpoint back with the Ready gateway pod")
+        assert [(a, p) for a, p, _ in _endpoints(back)] == [(GATEWAY_POD_IP, port)]
+    finally:
+        gateway.stop()
+        (system.network / "gateway-test.json").unlink(missing_ok=True)

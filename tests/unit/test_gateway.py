@@ -1,0 +1,585 @@
+"""The gateway's planner (pure) and its Runtime API reconcile against a real HAProxy process.
+
+Why it exists: hostname-only cloud replicas (SaladCloud, RunPod's proxy) are served through a
+stock HAProxy the provider programs at runtime. These tests pin down the stable port plan, and,
+with a real ``haproxy`` on loopback and a real TLS edge whose certificate a test CA signed, that a
+reconcile pass makes HAProxy originate verified TLS with the edge's SNI and ``Host``, adds the
+edge key (and drops a client's own copy), removes what is no longer planned, re-programs a
+restarted HAProxy, and refuses an edge whose certificate does not match.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from vkprovider.gateway.plan import EdgeTarget, Planner, server_name
+from vkprovider.gateway.reconcile import Programmed, reconcile
+from vkprovider.gateway.runtime import GatewayError, RuntimeClient, RuntimeUnavailable
+from vkprovider.testing.haproxy import HAProxyProcess
+from vkprovider.testing.pki import CertificateAuthority
+
+EDGE_NAME = "abc-8000.edge.example.com"
+KEY = "k3y-not-for-logs"
+STREAM_EVENTS = 8  # 8 events 0.4 s apart: a response that takes ~3 s to finish
+
+
+def edge(uid: str, port: int = 8000, *, host: str = EDGE_NAME, dial_port: int = 443,
+         auth: str | None = None) -> EdgeTarget:
+    return EdgeTarget(pod_uid=uid, container_port=port, host=host, port=443,
+                      dial_host="127.0.0.1", dial_port=dial_port, auth_header=auth)
+
+
+# ---- the planner -----------------------------------------------------------------------------
+
+
+def test_plan_allocates_one_port_per_replica_port_and_keeps_it() -> None:
+    planner = Planner(first_port=20000, count=4)
+    routes, exhausted = planner.plan([edge("b"), edge("a"), edge("a", 9000)])
+    assert not exhausted
+    assert {k: r.port for k, r in routes.items()} == {
+        ("a", 8000): 20000, ("a", 9000): 20001, ("b", 8000): 20002}
+    # a new replica and a gone one: the others keep their ports, the gone one is not reused
+    routes, _ = planner.plan([edge("b"), edge("a", 9000), edge("c")])
+    assert {k: r.port for k, r in routes.items()} == {
+        ("a", 9000): 20001, ("b", 8000): 20002, ("c", 8000): 20003}
+    # range full: the freed port comes back, and then none is left
+    routes, exhausted = planner.plan([edge("b"), edge("a", 9000), edge("c"), edge("d"),
+                                      edge("e")])
+    assert routes[("d", 8000)].port == 20000
+    assert [e.key for e in exhausted] == [("e", 8000)]
+    assert "gateway.port_count" in str(exhausted[0])
+
+
+def test_plan_adopts_allocations_of_a_previous_provider() -> None:
+    planner = Planner(first_port=20000, count=8)
+    planner.adopt({("z", 8000): 20005, ("y", 8000): 20002, ("x", 8000): 99})  # 99: not ours
+    routes, _ = planner.plan([edge("z"), edge("y"), edge("x")])
+    assert {k: r.port for k, r in routes.items()} == {
+        ("z", 8000): 20005, ("y", 8000): 20002, ("x", 8000): 20006}
+
+
+def test_server_name_changes_with_what_is_programmed() -> None:
+    a = edge("a")
+    assert server_name(a) == server_name(edge("a"))
+    assert server_name(a) != server_name(edge("a", host="other.example.com"))
+    assert server_name(a) != server_name(edge("a", dial_port=444))
+
+
+# ---- a real HAProxy ----------------------------------------------------------------------------
+
+
+class Edge:
+    """A TLS edge on loopback that answers with what it received (SNI, Host, headers)."""
+
+    def __init__(self, *, cert: Path, key: Path) -> None:
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.context.load_cert_chain(cert, key)
+        self.sni: list[str | None] = []
+        self.context.sni_callback = lambda _s, name, _c: self.sni.append(name)  # type: ignore[assignment,func-returns-value]
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0,
+                                                 ssl=self.context)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode().split("\r\n")
+                headers = {}
+                for line in lines[1:]:
+                    if ":" in line:
+                        name, value = line.split(":", 1)
+                        headers[name.strip().lower()] = value.strip()
+                path = lines[0].split()[1]
+                if path == "/stream":  # SSE, chunked, one event every 0.4 s
+                    await self._stream(writer)
+                    continue
+                if headers.get("upgrade", "").lower() == "websocket":
+                    await self._upgrade(reader, writer)
+                    return
+                body = json.dumps({"path": path, "headers": headers}).encode()
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                             b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+
+    async def _stream(self, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                     b"transfer-encoding: chunked\r\n\r\n")
+        for i in range(STREAM_EVENTS):
+            event = f"data: token {i}\n\n".encode()
+            writer.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.4)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    async def _upgrade(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A WebSocket-style upgrade, then the raw bytes echoed (HAProxy tunnels them as
+        they are: framing is the endpoints' business)."""
+        writer.write(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n"
+                     b"connection: upgrade\r\n"
+                     b"sec-websocket-accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n")  # RFC 6455
+        await writer.drain()
+        while data := await reader.read(4096):
+            writer.write(data)
+            await writer.drain()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+@pytest_asyncio.fixture
+async def lab(tmp_path: Path) -> AsyncIterator[tuple[HAProxyProcess, Edge, CertificateAuthority]]:
+    (tmp_path / "ca").mkdir()
+    ca = CertificateAuthority(directory=tmp_path / "ca", name="edge-test-ca")
+    pair = ca.issue(stem="edge", common_name="*.edge.example.com", server=True,
+                    hosts=("*.edge.example.com",))
+    edge_server = Edge(cert=pair.cert, key=pair.key)
+    await edge_server.start()
+    gateway = HAProxyProcess(work_dir=tmp_path / "gw", ca_file=ca.cert_path, count=4)
+    await gateway.start()
+    try:
+        yield gateway, edge_server, ca
+    finally:
+        gateway.stop()
+        edge_server.close()
+
+
+async def get(url: str, **kwargs: Any) -> httpx.Response:
+    async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
+        return await http.get(url, **kwargs)
+
+
+async def test_reconcile_programs_verified_tls_host_and_key(
+        lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
+    gateway, edge_server, _ = lab
+    planner = Planner(first_port=gateway.layout.first_port, count=gateway.layout.count)
+    routes, _ = planner.plan([edge("pod-a", dial_port=edge_server.port, auth="Salad-Api-Key")])
+    route = routes[("pod-a", 8000)]
+    result = await reconcile(client=gateway.client, layout=gateway.layout,
+                             desired=[Programmed(route=route, api_key=KEY)])
+    assert result.added == 1
+    answer = await get(gateway.url(route.port) + "/v1/models",
+                       headers={"Salad-Api-Key": "client-supplied", "Host": "evil.example"})
+    assert answer.status_code == 200, answer.text
+    seen = answer.json()
+    assert seen["path"] == "/v1/models"
+    assert seen["headers"]["host"] == EDGE_NAME
+    assert seen["headers"]["salad-api-key"] == KEY  # the gateway's, not the client's
+    assert edge_server.sni[-1] == EDGE_NAME
+    assert KEY not in answer.text.replace(KEY, "", 1)  # once: the edge echoes what it got
+    # a second pass over an up-to-date gateway changes nothing
+    again = await reconcile(client=gateway.client, layout=gateway.layout,
+                            desired=[Programmed(route=route, api_key=KEY)])
+    assert not again.changed
+    assert KEY not in gateway.log_path.read_text(errors="replace")
+
+
+async def test_reconcile_removes_unplanned_and_reprograms_a_restarted_haproxy(
+        lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
+    gateway, edge_server, _ = lab
+    planner = Planner(first_port=gateway.layout.first_port, count=gateway.layout.count)
+    routes, _ = planner.plan([edge("pod-a", dial_port=edge_server.port),
+                              edge("pod-b", dial_port=edge_server.port)])
+    desired = [Programmed(route=r) for r in routes.values()]
+    await reconcile(client=gateway.client, layout=gateway.layout, desired=desired)
+    a, b = routes[("pod-a", 8000)], routes[("pod-b", 8000)]
+    assert (await get(gateway.url(b.port))).status_code == 200
+    # pod-b goes: its listener stops serving (no server: HAProxy answers 503)
+    result = await reconcile(client=gateway.client, layout=gateway.layout,
+                             desired=[Programmed(route=a)])
+    assert result.deleted == 1
+    assert (await get(gateway.url(b.port))).status_code == 503
+    assert not (await gateway.client.show_map(gateway.layout.hosts_map)).get(b.backend)
+    # the gateway restarts with empty memory; one pass serves pod-a again
+    await gateway.restart()
+    assert (await get(gateway.url(a.port))).status_code == 503
+    result = await reconcile(client=gateway.client, layout=gateway.layout,
+                             desired=[Programmed(route=a)])
+    assert result.added == 1
+    answer = await get(gateway.url(a.port))
+    assert answer.status_code == 200
+    assert answer.json()["headers"]["host"] == EDGE_NAME
+    routes_map = await gateway.client.show_map(gateway.layout.routes_map)
+    assert routes_map == {a.backend: "pod-a/8000"}
+
+
+async def test_edge_with_a_certificate_for_another_name_is_refused(
+        lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
+    gateway, edge_server, _ = lab
+    planner = Planner(first_port=gateway.layout.first_port, count=gateway.layout.count)
+    routes, _ = planner.plan([edge("pod-a", host="abc.elsewhere.example.org",
+                                   dial_port=edge_server.port)])
+    route = routes[("pod-a", 8000)]
+    await reconcile(client=gateway.client, layout=gateway.layout,
+                    desired=[Programmed(route=route)])
+    assert (await get(gateway.url(route.port))).status_code == 503  # TLS verify failed
+
+
+async def test_runtime_client_errors_are_ours_and_never_carry_the_key(tmp_path: Path,
+        lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
+    gateway, _, _ = lab
+    with pytest.raises(RuntimeUnavailable):
+        await RuntimeClient(address=str(tmp_path / "nothing.sock")).info()
+    with pytest.raises(GatewayError) as err:
+        await gateway.client.set_map(gateway.layout.keys_map("Salad-Api-Key"), "gw1",
+                                     "secret value; show info", secret=True)
+    assert "secret" not in str(err.value).replace("(a secret value)", "")
+
+
+# ---- EndpointSlices through the gateway (pure: the router answers without I/O) ----------------
+
+
+def _router(mode: str = "auto", *, instances: int = 1) -> Any:
+    from vkprovider.gateway.controller import GatewayController, GatewayInstance
+    from vkprovider.gateway.haproxycfg import GatewayLayout
+
+    async def dial(host: str, port: int) -> tuple[str, int]:
+        return host, port
+
+    layout = GatewayLayout(bind_host="0.0.0.0", first_port=20000, count=16,
+                           socket=Path("/nonexistent/rt.sock"), ca_file=Path("/nonexistent/ca"),
+                           map_dir=Path("/nonexistent/maps"))
+    return GatewayController(
+        layout=layout, dial=dial, traffic_of=lambda _uid: mode,  # type: ignore[arg-type,return-value]
+        instances=[GatewayInstance(address=f"10.0.9.{i + 1}",
+                                   client=RuntimeClient(address="/nonexistent/rt.sock"))
+                   for i in range(instances)])
+
+
+def _hostname_pod(uid: str = "p1") -> Any:
+    from vkprovider.node.endpointslices import EndpointTarget, PodRecord
+    return PodRecord(namespace="ns", name=f"pod-{uid}", uid=uid, labels=(("app", "web"),),
+                     container_ports=(("main", "http", 8080, "TCP"),),
+                     endpoints=(EndpointTarget(container_port=8080, protocol="TCP",
+                                               host=f"{uid}-8080.edge.example.com", port=443,
+                                               kind="hostname", ready=True, serving=True,
+                                               terminating=False, provider="salad",
+                                               edge_auth="Salad-Api-Key"),))
+
+
+SERVICE = {"metadata": {"name": "web", "namespace": "ns", "uid": "svc"},
+           "spec": {"selector": {"app": "web"},
+                    "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}}
+
+
+@pytest.mark.parametrize("mode", ["auto", "gateway"])
+def test_a_hostname_only_replica_is_the_gateway_pods_address_and_port(mode: str) -> None:
+    from vkprovider.node.endpointslices import build_slices
+    router = _router(mode)
+    slices, unroutable = build_slices(service=SERVICE, node="vk", pods=[_hostname_pod()],
+                                      gateway=router)
+    assert unroutable == []
+    (body,) = slices.values()
+    assert body["addressType"] == "IPv4"
+    assert body["ports"] == [{"name": "http", "protocol": "TCP", "port": 20000}]
+    (endpoint,) = body["endpoints"]
+    assert endpoint["addresses"] == ["10.0.9.1"]
+    assert endpoint["conditions"] == {"ready": True, "serving": True, "terminating": False}
+    assert endpoint["targetRef"]["uid"] == "p1"
+    route = router._routes[("p1", 8080)]
+    assert (route.edge.host, route.edge.port, route.edge.auth_header) == (
+        "p1-8080.edge.example.com", 443, "Salad-Api-Key")
+
+
+def test_traffic_direct_keeps_the_not_routable_warning() -> None:
+    from vkprovider.node.endpointslices import build_slices
+    slices, unroutable = build_slices(service=SERVICE, node="vk", pods=[_hostname_pod()],
+                                      gateway=_router("direct"))
+    assert slices == {}
+    assert [(u.why, u.host) for u in unroutable] == [("hostname", "p1-8080.edge.example.com")]
+
+
+def test_replicas_are_rehomed_when_their_gateway_pod_is_unhealthy() -> None:
+    router = _router(instances=2)
+    pods = [_hostname_pod(f"p{i}") for i in range(8)]
+    homes = {p.uid: router.route(pod_uid=p.uid, target=p.endpoints[0])[0] for p in pods}
+    assert set(homes.values()) == {"10.0.9.1", "10.0.9.2"}  # spread over both
+    router.instances[0].healthy = False
+    for p in pods:
+        assert router.route(pod_uid=p.uid, target=p.endpoints[0])[0] == "10.0.9.2"
+    router.instances[1].healthy = False
+    assert router.route(pod_uid="p0", target=pods[0].endpoints[0]) is None
+    router.instances[1].healthy = True
+    router.instances[0].healthy = True
+    assert {p.uid: router.route(pod_uid=p.uid, target=p.endpoints[0])[0] for p in pods} == homes
+
+
+class _Told:
+    """An EndpointTarget-like edge request, as the EndpointSlice controller passes one."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.container_port, self.host, self.port = 8000, host, port
+        self.provider, self.edge_auth = "cloud", None
+
+
+async def test_a_restarted_provider_keeps_the_live_gateway_and_its_ports(
+        lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
+    from vkprovider.gateway.controller import GatewayController, GatewayInstance
+
+    gateway, edge_server, _ = lab
+
+    async def dial(host: str, port: int) -> tuple[str, int]:
+        return "127.0.0.1", edge_server.port  # the lab's address map, in one line
+
+    def controller() -> GatewayController:
+        return GatewayController(layout=gateway.layout, dial=dial, instances=[
+            GatewayInstance(address="10.0.9.1", client=gateway.client)])
+
+    first = controller()
+    first.mark_synced()
+    ports = {uid: first.route(pod_uid=uid, target=_Told(EDGE_NAME, 443)) for uid in ("a", "b")}
+    await first.reconcile_once()
+    assert (await get(gateway.url(ports["b"][1]))).status_code == 200
+
+    second = controller()  # a new provider process: nothing told yet, not synced
+    await second.reconcile_once()
+    assert (await get(gateway.url(ports["b"][1]))).status_code == 200, "nothing removed"
+    # told in another order, each replica gets the port the live gateway serves it on
+    assert second.route(pod_uid="b", target=_Told(EDGE_NAME, 443)) == ports["b"]
+    assert second.route(pod_uid="a", target=_Told(EDGE_NAME, 443)) == ports["a"]
+    second.mark_synced()
+    second.forget("a")
+    await second.reconcile_once()
+    assert (await get(gateway.url(ports["a"][1]))).status_code == 503  # pruned once synced
+    assert (await get(gateway.url(ports["b"][1]))).status_code == 200
+
+
+async def test_an_unreachable_gateway_pod_is_unhealthy_counted_and_its_replicas_rehomed(
+        tmp_path: Path, lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
+    from vkprovider.gateway.controller import GatewayController, GatewayInstance
+    from vkprovider.metrics import Metrics
+
+    gateway, edge_server, _ = lab
+    metrics = Metrics()
+
+    async def dial(host: str, port: int) -> tuple[str, int]:
+        return "127.0.0.1", edge_server.port
+
+    ctl = GatewayController(layout=gateway.layout, dial=dial, metrics=metrics, instances=[
+        GatewayInstance(address="10.0.9.1", client=gateway.client),
+        GatewayInstance(address="10.0.9.2",
+                        client=RuntimeClient(address=str(tmp_path / "gone.sock")))])
+    changes: list[int] = []
+    ctl.on_change = lambda: changes.append(1)
+    ctl.mark_synced()
+    homes = {uid: ctl.route(pod_uid=uid, target=_Told(EDGE_NAME, 443))
+             for uid in ("a", "b", "e", "f")}  # the lab gateway has 4 ports
+    assert {h[0] for h in homes.values() if h} == {"10.0.9.1", "10.0.9.2"}
+    await ctl.reconcile_once()
+    assert changes == [1]  # the slices are told to re-home
+    for uid in homes:
+        address, port = ctl.route(pod_uid=uid, target=_Told(EDGE_NAME, 443))
+        assert address == "10.0.9.1"
+        assert (await get(gateway.url(port))).status_code == 200  # all programmed there
+    value = metrics.registry.get_sample_value
+    assert value("vkprovider_gateway_pods_healthy") == 1
+    assert value("vkprovider_gateway_routes") == 4
+    assert value("vkprovider_gateway_passes_total", {"result": "error"}) == 1
+    assert value("vkprovider_gateway_passes_total", {"result": "ok"}) == 1
+
+
+async def test_the_runtime_api_over_the_network_wants_the_providers_client_certificate(
+        tmp_path: Path) -> None:
+    import socket
+    import ssl as ssl_
+
+    from vkprovider.gateway.haproxycfg import RuntimeTLS
+
+    (tmp_path / "pki").mkdir()
+    ca = CertificateAuthority(directory=tmp_path / "pki", name="gateway-runtime-ca")
+    server = ca.issue(stem="gateway", common_name="gateway", server=True, hosts=("gateway",))
+    client = ca.issue(stem="provider", common_name="vkprovider", client=True)
+    pem = tmp_path / "pki" / "gateway.pem"
+    pem.write_bytes(server.cert.read_bytes() + server.key.read_bytes())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    gateway = HAProxyProcess(work_dir=tmp_path / "gw", ca_file=ca.cert_path, runtime_tls=RuntimeTLS(
+        bind=f"127.0.0.1:{port}", server_pem=pem, client_ca=ca.cert_path))
+    await gateway.start()
+    try:
+        trusted = ssl_.create_default_context(cafile=str(ca.cert_path))
+        with_cert = ssl_.create_default_context(cafile=str(ca.cert_path))
+        with_cert.load_cert_chain(client.cert, client.key)
+        ok = RuntimeClient(address=f"tls://127.0.0.1:{port}", tls=with_cert,
+                           server_name="gateway")
+        assert (await ok.info())["Name"] == "HAProxy"
+        assert {s.backend for s in await ok.servers()} == {"ca-store", "runtime-api"}
+        with pytest.raises(RuntimeUnavailable):  # no client certificate: refused
+            await RuntimeClient(address=f"tls://127.0.0.1:{port}", tls=trusted,
+                                server_name="gateway").info()
+        with pytest.raises(GatewayError):
+            RuntimeClient(address=f"tls://127.0.0.1:{port}")
+    finally:
+        gateway.stop()
+
+
+def test_gateway_settings_name_the_field_at_fault() -> None:
+    from vkprovider.config import load_settings
+    from vkprovider.errors import ConfigError
+
+    ok = load_settings(None, gateway={"instances": [{"address": "10.0.0.9",
+                                                     "runtime": "/run/haproxy.sock"}]})
+    assert ok.gateway.enabled and ok.gateway.first_port == 20000
+    assert not load_settings(None).gateway.enabled
+    with pytest.raises(ConfigError, match=r"gateway.*runtime_tls"):
+        load_settings(None, gateway={"instances": [{"address": "10.0.0.9",
+                                                    "runtime": "tls://10.0.0.9:9999"}]})
+    with pytest.raises(ConfigError, match=r"gateway\.port_count"):
+        load_settings(None, gateway={"port_count": 0})
+
+
+def test_gateway_config_prints_a_configuration_haproxy_accepts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import subprocess
+
+    import yaml
+
+    from vkprovider.cli import main
+
+    (tmp_path / "pki").mkdir()
+    ca = CertificateAuthority(directory=tmp_path / "pki", name="gw-config-ca")
+    server = ca.issue(stem="gateway", common_name="gateway", server=True, hosts=("gateway",))
+    pem = tmp_path / "pki" / "gateway.pem"
+    pem.write_bytes(server.cert.read_bytes() + server.key.read_bytes())
+    maps = tmp_path / "maps"
+    settings = tmp_path / "settings.yaml"
+    settings.write_text(yaml.safe_dump({"gateway": {
+        "first_port": 30000, "port_count": 3, "ca_file": str(ca.cert_path),
+        "map_dir": str(maps), "auth_headers": ["Salad-Api-Key", "X-Edge-Key"]}}))
+    assert main(["gateway-config", "--config", str(settings), "--bind", "127.0.0.1",
+                 "--socket", str(tmp_path / "rt.sock"), "--runtime-bind", "127.0.0.1:29999",
+                 "--runtime-pem", str(pem), "--runtime-client-ca", str(ca.cert_path)]) == 0
+    text = capsys.readouterr().out
+    assert [line.split()[1] for line in text.splitlines() if line.startswith("listen gw")] == [
+        "gw30000", "gw30001", "gw30002"]
+    assert "http-request del-header X-Edge-Key" in text
+    assert "verify required" in text.split("listen runtime-api")[1]
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(text)
+    maps.mkdir()
+    for name in ("hosts.map", "routes.map", "keys-salad-api-key.map", "keys-x-edge-key.map"):
+        (maps / name).touch()
+    check = subprocess.run(["haproxy", "-c", "-f", str(config)], capture_output=True, text=True,
+                           check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+async def test_streamed_responses_and_upgraded_connections_pass_through(
+        lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
+    gateway, edge_server, _ = lab
+    planner = Planner(first_port=gateway.layout.first_port, count=gateway.layout.count)
+    routes, _ = planner.plan([edge("pod-a", dial_port=edge_server.port)])
+    route = routes[("pod-a", 8000)]
+    await reconcile(client=gateway.client, layout=gateway.layout,
+                    desired=[Programmed(route=route)])
+    # SSE over chunked encoding: every event arrives, each as it is sent (not buffered whole)
+    arrivals: list[float] = []
+    async with httpx.AsyncClient(trust_env=False, timeout=10) as http, \
+            http.stream("GET", gateway.url(route.port) + "/stream") as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "text/event-stream"
+        events = []
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                events.append(line)
+                arrivals.append(asyncio.get_running_loop().time())
+    assert events == [f"data: token {i}" for i in range(STREAM_EVENTS)]
+    assert arrivals[-1] > arrivals[0], "streamed as sent, not delivered in one piece"
+    # an upgraded connection (WebSocket) is tunnelled both ways
+    reader, writer = await asyncio.open_connection("127.0.0.1", route.port)
+    writer.write(b"GET /ws HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\n"
+                 b"connection: upgrade\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                 b"sec-websocket-version: 13\r\n\r\n")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    for payload in (b"\x81\x05hello", b"\x81\x05again"):
+        writer.write(payload)
+        await writer.drain()
+        assert await asyncio.wait_for(reader.readexactly(len(payload)), 10) == payload
+    writer.close()
+
+
+def test_only_ready_gateway_pods_with_an_ip_and_not_deleting_are_homes() -> None:
+    from vkprovider.gateway.discovery import ready_addresses
+
+    def pod(ip: str | None, ready: str = "True", deleting: bool = False) -> dict[str, Any]:
+        return {"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"} if deleting else {},
+                "status": {**({"podIP": ip} if ip else {}),
+                           "conditions": [{"type": "Ready", "status": ready}]}}
+
+    assert ready_addresses([pod("10.0.0.2"), pod("10.0.0.1"), pod(None),
+                            pod("10.0.0.3", ready="False"),
+                            pod("10.0.0.4", deleting=True)]) == ["10.0.0.1", "10.0.0.2"]
+
+
+def test_discovered_gateway_pods_are_homes_only_once_programmed() -> None:
+    from vkprovider.gateway.controller import GatewayInstance
+
+    router = _router(instances=1)
+    told = _hostname_pod().endpoints[0]
+    changes: list[int] = []
+    router.on_change = lambda: changes.append(1)
+    assert router.route(pod_uid="p1", target=told)[0] == "10.0.9.1"
+    router.set_instances([GatewayInstance(address="10.0.9.7",
+                                          client=RuntimeClient(address="/nonexistent"))])
+    assert changes == [1]
+    assert router.route(pod_uid="p1", target=told) is None  # not programmed yet
+    router.instances[0].healthy = True  # what a successful pass does
+    assert router.route(pod_uid="p1", target=told)[0] == "10.0.9.7"
+
+
+async def test_the_gateway_serves_healthz_and_prometheus_metrics_for_its_pod(
+        tmp_path: Path) -> None:
+    import socket
+
+    (tmp_path / "ca").mkdir()
+    ca = CertificateAuthority(directory=tmp_path / "ca", name="health-ca")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    gateway = HAProxyProcess(work_dir=tmp_path / "gw", ca_file=ca.cert_path,
+                             health_bind=f"127.0.0.1:{port}")
+    await gateway.start()
+    try:
+        assert (await get(f"http://127.0.0.1:{port}/healthz")).text == "ok"
+        metrics = await get(f"http://127.0.0.1:{port}/metrics")
+        assert metrics.status_code == 200
+        assert "haproxy_process_start_time_seconds" in metrics.text
+        assert f'proxy="gw{gateway.layout.first_port}"' in metrics.text  # per listener
+        assert (await get(f"http://127.0.0.1:{port}/other")).status_code == 404
+    finally:
+        gateway.stop()
+
+
+def test_a_hostname_the_address_filter_refuses_is_never_given_a_gateway_route() -> None:
+    import dataclasses
+
+    from vkprovider.node.endpointslices import build_slices
+
+    router = _router()
+    pod = _hostname_pod()
+    inside = dataclasses.replace(pod, endpoints=(dataclasses.replace(
+        pod.endpoints[0], host="api.default.svc.cluster.local"),))
+    slices, unroutable = build_slices(service=SERVICE, node="vk", pods=[inside], gateway=router)
+    assert slices == {} and [u.host for u in unroutable] == ["api.default.svc.cluster.local"]
+    assert router._routes == {}  # no port allocated, nothing for HAProxy to dial

@@ -1,0 +1,142 @@
+"""The mock cloud's hostname-only mode (providers/mock/edge.py): an HTTPS edge per port, by name.
+
+Why it exists: the traffic gateway is tested against this mode, so it must behave as SaladCloud's
+access domain or RunPod's proxy does: the adapter sees only a hostname on 443 (no IP mapping),
+the edge's certificate verifies for that name against the test CA, and with edge auth a request
+without the cloud's key is refused (401) before the container counts it. Real sockets on
+loopback, reached through the address map.
+"""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from providers.base import InstanceSpec, Port
+from providers.mock.edge import EdgeSettings
+from vkprovider.probing.dialing import AddressMap
+from vkprovider.testing.mockcloud import start_mock_cloud
+from vkprovider.testing.pki import CertificateAuthority
+from vkprovider.testing.waiting import eventually
+
+KEY = "mock-edge-unit-key"
+
+
+async def test_an_instance_is_published_only_as_an_https_edge_that_wants_the_key(
+        tmp_path: Path) -> None:
+    (tmp_path / "ca").mkdir()
+    ca = CertificateAuthority(directory=tmp_path / "ca", name="unit-edge-ca")
+    pair = ca.issue(stem="edge", common_name="*.edge.unit.test", server=True,
+                    hosts=("*.edge.unit.test",))
+    edge = EdgeSettings(domain="edge.unit.test", cert_file=pair.cert, key_file=pair.key,
+                        auth_header="Salad-Api-Key", api_key=KEY)
+    async with start_mock_cloud(boot_delay=0.0, api_key=KEY, edge=edge, name="e1",
+                                address_map_dir=tmp_path / "map") as cloud:
+        provider = cloud.provider(api_key=KEY)
+        created = await provider.create(InstanceSpec(
+            name="vk-e", image="vllm/vllm-openai", gpu_count=1, gpu_type="L4",
+            ports=(Port(container_port=8000),)))
+        inst = await eventually(lambda: provider.get(created.id),
+                                until=lambda i: bool(i.published), timeout=10,
+                                what="the instance published")
+        [published] = inst.published
+        host = f"{created.id.lower()}-8000.edge.unit.test"
+        assert (published.host, published.port, published.kind, published.scheme,
+                published.edge_auth) == (host, 443, "hostname", "https", "Salad-Api-Key")
+
+        lab = AddressMap(tmp_path / "map")
+        to_host, to_port = await eventually(
+            lambda: _resolve(lab, host), until=lambda r: r is not None, timeout=10,
+            what="the edge's route in the address map")
+        context = ssl.create_default_context(cafile=str(ca.cert_path))
+        async with httpx.AsyncClient(verify=context, trust_env=False, timeout=5) as http:
+            async def ask(**headers: str) -> httpx.Response:
+                return await http.get(f"https://{to_host}:{to_port}/v1/models",
+                                      headers={"Host": host, **headers},
+                                      extensions={"sni_hostname": host})
+            assert (await ask()).status_code == 401
+            assert (await ask(**{"Salad-Api-Key": "wrong"})).status_code == 401
+            answer = await ask(**{"Salad-Api-Key": KEY})
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["instance"] == created.id
+        async with httpx.AsyncClient(base_url=cloud.url, trust_env=False) as admin:
+            traffic = (await admin.get("/admin/traffic",
+                                       headers={"Authorization": f"Bearer {KEY}"})).json()
+        assert traffic[created.id]["traffic"] == 1, "the 401s never reached the container"
+        # a name the certificate does not carry fails verification (a fresh connection)
+        async with httpx.AsyncClient(verify=context, trust_env=False, timeout=5) as http:
+            with pytest.raises(httpx.ConnectError):
+                await http.get(f"https://{to_host}:{to_port}/v1/models",
+                               extensions={"sni_hostname": "other.example.org"})
+
+
+async def _resolve(lab: AddressMap, host: str) -> tuple[str, int] | None:
+    try:
+        return lab.resolve(host, 443)
+    except Exception:
+        return None
+
+
+def test_edge_settings_refuse_bad_input() -> None:
+    with pytest.raises(ValueError, match="domain"):
+        EdgeSettings(domain="not a domain", cert_file=Path("c"), key_file=Path("k"))
+    with pytest.raises(ValueError, match="API key"):
+        EdgeSettings(domain="edge.test", cert_file=Path("c"), key_file=Path("k"),
+                     auth_header="Salad-Api-Key")
+    assert KEY not in repr(EdgeSettings(domain="edge.test", cert_file=Path("c"),
+                                        key_file=Path("k"), auth_header="X-Key", api_key=KEY))
+
+
+async def test_probes_of_an_authenticated_edge_carry_the_clouds_key(tmp_path: Path) -> None:
+    import time
+
+    from vkprovider.probing.prober import Prober
+    from vkprovider.probing.spec import ContainerProbes, Probe
+
+    (tmp_path / "ca").mkdir()
+    ca = CertificateAuthority(directory=tmp_path / "ca", name="unit-edge-ca")
+    pair = ca.issue(stem="edge", common_name="*.edge.unit.test", server=True,
+                    hosts=("*.edge.unit.test",))
+    edge = EdgeSettings(domain="edge.unit.test", cert_file=pair.cert, key_file=pair.key,
+                        auth_header="Salad-Api-Key", api_key=KEY)
+    async with start_mock_cloud(boot_delay=0.0, api_key=KEY, edge=edge, name="e2",
+                                address_map_dir=tmp_path / "map") as cloud:
+        provider = cloud.provider(api_key=KEY)
+        created = await provider.create(InstanceSpec(
+            name="vk-p", image="vllm/vllm-openai", gpu_count=1, gpu_type="L4",
+            ports=(Port(container_port=8000),)))
+        host = f"{created.id.lower()}-8000.edge.unit.test"
+        lab = AddressMap(tmp_path / "map")
+        await eventually(lambda: _resolve(lab, host), until=lambda r: r is not None,
+                         timeout=10, what="the edge's route")
+        prober = Prober(dialer=lab, edge_key=lambda name: KEY if name == "e2" else None)
+        probe = Probe(action="http", port=8000, path="/ready", period=0.05,  # type: ignore[arg-type]
+                      timeout=2.0, failure_threshold=1)
+        containers = [ContainerProbes(name="c", readiness=probe)]
+        prober.track("with-key", containers=containers, running_since=time.monotonic(),
+                     target=lambda _p: (host, 443, "https", ("Salad-Api-Key", "e2")))
+        prober.track("no-key", containers=containers, running_since=time.monotonic(),
+                     target=lambda _p: (host, 443, "https", None))
+        try:
+            await eventually(lambda: _ready(prober, "with-key"), until=bool, timeout=10,
+                             what="the probe with the key passing")
+            await eventually(lambda: _message(prober, "no-key"), until=lambda m: "401" in m,
+                             timeout=10, what="the probe without the key refused")
+            assert not await _ready(prober, "no-key")
+            assert KEY not in await _message(prober, "no-key")
+        finally:
+            await prober.aclose()
+
+
+async def _ready(prober: Any, key: str) -> bool:
+    state = prober.state(key)
+    return bool(state and state[0].ready)
+
+
+async def _message(prober: Any, key: str) -> str:
+    state = prober.state(key)
+    return str((state[0].message if state else None) or "")

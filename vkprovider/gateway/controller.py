@@ -1,0 +1,250 @@
+"""The provider's side of the gateway: routes for EndpointSlices, and HAProxy kept programmed.
+
+Why it exists: the EndpointSlice controller asks, for each hostname-only replica port a Service
+selects, where the gateway serves it (:meth:`GatewayController.route`); the answer is one gateway
+pod's address (the same pod for a replica while it is healthy, re-homed when it is not) and the
+port the planner allocated. A background loop (:meth:`GatewayController.run`) resolves each edge
+to the address HAProxy dials (a lab's address map, or DNS screened by the address filter, so a
+cloud cannot point the gateway inside the cluster) and reconciles every gateway pod to the plan:
+the provider's state is the source of truth, and a restarted gateway is re-programmed on the next
+pass (``gateway.reconcile_seconds``). Edge API keys come from ``edge_key`` (the provider's own
+key for its cloud) and are handed to HAProxy only, never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from prometheus_client import Counter, Gauge
+
+from vkprovider.gateway.haproxycfg import GatewayLayout
+from vkprovider.gateway.plan import EdgeTarget, GatewayRoute, Planner, RouteKey
+from vkprovider.gateway.reconcile import Programmed, reconcile
+from vkprovider.gateway.runtime import GatewayError, RuntimeClient
+from vkprovider.logs import kv
+
+__all__ = ["EdgeRequest", "GatewayController", "GatewayInstance", "TrafficMode"]
+
+log = logging.getLogger(__name__)
+
+TrafficMode = Literal["direct", "gateway", "auto"]
+#: Resolves an edge ``host:port`` to the ``(host, port)`` HAProxy dials; raises to skip it.
+DialResolver = Callable[[str, int], Awaitable[tuple[str, int]]]
+
+
+class GatewayMetrics(Protocol):
+    """The gateway's metrics (vkprovider/metrics.py)."""
+
+    @property
+    def gateway_routes(self) -> Gauge: ...
+    @property
+    def gateway_pods_healthy(self) -> Gauge: ...
+    @property
+    def gateway_passes(self) -> Counter: ...
+    @property
+    def gateway_ports_exhausted(self) -> Gauge: ...
+
+
+class EdgeRequest(Protocol):
+    """What the EndpointSlice controller knows of a hostname-only published port."""
+
+    @property
+    def container_port(self) -> int: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def provider(self) -> str: ...
+    @property
+    def edge_auth(self) -> str | None: ...
+
+
+@dataclass(kw_only=True)
+class GatewayInstance:
+    """One gateway pod: its address (for EndpointSlices) and its Runtime API."""
+
+    address: str
+    client: RuntimeClient
+    healthy: bool = True
+    last_error: str | None = field(default=None, repr=False)
+
+
+class GatewayController:
+    def __init__(self, *, layout: GatewayLayout, instances: Sequence[GatewayInstance],
+                 dial: DialResolver,
+                 traffic_of: Callable[[str], TrafficMode] = lambda _uid: "auto",
+                 edge_key: Callable[[str], str | None] = lambda _provider: None,
+                 interval: float = 1.0, metrics: GatewayMetrics | None = None) -> None:
+        self.layout = layout
+        self.instances = list(instances)
+        self.dial = dial
+        self.traffic_of = traffic_of
+        self.edge_key = edge_key
+        self.interval = interval
+        self.metrics = metrics
+        self.planner = Planner(first_port=layout.first_port, count=layout.count)
+        self.on_change: Callable[[], None] = lambda: None  # re-homing: slices must be rewritten
+        # discovery (gateway/discovery.py) calls this with the Ready gateway pods' IPs
+        self.discovered: Callable[[list[str]], None] = lambda _addresses: None
+        self._edges: dict[RouteKey, EdgeTarget] = {}
+        self._providers: dict[RouteKey, str] = {}
+        self._routes: dict[RouteKey, GatewayRoute] = {}
+        self._dirty = asyncio.Event()
+        self._adopted = False
+        self.passes = 0
+        # Set once the EndpointSlice controller has asked for every route it needs after a
+        # start: until then a pass adds and fixes but removes nothing, so a restarted provider
+        # does not empty a gateway that serves replicas it has not been told of yet.
+        self.synced = asyncio.Event()
+
+    # ---- what the EndpointSlice controller calls (synchronous, cheap) ------------------------
+
+    def route(self, *, pod_uid: str, target: EdgeRequest) -> tuple[str, int] | None:
+        """The gateway ``(address, port)`` serving this hostname-only replica port, or None
+        (``traffic: direct``, no port left, or no healthy gateway pod)."""
+        if self.traffic_of(pod_uid) == "direct":
+            return None
+        key = (pod_uid, target.container_port)
+        edge = EdgeTarget(pod_uid=pod_uid, container_port=target.container_port,
+                          host=target.host, port=target.port, dial_host=target.host,
+                          dial_port=target.port, auth_header=target.edge_auth)
+        if self._edges.get(key) != edge:
+            self._edges[key] = edge
+            self._providers[key] = target.provider
+            self._replan()
+        route = self._routes.get(key)
+        instance = self._home(pod_uid)
+        if route is None or instance is None:
+            return None
+        return instance.address, route.port
+
+    def forget(self, pod_uid: str) -> None:
+        """The pod is gone: its routes go at the next pass."""
+        keys = [k for k in self._edges if k[0] == pod_uid]
+        for key in keys:
+            del self._edges[key]
+            self._providers.pop(key, None)
+        if keys:
+            self._replan()
+
+    def _replan(self) -> None:
+        routes, exhausted = self.planner.plan(self._edges.values(),
+                                              release=self.synced.is_set())
+        for problem in exhausted:
+            log.warning("gateway route not allocated", extra=kv(pod=problem.key[0],
+                                                               port=problem.key[1],
+                                                               error=str(problem)))
+        self._routes = routes
+        self._dirty.set()
+        if self.metrics is not None:
+            self.metrics.gateway_routes.set(len(routes))
+            self.metrics.gateway_ports_exhausted.set(len(exhausted))
+
+    def set_instances(self, instances: Sequence[GatewayInstance]) -> None:
+        """The gateway pods now (discovery): an address kept keeps its instance (and health);
+        a new one is programmed by the next pass; replicas of a gone one are re-homed."""
+        by_address = {i.address: i for i in self.instances}
+        new = []
+        for i in instances:
+            if i.address not in by_address:
+                i.healthy = False  # a home for replicas once a pass has programmed it
+            new.append(by_address.get(i.address, i))
+        if [i.address for i in new] == [i.address for i in self.instances]:
+            return
+        self.instances = new
+        self._dirty.set()
+        self.on_change()
+
+    def mark_synced(self) -> None:
+        """Every route needed has been asked for: what was not may be removed from now on."""
+        self.synced.set()
+        self._replan()
+
+    def _home(self, pod_uid: str) -> GatewayInstance | None:
+        """One gateway pod per replica: a stable pick among the healthy ones (rendezvous
+        hashing, so a gateway pod that goes unhealthy moves only its own replicas)."""
+        healthy = [i for i in self.instances if i.healthy]
+        if not healthy:
+            return None
+        return max(healthy, key=lambda i: hashlib.sha256(
+            f"{pod_uid}\0{i.address}".encode()).digest())
+
+    # ---- programming the gateways -------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Reconcile every gateway pod now, on each plan change and every ``interval``."""
+        while True:
+            self._dirty.clear()
+            await self.reconcile_once()
+            try:
+                async with asyncio.timeout(self.interval):
+                    await self._dirty.wait()
+            except TimeoutError:
+                pass
+
+    async def reconcile_once(self) -> None:
+        if not self._adopted:
+            await self._adopt()
+        desired = await self._desired()
+        changed = False
+        for instance in self.instances:
+            try:
+                await reconcile(client=instance.client, layout=self.layout, desired=desired,
+                                prune=self.synced.is_set())
+                ok, error = True, None
+            except GatewayError as exc:
+                ok, error = False, str(exc)
+            if ok != instance.healthy:
+                changed = True
+                log.log(logging.INFO if ok else logging.WARNING,
+                        "gateway pod healthy" if ok else "gateway pod unreachable; re-homing",
+                        extra=kv(gateway=instance.address, error=error))
+            instance.healthy, instance.last_error = ok, error
+            if self.metrics is not None:
+                self.metrics.gateway_passes.labels("ok" if ok else "error").inc()
+        self.passes += 1
+        if self.metrics is not None:
+            self.metrics.gateway_pods_healthy.set(sum(i.healthy for i in self.instances))
+        if changed:
+            self.on_change()
+
+    async def _adopt(self) -> None:
+        """A restarted provider keeps the ports a live gateway serves (its routes map)."""
+        for instance in self.instances:
+            try:
+                live = await instance.client.show_map(self.layout.routes_map)
+            except GatewayError:
+                continue
+            found: dict[RouteKey, int] = {}
+            for backend, value in live.items():
+                uid, _, port = value.rpartition("/")
+                if backend.startswith("gw") and backend[2:].isdigit() and port.isdigit():
+                    found[(uid, int(port))] = int(backend[2:])
+            self.planner.adopt(found)
+            self._adopted = True
+            if self._edges:
+                self._replan()
+            return
+
+    async def _desired(self) -> list[Programmed]:
+        out: list[Programmed] = []
+        for key, route in sorted(self._routes.items()):
+            edge = route.edge
+            try:
+                dial_host, dial_port = await self.dial(edge.host, edge.port)
+            except Exception as exc:  # unresolvable or refused: that route is not served
+                log.warning("gateway edge not dialable", extra=kv(pod=key[0], port=key[1],
+                                                                 host=edge.host, error=str(exc)))
+                continue
+            edge = dataclasses.replace(edge, dial_host=dial_host, dial_port=dial_port)
+            key_value = self.edge_key(self._providers.get(key, "")) if edge.auth_header else None
+            out.append(Programmed(route=GatewayRoute(port=route.port, edge=edge),
+                                  api_key=key_value))
+        return out
