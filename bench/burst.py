@@ -30,6 +30,10 @@ Each system gets its own node and namespace and runs alone; its process is stopp
 next starts. Prints a table, writes ``bench/results/burst.json``
 and the printed text to ``bench/results/burst.txt``.
 
+``--phases`` times each pod's steps inside every vkprovider system (bench/phasetrace: watch event
+-> worker -> cloud create call -> answer -> status write -> answer), so a slower burst can be
+told apart: the provider's own steps, or what it waits on (the cloud, the API server).
+
 ``--repeat N`` runs every size N times (each round alternates which system goes first, since the
 cluster warms and ages as the runs go) and adds a table of medians with ratios to the Go node
 with lifted limits; one run per size is too noisy to judge a gap of 10-20%. This release's
@@ -69,6 +73,7 @@ from bench.common import (
     write,
 )
 from bench.govk import GoVKProcess, govk_binary
+from bench.phases import PHASES, TRACE_DIR, phase_figures
 from vkprovider.config import PodSettings
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import NotFoundError
@@ -179,7 +184,8 @@ class Ours:
 
     def __init__(self, *, work: Path, kubeconfig: Path, n: int, workers: int = WORKERS,
                  event_loop: str | None = None, python: Path | None = None,
-                 event_qps: float | None = None, tree: Path | None = None) -> None:
+                 event_qps: float | None = None, tree: Path | None = None,
+                 phases: Path | None = None) -> None:
         # the event loop (provider and mock cloud alike) and the Event pacing are named when
         # the bench chose them; otherwise the product's defaults run. ``tree``: the provider's
         # code from another checkout (--baseline), against the same mock cloud
@@ -191,6 +197,14 @@ class Ours:
         self.label = f"vkprovider ({', '.join(chosen)})" if chosen else "vkprovider"
         self.node = f"vk-bench-{uuid.uuid4().hex[:6]}"
         self.cloud = bench_cloud(work=work, n=n, event_loop=event_loop)
+        env = (runtime_env(tree) if python is not None
+               else {"PYTHONPATH": str(tree)} if tree else {})
+        # --phases: each pod's steps inside the provider, timed (bench/phasetrace)
+        self.phase_trace = phases / f"{self.node}.trace" if phases is not None else None
+        if self.phase_trace is not None:
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(TRACE_DIR), env.get("PYTHONPATH") or str(Path(__file__).resolve().parents[1])])
+            env["VKP_PHASE_TRACE"] = str(self.phase_trace)
         self.provider = ProviderProcess(work_dir=work, kubeconfig=kubeconfig, node_name=self.node,
                                         clouds=[self.cloud],
                                         pods={"status_interval_seconds": 5, "workers": workers,
@@ -202,9 +216,7 @@ class Ours:
                                                  else {"event_qps": event_qps})},
                                         kubelet_api={"gpu_metrics_interval_seconds": 15},
                                         extra={"event_loop": event_loop} if event_loop else None,
-                                        python=python,
-                                        env=(runtime_env(tree) if python is not None
-                                             else {"PYTHONPATH": str(tree)} if tree else None))
+                                        python=python, env=env or None)
 
     async def start(self) -> None:
         await self.cloud.start()
@@ -605,12 +617,15 @@ async def run_system(*, kube: KubeClient, system: System, n: int, timeout: float
         row = await measure(kube=kube, system=system, ns=ns, n=n, timeout=timeout,
                             control_plane=control_plane)
         row["load_average_1m_at_start"] = round(load, 2)
-        return row
     finally:
         for profiler in profilers:
             sys.stderr.write(f"profile: {profiler.stop()}\n")
         system.stop()
         await cleanup(kube=kube, ns=ns, node=system.node)
+    trace = getattr(system, "phase_trace", None)
+    if trace is not None:  # complete once the process has exited (it flushes at exit)
+        row.update(phase_figures(trace))
+    return row
 
 
 # ---- output ----------------------------------------------------------------------------------
@@ -697,6 +712,12 @@ def cores_table(results: list[dict[str, Any]]) -> str:
     return "where the cores went from the first create to all Running:\n" + table(header, rows)
 
 
+def phases_table(results: list[dict[str, Any]]) -> str:
+    rows = [[r["system"], str(r["pods"]), *(pair(r, f"phase_{stem}") for stem, *_ in PHASES)]
+            for r in results if "phase_trace_pods" in r]
+    return table(["system", "pods", *(title for *_, title in PHASES)], rows)
+
+
 def render(*, info: dict[str, Any], results: list[dict[str, Any]], load: tuple[float, ...],
            workers: int = WORKERS, repeat: int = 1,
            timeout_note: str) -> str:
@@ -735,6 +756,10 @@ def render(*, info: dict[str, Any], results: list[dict[str, Any]], load: tuple[f
         f"ending {QUIET_SECONDS:g} s after the last pod or event write; CPU = the system's own "
         f"process from the first create; {timeout_note}",
         table(header, rows), "", cores_table(results)]
+    if any("phase_trace_pods" in r for r in results):
+        lines += ["", "inside the provider, per pod (--phases: first watch event, first reconcile, "
+                  "cloud create call and answer, first status write and answer), p50/p99 (ms):",
+                  phases_table(results)]
     for r in results:
         lines.append(f"{r['system']}, {r['pods']} pods: writes by kind over the lifecycle: "
                      f"{r['apiserver_writes_by_kind_lifecycle']}, of which not 2xx (mostly 404 on "
@@ -767,8 +792,11 @@ async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float]
                workers: int = WORKERS, event_loops: tuple[str, ...] = (),
                event_qps: tuple[float, ...] = (),
                go_modes: tuple[str, ...] = ("default", "lifted"), dev_venv: bool = False,
-               repeat: int = 1, baseline: Path | None = None) -> int:
+               repeat: int = 1, baseline: Path | None = None, phases: bool = False) -> int:
     work = Path(tempfile.mkdtemp(prefix="vkp-bench-"))
+    traces = work / "phases" if phases else None
+    if traces is not None:
+        traces.mkdir()
     binary = govk_binary() if compare_go else None
     python = None if dev_venv else runtime_python()
     load = os.getloadavg()
@@ -784,12 +812,12 @@ async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float]
             for round_, n in enumerate(n for n in sizes for _ in range(repeat)):
                 systems: list[System] = [Ours(work=work, kubeconfig=kubeconfig, n=n,
                                               workers=workers, event_loop=loop, python=python,
-                                              event_qps=qps)
+                                              event_qps=qps, phases=traces)
                                          for loop in event_loops or (None,)
                                          for qps in event_qps or (None,)]
                 if baseline is not None:
                     systems.append(Ours(work=work, kubeconfig=kubeconfig, n=n, workers=workers,
-                                        python=python, tree=baseline))
+                                        python=python, tree=baseline, phases=traces))
                 if binary is not None:
                     systems += go_systems(binary=binary, work=work,
                                           kubeconfig=cluster.kubeconfig, modes=go_modes,
@@ -818,6 +846,7 @@ async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float]
                 "event_loops": list(event_loops) or ["auto"],
                 "event_qps": list(event_qps) or ["default"],
                 "provider_python": "dev venv" if dev_venv else "runtime-only venv",
+                "phase_trace": phases,
                 "provider": {"capacity_refresh_seconds": 30,
                              "gpu_metrics_interval_seconds": 15}}
     path = write(name, {"machine": info, "settings": settings, "results": results})
@@ -864,6 +893,10 @@ if __name__ == "__main__":
                         help="also run the provider from another checkout of the project (e.g. "
                              "`git worktree add /tmp/base REV`), as a system of its own in the "
                              "same run: a before/after on the same cluster and mock cloud")
+    parser.add_argument("--phases", action="store_true",
+                        help="time each pod's steps inside every vkprovider system (watch event, "
+                             "worker, cloud create call, status write; bench/phasetrace) and add "
+                             "a table of them: what the provider does apart from what it waits on")
     args = parser.parse_args()
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
@@ -873,4 +906,5 @@ if __name__ == "__main__":
                               go_modes=tuple(args.go_modes),
                               timeouts=phase_timeouts(args.pods, args.phase_timeout),
                               name=args.name, profile=args.profile, dev_venv=args.dev_venv,
-                              repeat=args.repeat, baseline=args.baseline)))
+                              repeat=args.repeat, baseline=args.baseline,
+                              phases=args.phases)))

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import collections
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from vkprovider.kube import KubeClient
+from vkprovider.testing.loadgen import LoadGenerator
 from vkprovider.testing.waiting import eventually
 
 from .conftest import System
@@ -162,7 +164,7 @@ async def test_a_black_holed_cloud_stalls_no_other(
 
 
 async def test_a_restart_with_one_cloud_unlisted_keeps_its_replicas_in_services(
-    kube: KubeClient, namespace: str, system: System
+    kube: KubeClient, namespace: str, system: System, local_cluster: Any
 ) -> None:
     provider = await system.start(clouds=2, inventories=["H100:us-east:1:1.99",
                                                          "H100:eu-west:16:2.19"])
@@ -180,28 +182,56 @@ async def test_a_restart_with_one_cloud_unlisted_keeps_its_replicas_in_services(
     pods = await list_pods(kube, namespace)
     assert by_name(pods, "a")["metadata"]["annotations"]["vkprovider.io/provider"] == "cloud0"
     assert by_name(pods, "b")["metadata"]["annotations"]["vkprovider.io/provider"] == "cloud1"
+    a_instance = by_name(pods, "a")["metadata"]["annotations"]["vkprovider.io/instance-id"]
 
-    provider.kill()
-    await cloud0.admin("PUT", "/admin/scenario", json={"name": "broken-lists", "faults": {
-        "endpoints": {"list": {"error_rate": 1.0, "error_status": 500}}}})
-    provider.start()
+    async def served_by_a() -> int:
+        """Requests a's model server (on cloud0) answered, as it counts them."""
+        return int(((await cloud0.admin("GET", "/admin/traffic")).get(a_instance) or {})
+                   .get("traffic") or 0)
 
-    async def log() -> str:
-        return provider.log_text()
+    # Users send requests the whole time, as kube-proxy would route them (the harness's
+    # address table reaches the clouds' virtual addresses).
+    async with LoadGenerator(kube=kube, namespace=namespace, service="web", rate=40,
+                             address_map=Path(local_cluster.address_map_dir),
+                             chapter="before") as lg:
+        await eventually(lambda: lg_replicas(lg), timeout=30,
+                         until=lambda r: a_instance in r and len(r) == 2,
+                         what="requests answered by both replicas before the restart")
 
-    await eventually(log, timeout=60,
-                     until=lambda t: len(log_lines(t, "endpointslices synced; starting "
-                                                      "workers")) == 2,
-                     what="the restarted provider reconciling EndpointSlices")
-    start = (await cloud1.stats())["list_calls"]
-    seen: list[tuple[bool | None, bool | None]] = []
+        provider.kill()
+        await cloud0.admin("PUT", "/admin/scenario", json={"name": "broken-lists", "faults": {
+            "endpoints": {"list": {"error_rate": 1.0, "error_status": 500}}}})
+        provider.start()
 
-    async def observe() -> int:
-        s = await slices(kube, namespace, "web", ours=True)
-        seen.append((endpoint_ready(s, "a"), endpoint_ready(s, "b")))
-        return int((await cloud1.stats())["list_calls"]) - start
+        async def log() -> str:
+            return provider.log_text()
 
-    await eventually(observe, until=lambda n: n >= 6, timeout=60,
-                     what="six sweeps of the restarted provider")
+        await eventually(log, timeout=60,
+                         until=lambda t: len(log_lines(t, "endpointslices synced; starting "
+                                                          "workers")) == 2,
+                         what="the restarted provider reconciling EndpointSlices")
+        lg.mark("restarted")
+        served_then = await served_by_a()
+        start = (await cloud1.stats())["list_calls"]
+        seen: list[tuple[bool | None, bool | None]] = []
+
+        async def observe() -> int:
+            s = await slices(kube, namespace, "web", ours=True)
+            seen.append((endpoint_ready(s, "a"), endpoint_ready(s, "b")))
+            return int((await cloud1.stats())["list_calls"]) - start
+
+        await eventually(observe, until=lambda n: n >= 6, timeout=60,
+                         what="six sweeps of the restarted provider")
+    report = lg.report()
+    assert report.failed == 0, report.as_dict()
+    after = report.chapter("restarted")
+    assert after.sent > 0 and after.failed == 0, report.as_dict()
+    assert after.by_replica.get(a_instance, 0) > 0, (
+        f"cloud0's replica answered no request after the restart: {dict(after.by_replica)}")
+    assert await served_by_a() > served_then, "cloud0's model server counted no new request"
     assert all(a is True and b is True for a, b in seen), (
         f"both replicas stay in the Service while cloud0 cannot be listed: {seen}")
+
+
+async def lg_replicas(lg: LoadGenerator) -> set[str]:
+    return {r for r, n in lg.report().by_replica.items() if n > 0}

@@ -208,3 +208,23 @@ def test_repeated_runs_get_medians_and_ratios_to_go_lifted() -> None:
     assert "run 3 times per size" in text and "medians over the repeated runs" in text
     once = render(info=info, results=runs[:1], load=(1.0, 1.0, 1.0), timeout_note="l")
     assert "medians" not in once
+
+
+def test_the_phase_trace_times_each_pods_first_steps(tmp_path: Path) -> None:
+    from bench.phases import phase_figures
+
+    prefix = tmp_path / "node.trace"
+    (tmp_path / "node.trace.41").write_text("\n".join([
+        "watch u1 10.000", "worker u1 10.010", "create_call u1 10.011",
+        "create_answer u1 10.031", "status_write u1 10.032", "status_answer u1 10.432",
+        "worker u1 20.000",  # a later reconcile: not the pod's first
+        "watch u2 11.000",  # never created (refused, say): not counted
+        "status_write u3",  # cut short by a kill
+    ]) + "\n")
+    figures = phase_figures(prefix)
+    assert figures["phase_trace_pods"] == 1
+    assert figures["phase_watch_to_worker_p50_ms"] == 10.0
+    assert figures["phase_worker_to_cloud_call_p50_ms"] == 1.0
+    assert figures["phase_cloud_create_call_p50_ms"] == 20.0
+    assert figures["phase_created_to_status_write_p50_ms"] == 1.0
+    assert figures["phase_status_write_p50_ms"] == 400.0
