@@ -119,6 +119,16 @@ async def test_kubectl_port_forward_reaches_the_model_server_of_a_cloud_pod(
             assert body["pod"] == "served" and body["namespace"] == namespace
             assert body["container_port"] == 8000
             assert body["name"] == f"{system.node_name}-{pod['metadata']['uid']}"
+        # the model server closes first ("Connection: close"): the forward ends cleanly, the
+        # local connection sees the whole answer then EOF, and kubectl carries on
+        reader, writer = await asyncio.open_connection("127.0.0.1", forward.local_port)
+        writer.write(b"GET /last HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = await asyncio.wait_for(reader.read(), timeout=20)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 200 ") and b'"pod":"served"' in \
+            answer.replace(b" ", b""), answer
+        again = await http.get("/after")
+        assert again.status_code == 200
         assert forward.proc.returncode is None, "kubectl port-forward stays up"
 
     assert system.provider is not None

@@ -208,6 +208,18 @@ async def test_a_reset_from_the_client_drops_the_remote_connection() -> None:
         await client.until(lambda f: isinstance(f, spdy.Data) and f.stream_id == 3)
         client.send(spdy.RstStream(stream_id=3, status=spdy.RstStatus.CANCEL))
         await asyncio.wait_for(closed.wait(), 10)
+        frames = await client.until(fin(1))  # kubectl then waits for the error stream's end
+    assert data_of(frames, 1) == b""
+
+
+async def test_a_remote_that_closes_first_ends_both_streams_without_the_clients_fin() -> None:
+    """kubectl resets the data stream only after the remote's EOF, then reads the error stream
+    to its end: the error stream must end although the client never half-closed."""
+    async with tcp(talker(b"bye")) as real, session(Pod(ports={8000: real})) as client:
+        client.open_pair(error_id=1, port=8000, request="0")
+        frames = await client.until(fin(1))
+    assert data_of(frames, 3) == b"bye"
+    assert any(fin(3)(f) for f in frames)
 
 
 async def test_a_malformed_frame_ends_the_connection_with_goaway() -> None:

@@ -42,6 +42,10 @@ class UpgradeRoute(Protocol):
     def start(self, *, scope: dict[str, Any], reader: asyncio.StreamReader,
               writer: asyncio.StreamWriter) -> None: ...
 
+    async def aclose(self) -> None:
+        """End every connection it took over (uvicorn no longer knows them)."""
+        ...
+
 
 class _TLSPeerApp:
     """Per connection: adds the verified client certificate to every request's scope."""
@@ -136,4 +140,8 @@ async def serve(*, app: ASGIApp, sock: socket.socket, name: str,
     http: type[PeerCertH11Protocol] = PeerCertH11Protocol
     if upgrades is not None:
         http = type("UpgradingH11Protocol", (PeerCertH11Protocol,), {"upgrades": upgrades})
-    await asgiserve.serve(app=app, sock=sock, name=name, ssl_context=ssl_context, http=http)
+    try:
+        await asgiserve.serve(app=app, sock=sock, name=name, ssl_context=ssl_context, http=http)
+    finally:
+        if upgrades is not None:
+            await upgrades.aclose()

@@ -14,8 +14,9 @@ Behaviour, and why:
 * a pair is forwarded when both streams arrived (``pair_timeout`` otherwise: the error stream, if
   any, says so); the :class:`Target` refuses an undeclared port by name before any dial;
 * the remote's EOF ends the data stream (FIN) and then the error stream (FIN, empty: no error);
-  kubectl's FIN on the data stream half-closes the remote connection (``write_eof``); a
-  RST_STREAM from either side drops that pair's remote connection;
+  kubectl's FIN on the data stream half-closes the remote connection (``write_eof``); kubectl's
+  RST_STREAM on the data stream drops that pair's remote connection; the error stream always
+  ends (kubectl waits for its end before it closes its local connection);
 * at most ``max_streams`` streams are open at once; more are refused (REFUSED_STREAM);
 * flow control: every byte taken off the connection is acknowledged with a WINDOW_UPDATE once it
   is written to the remote, per stream and for the session (SPDY/3.1), and the connection is not
@@ -323,19 +324,20 @@ class PortForwardSession:
             upload = asyncio.create_task(self._upload(data, remote))
             try:
                 await self._download(data, remote_reader)
+                self._end_errors(error)  # the remote is done: kubectl now waits for this end
                 await upload  # until the client half-closes or resets the data stream
             finally:
                 upload.cancel()
                 with contextlib.suppress(BaseException):
                     await upload
-            if not error.sent_fin and not error.reset:
-                self._send(spdy.Data(stream_id=error.stream_id, flags=spdy.FLAG_FIN))
-                error.sent_fin = True
         except (ConnectionError, OSError) as exc:
             if not error.sent_fin and not error.reset:
                 self._fail_stream(error, f"error forwarding port {port} to pod {self._pod}: "
                                          f"{exc.__class__.__name__}: {exc}")
         finally:
+            # kubectl reads the error stream to its end after every forwarded connection, also
+            # after it reset the data stream: it must always end, even when cancelled
+            self._end_errors(error)
             data.room.set()
             if remote is not None:
                 remote.close()
@@ -346,6 +348,12 @@ class PortForwardSession:
             self._pairs.pop(pair.request_id, None)
             log.debug("port-forward connection closed",
                       extra=kv(pod=self._pod, port=port, request=pair.request_id))
+
+    def _end_errors(self, error: _Stream) -> None:
+        """End the error stream without an error (once)."""
+        if not error.sent_fin and not error.reset:
+            self._send(spdy.Data(stream_id=error.stream_id, flags=spdy.FLAG_FIN))
+            error.sent_fin = True
 
     async def _upload(self, data: _Stream, remote: asyncio.StreamWriter) -> None:
         """kubectl -> remote; the client's FIN half-closes the remote connection."""
