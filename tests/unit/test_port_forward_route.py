@@ -17,11 +17,11 @@ from test_kubelet_api_fakes import FakeCloud, FakeReviewer, FakeView, make_pod
 from test_kubelet_api_tls import _issue, _wait_listening
 from test_port_forward_session import Client, data_of, echo_until_eof, fin, tcp
 
-from providers.base import PublishedPort
+from providers.base import InstanceState, PublishedPort
 from vkprovider.api.auth import KubeletAuth
 from vkprovider.api.gpu import GPUCollector
 from vkprovider.api.kubelet import create_kubelet_app
-from vkprovider.api.portforward import PublishedDial, spdy
+from vkprovider.api.portforward import PortRefused, PublishedDial, spdy
 from vkprovider.api.server import bind, serve
 from vkprovider.api.tls import server_context
 from vkprovider.config import KubeletAPISettings
@@ -172,3 +172,28 @@ async def test_a_screened_published_address_is_never_dialled(node: Node) -> None
         "error forwarding port 8000 to pod team/a: cannot reach port 8000 of pod team/a: "
         "169.254.169.254:80 refused: a cloud metadata service address")
     writer.close()
+
+
+@pytest.mark.parametrize(("published", "state", "reason"), [
+    ((PublishedPort(container_port=8000, host="abc-8000.proxy.example.com", port=443,
+                    kind="hostname", scheme="https"),), InstanceState.RUNNING,
+     "provider mock publishes port 8000 of pod team/a only behind its TLS proxy "
+     "(abc-8000.proxy.example.com:443); forwarding to it needs the gateway route"),
+    ((PublishedPort(container_port=9000, host="198.18.7.7", port=30001, kind="ip"),),
+     InstanceState.RUNNING, "provider mock publishes no address for port 8000 of pod team/a"),
+    ((PublishedPort(container_port=8000, host="198.18.7.7", port=30001, kind="ip"),),
+     InstanceState.PENDING, "instance i-uid-a on provider mock is pending, not running"),
+    ((PublishedPort(container_port=8000, host="198.18.7.7", port=30001, kind="ip"),),
+     InstanceState.RUNNING, "cannot reach port 8000 of pod team/a: 198.18.7.7:30001: no route"),
+])
+async def test_the_published_dial_says_why_it_cannot_connect(
+        tmp_path: Path, published: tuple[PublishedPort, ...], state: InstanceState,
+        reason: str) -> None:
+    view = FakeView()
+    view.add(make_pod("a"), FakeCloud(), state=state)
+    placed = view.placed["uid-a"]
+    placement = dataclasses.replace(placed, instance=dataclasses.replace(
+        placed.instance, published=published))
+    with pytest.raises(PortRefused) as refused:
+        await PublishedDial(dialer=AddressMap(tmp_path))(placement, 8000)  # an empty map
+    assert str(refused.value).startswith(reason), str(refused.value)
