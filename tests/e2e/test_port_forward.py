@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from vkprovider.kube import KubeClient
+from vkprovider.probing.dialing import Route, publish_routes
 from vkprovider.testing.cluster import LocalCluster
 from vkprovider.testing.realnode import find_kubectl
 from vkprovider.testing.waiting import eventually
@@ -98,6 +99,36 @@ async def cloud_pod(kube: KubeClient, system: System, ns: str, name: str) -> dic
                             until=ready, timeout=90, what=f"pod {name} Ready")
 
 
+@contextlib.asynccontextmanager
+async def big_answer_server(cluster: LocalCluster, pod: dict[str, Any], size: int
+                            ) -> AsyncIterator[bytes]:
+    """Routes the pod's published port 8000 to a loopback server answering ``size`` bytes (an
+    address-map file of its own, read after the mock cloud's: the lab's DNAT, redirected)."""
+    ports = pod["metadata"]["annotations"]["vkprovider.io/ports"]
+    address = next(entry.split("=", 1)[1] for entry in ports.split(",")
+                   if entry.startswith("8000/TCP="))
+    host, _, port = address.rpartition(":")
+    body = bytes(range(256)) * (size // 256)
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+                     % len(body) + body)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    real = server.sockets[0].getsockname()[1]
+    owner = "zz-port-forward-e2e"
+    publish_routes(directory=cluster.address_map_dir, owner=owner,
+                   routes=[Route(host=host, port=int(port), to_host="127.0.0.1", to_port=real)])
+    try:
+        yield body
+    finally:
+        (cluster.address_map_dir / f"{owner}.json").unlink(missing_ok=True)
+        server.close()
+
+
 async def test_kubectl_port_forward_reaches_the_model_server_of_a_cloud_pod(
     kube: KubeClient, namespace: str, system: System, local_cluster: LocalCluster
 ) -> None:
@@ -129,6 +160,13 @@ async def test_kubectl_port_forward_reaches_the_model_server_of_a_cloud_pod(
             answer.replace(b" ", b""), answer
         again = await http.get("/after")
         assert again.status_code == 200
+
+        # an answer of many SPDY windows (kubectl's SPDY library sends no WINDOW_UPDATE): the
+        # lab network now leads the pod's published port to a server with a 3 MiB answer
+        async with big_answer_server(local_cluster, pod, 3 * 2**20) as body, \
+                httpx.AsyncClient(timeout=60) as fresh:  # a new connection: a new dial
+            big = await fresh.get(f"http://127.0.0.1:{forward.local_port}/big")
+        assert big.status_code == 200 and big.content == body
         assert forward.proc.returncode is None, "kubectl port-forward stays up"
 
     assert system.provider is not None
