@@ -231,6 +231,14 @@ async def test_a_malformed_frame_ends_the_connection_with_goaway() -> None:
     assert frames[-1] == spdy.GoAway(last_good_stream_id=0, status=1)
 
 
+async def test_a_frame_larger_than_the_limit_ends_the_connection_before_it_is_read() -> None:
+    async with session(Pod(), Limits(max_frame=1024)) as client:
+        client.writer.write(bytes.fromhex("00000001" "00000401"))  # DATA of 1025 bytes, unsent
+        frames = await client.until(lambda f: isinstance(f, spdy.GoAway))
+        assert await client.reader.read() == b""
+    assert frames == [spdy.GoAway(last_good_stream_id=0, status=1)]
+
+
 @pytest.mark.parametrize("missing", ["error", "data"])
 async def test_a_half_pair_times_out_with_a_message(missing: str) -> None:
     async with session(Pod(ports={8000: 1}), Limits(pair_timeout=0.2)) as client:

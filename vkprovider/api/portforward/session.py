@@ -17,7 +17,8 @@ Behaviour, and why:
   kubectl's FIN on the data stream half-closes the remote connection (``write_eof``); kubectl's
   RST_STREAM on the data stream drops that pair's remote connection; the error stream always
   ends (kubectl waits for its end before it closes its local connection);
-* at most ``max_streams`` streams are open at once; more are refused (REFUSED_STREAM);
+* at most ``max_streams`` streams are open at once; more are refused (REFUSED_STREAM); a frame
+  larger than ``max_frame`` or malformed ends the connection (GOAWAY);
 * flow control: every byte taken off the connection is acknowledged with a WINDOW_UPDATE once it
   is written to the remote, per stream and for the session (SPDY/3.1), and the connection is not
   read while a stream's unwritten bytes exceed ``buffer_limit`` (TCP backpressure towards the
@@ -71,6 +72,7 @@ class Limits:
     pair_timeout: float = 30.0  # seconds for a pair's second stream to arrive (the kubelet's)
     chunk: int = 32 * 1024  # largest DATA frame sent
     buffer_limit: int = 1024 * 1024  # unwritten inbound bytes per stream before reads pause
+    max_frame: int = 1024 * 1024  # largest frame read (kubectl's are 32 KiB); GOAWAY beyond
 
 
 class _Stream:
@@ -128,11 +130,13 @@ class PortForwardSession:
                 try:
                     head_bytes = await self._reader.readexactly(spdy.HEAD_SIZE)
                     head = spdy.parse_head(head_bytes)
+                    if head.length > self._limits.max_frame:
+                        raise spdy.FrameError(f"a frame of {head.length} bytes is larger than "
+                                              f"{self._limits.max_frame}")
                     payload = await self._reader.readexactly(head.length)
+                    frame = spdy.decode(head, payload, codec=self._inflate)
                 except asyncio.IncompleteReadError:
                     return  # the peer closed the connection
-                try:
-                    frame = spdy.decode(head, payload, codec=self._inflate)
                 except spdy.FrameError as exc:
                     log.info("port-forward: malformed SPDY frame; going away",
                              extra=kv(pod=self._pod, error=str(exc)))
