@@ -240,8 +240,6 @@ async def test_empty_log_is_an_empty_200(client: httpx.AsyncClient, view: FakeVi
     ("POST", "/exec/team/a/main?command=ls&stdout=true", "exec"),
     ("GET", "/exec/team/a/main?command=ls", "exec"),
     ("POST", "/attach/team/a/main", "attach"),
-    ("POST", "/portForward/team/a", "portForward"),
-    ("GET", "/portForward/team/a", "portForward"),
 ])
 async def test_streams_are_501_naming_the_provider(client: httpx.AsyncClient, view: FakeView,
                                                    cloud: FakeCloud, method: str, path: str,
@@ -251,6 +249,18 @@ async def test_streams_are_501_naming_the_provider(client: httpx.AsyncClient, vi
                                                        "Upgrade": "SPDY/3.1"})
     assert resp.status_code == 501
     assert resp.text.startswith(f"{kind} is not supported by provider mock")
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+async def test_port_forward_without_an_upgraded_connection_is_400(
+        client: httpx.AsyncClient, view: FakeView, cloud: FakeCloud, method: str) -> None:
+    """The ASGI path sees /portForward only when the server did not take the connection over
+    (tests/unit/test_port_forward_route.py covers the upgrade)."""
+    view.add(make_pod("a"), cloud)
+    resp = await client.request(method, "/portForward/team/a")
+    assert resp.status_code == 400
+    assert resp.text.startswith("portForward: the request must upgrade the connection to "
+                                "SPDY/3.1")
 
 
 async def test_exec_on_unknown_pod_is_404(client: httpx.AsyncClient) -> None:

@@ -7,7 +7,8 @@ metrics collector, until cancelled.
 
 Modules: :mod:`.kubelet` (routes), :mod:`.auth` (401/403 as the kubelet decides them),
 :mod:`.tls` (certificates), :mod:`.stats` (Summary API and ``/metrics/resource``), :mod:`.gpu`
-(per-pod GPU figures), :mod:`.view` (what the routes read), :mod:`.server` (uvicorn in our loop).
+(per-pod GPU figures), :mod:`.view` (what the routes read), :mod:`.server` (uvicorn in our loop),
+:mod:`.portforward` (``kubectl port-forward`` over SPDY/3.1).
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ import logging
 import socket
 import ssl
 import time
+from pathlib import Path
 from typing import Any
 
 from vkprovider.api.auth import KubeletAuth
 from vkprovider.api.gpu import GPUCollector
 from vkprovider.api.kubelet import create_kubelet_app, create_metrics_app
+from vkprovider.api.portforward import PublishedDial
 from vkprovider.api.server import bind, serve
 from vkprovider.api.stats import count_pods
 from vkprovider.api.tls import server_context
@@ -32,6 +35,7 @@ from vkprovider.kube import KubeClient
 from vkprovider.kube.authn import KubeReviewer
 from vkprovider.metrics import Metrics
 from vkprovider.node.pods import PodController
+from vkprovider.probing.dialing import DIRECT, AddressMap, Dialer
 
 __all__ = ["APIServers", "listen_address"]
 
@@ -52,6 +56,12 @@ def listen_address(*, bind_address: str, internal_ip: str) -> str:
     if ip.is_loopback:
         return str(ip)
     return "::" if ip.version == 6 else "0.0.0.0"
+
+
+def _dialer(settings: Settings) -> Dialer:
+    """Port-forward dials what clouds publish, as probes do; a lab's address map stands between."""
+    lab = settings.pods.probe_address_map
+    return DIRECT if lab is None else AddressMap(Path(lab))
 
 
 class APIServers:
@@ -94,8 +104,10 @@ class APIServers:
                 metrics_sock.close()
             raise
         return cls(
-            kubelet_app=create_kubelet_app(view=view, auth=auth, metrics=metrics, gpus=gpus,
-                                           started_at=time.time()),
+            kubelet_app=create_kubelet_app(
+                view=view, auth=auth, metrics=metrics, gpus=gpus, started_at=time.time(),
+                # port-forward dials what clouds publish, screened, the way probes do
+                dial=PublishedDial(dialer=_dialer(settings), policy=settings.endpoints.policy())),
             kubelet_sock=kubelet_sock, ssl_context=ssl_context,
             metrics_app=create_metrics_app(metrics=metrics) if metrics_sock else None,
             metrics_sock=metrics_sock, gpus=gpus, view=view, metrics=metrics)
@@ -107,7 +119,8 @@ class APIServers:
                 tg.create_task(serve(app=self._metrics_app, sock=self._metrics_sock,
                                      name="metrics"))
             tg.create_task(serve(app=self._kubelet_app, sock=self._kubelet_sock,
-                                 name="kubelet-api", ssl_context=self._ssl_context))
+                                 name="kubelet-api", ssl_context=self._ssl_context,
+                                 upgrades=getattr(self._kubelet_app, "upgrades", None)))
             tg.create_task(self.gpus.run(), name="gpu-metrics")
             tg.create_task(self._pod_gauges(), name="pod-gauges")
 

@@ -12,7 +12,11 @@ Endpoints (kubelet paths):
   clouds keep no logs of previous containers.
 * ``GET /pods``, ``GET /runningpods/``: PodLists of the node's pods.
 * ``GET /stats/summary``, ``GET /metrics/resource``: see :mod:`vkprovider.api.stats`.
-* ``/exec``, ``/attach``, ``/portForward``: an immediate 501 naming the cloud that cannot do it.
+* ``/portForward/{namespace}/{pod}[/{uid}]``: ``kubectl port-forward`` to the pod's declared
+  ports, an upgrade to SPDY/3.1 served by :mod:`vkprovider.api.portforward` (the middleware's
+  ``upgrades``, handed the raw connection by :mod:`vkprovider.api.server`); a request that does
+  not upgrade is a 400.
+* ``/exec``, ``/attach``: an immediate 501 naming the cloud that cannot do it.
 * ``GET /healthz``: ``ok``, without authentication (for probes; it reveals nothing).
 
 Everything else requires authentication and authorization (:mod:`vkprovider.api.auth`): 401 for
@@ -39,6 +43,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from providers.base import LogOptions, NotFound, ProviderError, Unsupported
 from vkprovider.api.auth import AuthFailure, KubeletAuth
 from vkprovider.api.gpu import GPUCollector
+from vkprovider.api.portforward import Dial, PortForwardRoute, PublishedDial
 from vkprovider.api.stats import resource_metrics, summary
 from vkprovider.api.view import NodeView, Placement, is_running
 from vkprovider.logs import kv
@@ -73,12 +78,20 @@ class KubeletMiddleware:
     """Counts every request, and authenticates and authorizes all but ``OPEN_PATHS``.
 
     A pure ASGI middleware, so streamed responses (``logs -f``) pass through untouched.
+    ``upgrades`` serves upgraded ``/portForward`` connections outside ASGI, authorized by
+    :meth:`authorize` (the same check).
     """
 
     def __init__(self, app: ASGIApp, *, auth: KubeletAuth | None, metrics: Metrics) -> None:
         self.app = app
         self.auth = auth
         self.metrics = metrics
+        self.upgrades: PortForwardRoute | None = None
+
+    async def authorize(self, scope: dict[str, Any]) -> None:
+        """Authenticate and authorize a request by its scope; :class:`AuthFailure` if not."""
+        if self.auth is not None:
+            await self._check(scope, str(scope.get("path", "")))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -206,8 +219,10 @@ def create_kubelet_app(
     gpus: GPUCollector,
     started_at: float | None = None,
     clock: Callable[[], float] = time.time,
+    dial: Dial | None = None,
 ) -> Any:
-    """The kubelet API as an ASGI app. ``auth=None`` turns authentication off (tests only)."""
+    """The kubelet API as an ASGI app. ``auth=None`` turns authentication off (tests only).
+    ``dial`` is port-forward's dial step (default: the published address, dialled directly)."""
     app = FastAPI(title="vkprovider kubelet API", docs_url=None, redoc_url=None,
                   openapi_url=None)
     node_start = started_at if started_at is not None else clock()
@@ -348,11 +363,22 @@ def create_kubelet_app(
                                    f"or the instance's own endpoints")
         return handler
 
-    for kind in ("exec", "attach", "portForward"):
+    for kind in ("exec", "attach"):
         app.add_api_route(f"/{kind}/{{rest:path}}", refuse(kind), methods=["GET", "POST"],
                           include_in_schema=False)
 
-    return KubeletMiddleware(app, auth=auth, metrics=metrics)
+    async def port_forward_without_upgrade(request: Request) -> Response:
+        raise HTTPProblem(400, "portForward: the request must upgrade the connection to "
+                               "SPDY/3.1 (Connection: Upgrade, Upgrade: SPDY/3.1, "
+                               "X-Stream-Protocol-Version: portforward.k8s.io)")
+
+    app.add_api_route("/portForward/{rest:path}", port_forward_without_upgrade,
+                      methods=["GET", "POST"], include_in_schema=False)
+
+    middleware = KubeletMiddleware(app, auth=auth, metrics=metrics)
+    middleware.upgrades = PortForwardRoute(view=view, dial=dial or PublishedDial(),
+                                           authorize=middleware.authorize, metrics=metrics)
+    return middleware
 
 
 def create_metrics_app(*, metrics: Metrics) -> Any:
