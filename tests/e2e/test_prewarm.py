@@ -16,20 +16,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from vkprovider.kube import KubeClient
-from vkprovider.kube.errors import APIError
 from vkprovider.testing.harness import CompanionProcess
-from vkprovider.testing.kueue import GROUP, KueueManager
+from vkprovider.testing.kueue import GROUP
 from vkprovider.testing.loadgen import LoadGenerator
 from vkprovider.testing.plugin import GPUNodeFactory
 from vkprovider.testing.waiting import eventually
@@ -155,30 +153,20 @@ class Story:
                 if p["spec"].get("nodeName") == self.system.node_name]
 
 
-@pytest_asyncio.fixture
-async def kueue_objects(kueue: KueueManager, kube: KubeClient) -> AsyncIterator[list[str]]:
-    """Cluster-scoped Kueue objects a test creates, deleted after it (checks last)."""
-    paths: list[str] = []
-    try:
-        yield paths
-    finally:
-        for path in reversed(paths):
-            with contextlib.suppress(APIError):
-                await kube.delete(path)
-
-
 async def start_story(*, kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory,
                       system: System, companion_kubeconfig: Path, objects: Cluster,
                       kueue_paths: list[str], local_cluster: Any, with_check: bool,
                       prewarm: dict[str, Any] | None = None, inventory: str | None = None,
-                      load: bool = True, check_parameters: dict[str, str] | None = None
-                      ) -> Story:
+                      load: bool = True, check_parameters: dict[str, str] | None = None,
+                      companion_env: dict[str, str] | None = None) -> Story:
+    """Inference filling one 4-GPU node under load, Kueue's queues (with the check), the
+    companion (``companion_env`` adds to its environment: the crash-point hook)."""
     await gpu_nodes.create(count=1, gpus=REPLICAS)
     await system.start(clouds=1, node_labels={"vkprovider.io/pool": namespace},
                        inventories=[inventory] if inventory else None)
     companion = CompanionProcess(work_dir=system.work_dir, kubeconfig=companion_kubeconfig,
                                  node_name=system.node_name, interval=0.5, move_back_interval=1.0)
-    companion.start()
+    companion.component.start(env={**os.environ, **companion_env} if companion_env else None)
     system.companion = companion
     tag = uuid.uuid4().hex[:6]
     low, high = f"inf-{tag}", f"train-{tag}"
@@ -186,11 +174,6 @@ async def start_story(*, kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFac
         await objects.create(PRIORITY, {"apiVersion": "scheduling.k8s.io/v1",
                                         "kind": "PriorityClass", "metadata": {"name": name},
                                         "value": value})
-    body = policy(f"pw-{tag}", namespace=namespace, app="inference", providers=["cloud0"])
-    body["spec"]["moveBack"] = {"enabled": False}  # the way back is test_moveback's story
-    body["spec"]["prewarm"] = {"timeout": "60s", **(prewarm or {})}
-    await objects.create(POLICIES, body)
-
     # Kueue: a flavor on this test's GPU node, a ClusterQueue covering its GPUs, a LocalQueue
     name = f"pw-{tag}"
     await kube.create(f"{API}/resourceflavors", {
@@ -231,6 +214,18 @@ async def start_story(*, kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFac
     template["containers"][0].update(server(load_seconds=2))
     template["terminationGracePeriodSeconds"] = 2  # the victims drain while endpoints update
     await kube.create(f"/apis/apps/v1/namespaces/{namespace}/deployments", deployment)
+    await eventually(lambda: pods(kube, namespace, "inference"), timeout=90, interval=0.3,
+                     until=lambda ps: len(ps) == REPLICAS and all(
+                         p["status"].get("phase") == "Running"
+                         and p["spec"].get("nodeName") not in (None, system.node_name)
+                         for p in ps), what=f"{REPLICAS} replicas Running inside")
+    # The policy only now: under its overflowAfter 0s a replica the scheduler could not place at
+    # once (its cache not holding the new node yet, on a loaded machine) overflowed, and the
+    # story began with inference already on the cloud and nothing to pre-warm.
+    body = policy(f"pw-{tag}", namespace=namespace, app="inference", providers=["cloud0"])
+    body["spec"]["moveBack"] = {"enabled": False}  # the way back is test_moveback's story
+    body["spec"]["prewarm"] = {"timeout": "60s", **(prewarm or {})}
+    await objects.create(POLICIES, body)
     await service(kube, namespace, "inference", "inference")
     await eventually(lambda: slices(kube, namespace, "inference"), timeout=90,
                      until=lambda items: sum(1 for s in items for ep in s.get("endpoints") or []
