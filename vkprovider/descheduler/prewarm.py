@@ -143,8 +143,6 @@ class Prewarm:
                 idle.synced.set()
         self._active_sent: dict[str, tuple[str, str, str]] = {}
         self._told: dict[str, str] = {}  # workload uid -> last waiting message written
-        # workload uid -> the cached resourceVersion an outcome was written over (see _restore)
-        self._outcome_over: dict[str, str] = {}
         self._backoff = Backoff(base=tick, cap=max(60.0, interval))  # per Workload uid
         self.beat: float | None = None
 
@@ -210,8 +208,6 @@ class Prewarm:
                     None, recorded[0][0].check, None, recorded, policies))
         for uid in [u for u in self._told if u not in seen]:
             del self._told[uid]
-        for uid in [u for u in self._outcome_over if u not in seen]:
-            del self._outcome_over[uid]
         self._backoff.keep(seen)
         return busy
 
@@ -664,17 +660,9 @@ class Prewarm:
                                                "timed-out").inc()
             await self._event(wl, reason="PrewarmTimedOut", message=message, type_="Warning")
             await self._set_check(wl, check, outcome, message)
-            self._outcome_over[wl["metadata"]["uid"]] = str(wl["metadata"].get("resourceVersion"))
         elif first and wl is not None and not action.check:
             await self._event(wl, reason="PrewarmFinished",
                               message=f"surge undone: {action.reason}")
-        if wl is not None and self._outcome_over.get(wl["metadata"]["uid"]) == str(
-                wl["metadata"].get("resourceVersion")):
-            # The outcome was written over this very version of the Workload: the cache has not
-            # seen it yet. Cleared now, the next pass would read the check still Pending, plan
-            # the same attempt again and write Pending over the Retry before Kueue acts on it
-            # (the gang waits a second timeout): keep the intents until the cache catches up.
-            return
         # (an HPA owns the count after its floor is restored: nothing to wait for there)
         if len(done) < len(recorded) or not all(
                 intent.hpa or _settled(self._fresh(dep), intent.scaled_back
