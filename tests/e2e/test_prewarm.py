@@ -14,7 +14,6 @@ replicas, spec.replicas). With a second node whose GPUs are free, the first plan
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import time
@@ -30,7 +29,7 @@ from vkprovider.testing.harness import CompanionProcess
 from vkprovider.testing.kueue import GROUP
 from vkprovider.testing.loadgen import LoadGenerator
 from vkprovider.testing.plugin import GPUNodeFactory
-from vkprovider.testing.waiting import eventually
+from vkprovider.testing.waiting import Sampler, eventually
 
 from .conftest import Cluster, System
 from .test_overflow import POLICIES, PRIORITY, gpu_deployment, pods, policy
@@ -47,39 +46,28 @@ DISPLACED = GANG_PODS * GANG_GPUS
 RATE = 25
 
 
-class DeploymentWatch:
+class DeploymentWatch(Sampler):
     """Samples the Deployment every 200 ms: fewest ready, most spec.replicas, time below N."""
 
     def __init__(self, kube: KubeClient, path: str, desired: int) -> None:
+        super().__init__()
         self.kube, self.path, self.desired = kube, path, desired
         self.min_ready: int | None = None
         self.max_replicas = 0
         self.below_seconds = 0.0
         self.samples = 0
-        self._task: asyncio.Task[None] | None = None
+        self._last: float | None = None
 
-    async def _loop(self) -> None:
-        last = time.monotonic()
-        while True:
-            dep = await self.kube.get(self.path)
-            now = time.monotonic()
-            ready = int(dep.get("status", {}).get("readyReplicas") or 0)
-            if ready < self.desired:
-                self.below_seconds += now - last
-            last = now
-            self.min_ready = ready if self.min_ready is None else min(self.min_ready, ready)
-            self.max_replicas = max(self.max_replicas, int(dep["spec"].get("replicas") or 0))
-            self.samples += 1
-            await asyncio.sleep(0.2)
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop())
-
-    async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+    async def sample(self) -> None:
+        dep = await self.kube.get(self.path)
+        now = time.monotonic()
+        ready = int(dep.get("status", {}).get("readyReplicas") or 0)
+        if ready < self.desired and self._last is not None:
+            self.below_seconds += now - self._last
+        self._last = now
+        self.min_ready = ready if self.min_ready is None else min(self.min_ready, ready)
+        self.max_replicas = max(self.max_replicas, int(dep["spec"].get("replicas") or 0))
+        self.samples += 1
 
 
 @dataclass
@@ -94,6 +82,12 @@ class Story:
     watch: DeploymentWatch
     lg: LoadGenerator | None = None
     created: list[str] = field(default_factory=list)
+
+    async def stop(self) -> None:
+        """Stop the Deployment watch and the load (both idempotent)."""
+        await self.watch.stop()
+        if self.lg is not None:
+            await self.lg.stop()
 
     @property
     def dep_path(self) -> str:
@@ -318,9 +312,7 @@ async def test_the_way_out_with_prewarm_fails_no_request_and_never_dips(
         dep = await story.settled()
         report = await finish_load(story)
     finally:
-        await story.watch.stop()
-        if story.lg is not None:
-            await story.lg.stop()  # idempotent
+        await story.stop()
     print_report("the way out WITH pre-warm", report, story.watch)
     print(f"  gang admitted {admitted_after:.1f}s after it was created (the pre-warm's delay)")
     assert report.failed == 0, [c.as_dict() for c in report.chapters]
@@ -363,9 +355,7 @@ async def test_the_plan_grows_when_surge_replicas_take_the_free_gpus_and_never_d
         dep = await story.settled()
         report = await finish_load(story)
     finally:
-        await story.watch.stop()
-        if story.lg is not None:
-            await story.lg.stop()  # idempotent
+        await story.stop()
     print_report("the way out, plan grown", report, story.watch)
     grown = [e for e in await story.events("Workload") if e["reason"] == "PrewarmGrown"]
     print("  PrewarmGrown:", *sorted({e["message"] for e in grown}), sep="\n    ")
@@ -404,9 +394,7 @@ async def test_the_way_out_without_the_check_reports_its_dip(
         await story.settled()
         report = await finish_load(story)
     finally:
-        await story.watch.stop()
-        if story.lg is not None:
-            await story.lg.stop()  # idempotent
+        await story.stop()
     print_report("the way out WITHOUT pre-warm (plain Kueue)", report, story.watch)
     assert story.watch.max_replicas == REPLICAS, "nothing surged without the check"
     assert await story.live_instances() == len(await story.on_virtual_node())

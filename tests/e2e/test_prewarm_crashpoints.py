@@ -29,18 +29,18 @@ back to ``Pending``): the retry is read from what lasts, ``retryCount`` and
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 
 from vkprovider.descheduler.crashpoint import ENV, EXIT_STATUS
 from vkprovider.kube import KubeClient
 from vkprovider.testing.plugin import GPUNodeFactory
-from vkprovider.testing.waiting import eventually
+from vkprovider.testing.waiting import Sampler, eventually
 
 from .conftest import Cluster, System
 from .test_prewarm import (
@@ -109,45 +109,66 @@ def retry_seen(wl: dict[str, Any] | None, check: str) -> bool:
     return retries(wl, check) > 0
 
 
-@dataclass
-class Attempts:
+class Attempts(Sampler):
     """Samples the Workload, the Deployment, the Workload again, every 200 ms: the pre-warm
     intents (by their start) seen before Kueue counted any retry, and whether a sample ever saw
     more retries than intents (a ``Retry`` written twice for one attempt). Reading the Workload
     after the Deployment makes "before the retry" exact: retries only grow."""
 
-    story: Story
-    check: str
-    before_retry: set[float] = field(default_factory=set)
-    intents: set[float] = field(default_factory=set)
-    most_retries: int = 0
-    over: list[str] = field(default_factory=list)
-    _task: asyncio.Task[None] | None = None
+    def __init__(self, story: Story, check: str) -> None:
+        super().__init__()
+        self.story, self.check = story, check
+        self.before_retry: set[float] = set()
+        self.intents: set[float] = set()
+        self.over: list[str] = []
 
-    async def _loop(self) -> None:
-        while True:
-            first = retries(await self.story.workload(), self.check)
-            dep = await self.story.kube.get(self.story.dep_path)
-            after = retries(await self.story.workload(), self.check)
-            raw = (dep["metadata"].get("annotations") or {}).get(INTENT)
-            if raw:
-                started = float(json.loads(raw)["started"])
-                self.intents.add(started)
-                if after == 0:
-                    self.before_retry.add(started)
-            self.most_retries = max(self.most_retries, after)
-            if first > len(self.intents):
-                self.over.append(f"{first} retries after {len(self.intents)} intent(s)")
-            await asyncio.sleep(0.2)
+    async def sample(self) -> None:
+        first = retries(await self.story.workload(), self.check)
+        dep = await self.story.kube.get(self.story.dep_path)
+        wl = await self.story.workload()
+        if wl is None:
+            return  # no Workload: nothing to tell an attempt from the next
+        after = retries(wl, self.check)
+        raw = (dep["metadata"].get("annotations") or {}).get(INTENT)
+        if raw:
+            started = float(json.loads(raw)["started"])
+            self.intents.add(started)
+            if after == 0:
+                self.before_retry.add(started)
+        if first > len(self.intents):
+            self.over.append(f"{first} retries after {len(self.intents)} intent(s)")
 
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop())
 
-    async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+@dataclass
+class Stage:
+    """What a story needs from the session (the fixtures), to start one with the hook set."""
+
+    kube: KubeClient
+    namespace: str
+    gpu_nodes: GPUNodeFactory
+    system: System
+    companion_kubeconfig: Path
+    objects: Cluster
+    kueue_paths: list[str]
+    local_cluster: Any
+
+    async def story(self, write: str, **options: Any) -> Story:
+        """The pre-warm story, the companion set to stop dead right after ``write``."""
+        return await start_story(
+            kube=self.kube, namespace=self.namespace, gpu_nodes=self.gpu_nodes,
+            system=self.system, companion_kubeconfig=self.companion_kubeconfig,
+            objects=self.objects, kueue_paths=self.kueue_paths,
+            local_cluster=self.local_cluster, with_check=True, companion_env={ENV: write},
+            **options)
+
+
+@pytest_asyncio.fixture
+async def stage(kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory, system: System,
+                companion_kubeconfig: Path, cluster_objects: Cluster, kueue_objects: list[str],
+                local_cluster: Any) -> Stage:
+    return Stage(kube=kube, namespace=namespace, gpu_nodes=gpu_nodes, system=system,
+                 companion_kubeconfig=companion_kubeconfig, objects=cluster_objects,
+                 kueue_paths=kueue_objects, local_cluster=local_cluster)
 
 
 def print_row(k: int, write: str, outcome: str, failed: int, story: Story) -> None:
@@ -158,14 +179,8 @@ def print_row(k: int, write: str, outcome: str, failed: int, story: Story) -> No
 
 @pytest.mark.parametrize("write", WRITES, ids=_id)
 async def test_a_crash_right_after_any_write_of_a_prewarm_converges(
-    write: str, kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory, system: System,
-    companion_kubeconfig: Path, cluster_objects: Cluster, kueue_objects: list[str],
-    local_cluster: Any,
-) -> None:
-    story = await start_story(kube=kube, namespace=namespace, gpu_nodes=gpu_nodes, system=system,
-                              companion_kubeconfig=companion_kubeconfig, objects=cluster_objects,
-                              kueue_paths=kueue_objects, local_cluster=local_cluster,
-                              with_check=True, companion_env={ENV: write})
+        write: str, stage: Stage) -> None:
+    story = await stage.story(write)
     assert story.check is not None
     check = story.check
     try:
@@ -178,9 +193,7 @@ async def test_a_crash_right_after_any_write_of_a_prewarm_converges(
         dep = await story.settled()
         report = await finish_load(story)
     finally:
-        await story.watch.stop()
-        if story.lg is not None:
-            await story.lg.stop()  # idempotent
+        await story.stop()
     entry = check_state(wl, check)
     print_row(k, write, f"admitted ({entry.get('message')})", report.failed, story)
     assert entry["state"] == "Ready" and "pre-warmed" in entry["message"], entry
@@ -195,15 +208,9 @@ async def test_a_crash_right_after_any_write_of_a_prewarm_converges(
 
 @pytest.mark.parametrize("write", RETRY_WRITES, ids=_id)
 async def test_a_crash_right_after_a_retry_write_still_retries_once(
-    write: str, kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory, system: System,
-    companion_kubeconfig: Path, cluster_objects: Cluster, kueue_objects: list[str],
-    local_cluster: Any,
-) -> None:
-    story = await start_story(kube=kube, namespace=namespace, gpu_nodes=gpu_nodes, system=system,
-                              companion_kubeconfig=companion_kubeconfig, objects=cluster_objects,
-                              kueue_paths=kueue_objects, local_cluster=local_cluster,
-                              with_check=True, prewarm={"timeout": "8s", "onTimeout": "Retry"},
-                              inventory=NO_CAPACITY, companion_env={ENV: write})
+        write: str, stage: Stage) -> None:
+    story = await stage.story(write, prewarm={"timeout": "8s", "onTimeout": "Retry"},
+                              inventory=NO_CAPACITY)
     assert story.check is not None
     check = story.check
     attempts = Attempts(story=story, check=check)
@@ -211,18 +218,18 @@ async def test_a_crash_right_after_a_retry_write_still_retries_once(
         await story.gang()
         attempts.start()
         k = await crash_then_restart(story, write)
-        await eventually(story.workload, timeout=90, interval=0.2,
-                         until=lambda w: retry_seen(w, check), what="Kueue retrying the gang")
-        await kube.delete(f"/apis/batch/v1/namespaces/{namespace}/jobs/gang",
+        retried = await eventually(story.workload, timeout=90, interval=0.2,
+                                   until=lambda w: retry_seen(w, check),
+                                   what="Kueue retrying the gang")
+        await attempts.stop()  # before the gang goes: a Workload gone counts no retries
+        await story.kube.delete(f"/apis/batch/v1/namespaces/{story.namespace}/jobs/gang",
                           propagation="Background")
         dep = await story.settled()
         report = await finish_load(story)
     finally:
         await attempts.stop()
-        await story.watch.stop()
-        if story.lg is not None:
-            await story.lg.stop()  # idempotent
-    print_row(k, write, f"Retry (retries counted {attempts.most_retries}, attempts surged "
+        await story.stop()
+    print_row(k, write, f"Retry (retries seen {retries(retried, check)}, attempts surged "
               f"before it {len(attempts.before_retry)})", report.failed, story)
     assert len(attempts.before_retry) == 1, "the attempt surged once before its Retry"
     assert not attempts.over, attempts.over
