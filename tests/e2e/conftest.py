@@ -13,6 +13,7 @@ import pytest
 import pytest_asyncio
 
 from vkprovider.kube import KubeClient
+from vkprovider.kube.errors import APIError
 from vkprovider.testing.cluster import LocalCluster
 from vkprovider.testing.harness import (
     CompanionProcess,
@@ -23,7 +24,10 @@ from vkprovider.testing.harness import (
     install_provider_rbac,
     service_account_kubeconfig,
 )
-from vkprovider.testing.kueue import kueue  # noqa: F401 - the session's real Kueue fixture
+from vkprovider.testing.kueue import (
+    KueueManager,
+    kueue,  # noqa: F401 - the session's real Kueue fixture
+)
 from vkprovider.testing.realnode import RealNode
 
 
@@ -164,6 +168,21 @@ async def cluster_objects(kube: KubeClient, crds: list[str]) -> AsyncIterator[Cl
     finally:
         for path in reversed(objs.paths):
             with contextlib.suppress(Exception):
+                await kube.delete(path)
+
+
+@pytest_asyncio.fixture
+async def kueue_objects(
+    kueue: KueueManager,  # noqa: F811 - requests the session's Kueue (imported above)
+    kube: KubeClient,
+) -> AsyncIterator[list[str]]:
+    """Cluster-scoped Kueue objects a test creates, deleted after it (checks last)."""
+    paths: list[str] = []
+    try:
+        yield paths
+    finally:
+        for path in reversed(paths):
+            with contextlib.suppress(APIError):
                 await kube.delete(path)
 
 

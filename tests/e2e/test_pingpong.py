@@ -27,18 +27,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError
 from vkprovider.testing.harness import CompanionProcess
-from vkprovider.testing.kueue import GROUP, KueueManager
+from vkprovider.testing.kueue import GROUP
 from vkprovider.testing.plugin import GPUNodeFactory
 from vkprovider.testing.waiting import eventually
 
@@ -49,17 +47,6 @@ pytestmark = pytest.mark.cluster
 API = f"/apis/{GROUP}/v1beta2"
 QUEUE_LABEL = f"{GROUP}/queue-name"
 GPUS = 2  # the internal node's, the inference's (2 x 1) and each gang's (1 x 2)
-
-
-@pytest_asyncio.fixture
-async def kueue_objects(kueue: KueueManager, kube: KubeClient) -> AsyncIterator[list[str]]:
-    paths: list[str] = []
-    try:
-        yield paths
-    finally:
-        for path in reversed(paths):
-            with contextlib.suppress(APIError):
-                await kube.delete(path)
 
 
 async def inference_home_then_out(*, kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory,

@@ -14,25 +14,22 @@ replicas, spec.replicas). With a second node whose GPUs are free, the first plan
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
+import os
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 
 from vkprovider.kube import KubeClient
-from vkprovider.kube.errors import APIError
 from vkprovider.testing.harness import CompanionProcess
-from vkprovider.testing.kueue import GROUP, KueueManager
+from vkprovider.testing.kueue import GROUP
 from vkprovider.testing.loadgen import LoadGenerator
 from vkprovider.testing.plugin import GPUNodeFactory
-from vkprovider.testing.waiting import eventually
+from vkprovider.testing.waiting import Sampler, eventually
 
 from .conftest import Cluster, System
 from .test_overflow import POLICIES, PRIORITY, gpu_deployment, pods, policy
@@ -49,39 +46,28 @@ DISPLACED = GANG_PODS * GANG_GPUS
 RATE = 25
 
 
-class DeploymentWatch:
+class DeploymentWatch(Sampler):
     """Samples the Deployment every 200 ms: fewest ready, most spec.replicas, time below N."""
 
     def __init__(self, kube: KubeClient, path: str, desired: int) -> None:
+        super().__init__()
         self.kube, self.path, self.desired = kube, path, desired
         self.min_ready: int | None = None
         self.max_replicas = 0
         self.below_seconds = 0.0
         self.samples = 0
-        self._task: asyncio.Task[None] | None = None
+        self._last: float | None = None
 
-    async def _loop(self) -> None:
-        last = time.monotonic()
-        while True:
-            dep = await self.kube.get(self.path)
-            now = time.monotonic()
-            ready = int(dep.get("status", {}).get("readyReplicas") or 0)
-            if ready < self.desired:
-                self.below_seconds += now - last
-            last = now
-            self.min_ready = ready if self.min_ready is None else min(self.min_ready, ready)
-            self.max_replicas = max(self.max_replicas, int(dep["spec"].get("replicas") or 0))
-            self.samples += 1
-            await asyncio.sleep(0.2)
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop())
-
-    async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+    async def sample(self) -> None:
+        dep = await self.kube.get(self.path)
+        now = time.monotonic()
+        ready = int(dep.get("status", {}).get("readyReplicas") or 0)
+        if ready < self.desired and self._last is not None:
+            self.below_seconds += now - self._last
+        self._last = now
+        self.min_ready = ready if self.min_ready is None else min(self.min_ready, ready)
+        self.max_replicas = max(self.max_replicas, int(dep["spec"].get("replicas") or 0))
+        self.samples += 1
 
 
 @dataclass
@@ -96,6 +82,12 @@ class Story:
     watch: DeploymentWatch
     lg: LoadGenerator | None = None
     created: list[str] = field(default_factory=list)
+
+    async def stop(self) -> None:
+        """Stop the Deployment watch and the load (both idempotent)."""
+        await self.watch.stop()
+        if self.lg is not None:
+            await self.lg.stop()
 
     @property
     def dep_path(self) -> str:
@@ -155,30 +147,20 @@ class Story:
                 if p["spec"].get("nodeName") == self.system.node_name]
 
 
-@pytest_asyncio.fixture
-async def kueue_objects(kueue: KueueManager, kube: KubeClient) -> AsyncIterator[list[str]]:
-    """Cluster-scoped Kueue objects a test creates, deleted after it (checks last)."""
-    paths: list[str] = []
-    try:
-        yield paths
-    finally:
-        for path in reversed(paths):
-            with contextlib.suppress(APIError):
-                await kube.delete(path)
-
-
 async def start_story(*, kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory,
                       system: System, companion_kubeconfig: Path, objects: Cluster,
                       kueue_paths: list[str], local_cluster: Any, with_check: bool,
                       prewarm: dict[str, Any] | None = None, inventory: str | None = None,
-                      load: bool = True, check_parameters: dict[str, str] | None = None
-                      ) -> Story:
+                      load: bool = True, check_parameters: dict[str, str] | None = None,
+                      companion_env: dict[str, str] | None = None) -> Story:
+    """Inference filling one 4-GPU node under load, Kueue's queues (with the check), the
+    companion (``companion_env`` adds to its environment: the crash-point hook)."""
     await gpu_nodes.create(count=1, gpus=REPLICAS)
     await system.start(clouds=1, node_labels={"vkprovider.io/pool": namespace},
                        inventories=[inventory] if inventory else None)
     companion = CompanionProcess(work_dir=system.work_dir, kubeconfig=companion_kubeconfig,
                                  node_name=system.node_name, interval=0.5, move_back_interval=1.0)
-    companion.start()
+    companion.component.start(env={**os.environ, **companion_env} if companion_env else None)
     system.companion = companion
     tag = uuid.uuid4().hex[:6]
     low, high = f"inf-{tag}", f"train-{tag}"
@@ -186,11 +168,6 @@ async def start_story(*, kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFac
         await objects.create(PRIORITY, {"apiVersion": "scheduling.k8s.io/v1",
                                         "kind": "PriorityClass", "metadata": {"name": name},
                                         "value": value})
-    body = policy(f"pw-{tag}", namespace=namespace, app="inference", providers=["cloud0"])
-    body["spec"]["moveBack"] = {"enabled": False}  # the way back is test_moveback's story
-    body["spec"]["prewarm"] = {"timeout": "60s", **(prewarm or {})}
-    await objects.create(POLICIES, body)
-
     # Kueue: a flavor on this test's GPU node, a ClusterQueue covering its GPUs, a LocalQueue
     name = f"pw-{tag}"
     await kube.create(f"{API}/resourceflavors", {
@@ -231,6 +208,18 @@ async def start_story(*, kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFac
     template["containers"][0].update(server(load_seconds=2))
     template["terminationGracePeriodSeconds"] = 2  # the victims drain while endpoints update
     await kube.create(f"/apis/apps/v1/namespaces/{namespace}/deployments", deployment)
+    await eventually(lambda: pods(kube, namespace, "inference"), timeout=90, interval=0.3,
+                     until=lambda ps: len(ps) == REPLICAS and all(
+                         p["status"].get("phase") == "Running"
+                         and p["spec"].get("nodeName") not in (None, system.node_name)
+                         for p in ps), what=f"{REPLICAS} replicas Running inside")
+    # The policy only now: under its overflowAfter 0s a replica the scheduler could not place at
+    # once (its cache not holding the new node yet, on a loaded machine) overflowed, and the
+    # story began with inference already on the cloud and nothing to pre-warm.
+    body = policy(f"pw-{tag}", namespace=namespace, app="inference", providers=["cloud0"])
+    body["spec"]["moveBack"] = {"enabled": False}  # the way back is test_moveback's story
+    body["spec"]["prewarm"] = {"timeout": "60s", **(prewarm or {})}
+    await objects.create(POLICIES, body)
     await service(kube, namespace, "inference", "inference")
     await eventually(lambda: slices(kube, namespace, "inference"), timeout=90,
                      until=lambda items: sum(1 for s in items for ep in s.get("endpoints") or []
@@ -340,9 +329,7 @@ async def test_the_way_out_with_prewarm_fails_no_request_and_never_dips(
         dep = await story.settled()
         report = await finish_load(story)
     finally:
-        await story.watch.stop()
-        if story.lg is not None:
-            await story.lg.stop()  # idempotent
+        await story.stop()
     print_report("the way out WITH pre-warm", report, story.watch)
     print(f"  gang admitted {admitted_after:.1f}s after it was created (the pre-warm's delay)")
     assert report.failed == 0, [c.as_dict() for c in report.chapters]
@@ -385,9 +372,7 @@ async def test_the_plan_grows_when_surge_replicas_take_the_free_gpus_and_never_d
         dep = await story.settled()
         report = await finish_load(story)
     finally:
-        await story.watch.stop()
-        if story.lg is not None:
-            await story.lg.stop()  # idempotent
+        await story.stop()
     print_report("the way out, plan grown", report, story.watch)
     grown = [e for e in await story.events("Workload") if e["reason"] == "PrewarmGrown"]
     print("  PrewarmGrown:", *sorted({e["message"] for e in grown}), sep="\n    ")
@@ -426,9 +411,7 @@ async def test_the_way_out_without_the_check_reports_its_dip(
         await story.settled()
         report = await finish_load(story)
     finally:
-        await story.watch.stop()
-        if story.lg is not None:
-            await story.lg.stop()  # idempotent
+        await story.stop()
     print_report("the way out WITHOUT pre-warm (plain Kueue)", report, story.watch)
     assert story.watch.max_replicas == REPLICAS, "nothing surged without the check"
     assert await story.live_instances() == len(await story.on_virtual_node())

@@ -85,7 +85,7 @@ PROVIDER_CALLS = [
 COMPANION_CALLS = [
     *calls("", "pods", "get list watch patch"),
     *calls("", "namespaces", "list watch"),
-    *calls("apps", "replicasets", "get list watch"),
+    *calls("apps", "replicasets", "list watch"),  # an informer; never a GET per pod
     *calls("apps", "deployments", "list watch patch"),
     *calls("apps", "deployments/scale", "patch"),
     *calls("autoscaling", "horizontalpodautoscalers", "list watch patch"),

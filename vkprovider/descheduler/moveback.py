@@ -667,8 +667,10 @@ class MoveBack:
             with contextlib.suppress(NotFoundError):  # it stays: unmark it
                 await self.client.patch(f"/api/v1/namespaces/{ns}/pods/{intent.pod}",
                                         {"metadata": {"annotations": {COST: None}}})
-        await self._clear_intent(dep)
-        crash_point("move-back: intent cleared")
+        # Reported (the Event written, not only queued) before the intent is cleared: a crash
+        # right after the clear must not lose a move that worked, since nothing judges it again;
+        # a crash between the two finishes it again from the intent and reports it twice, never
+        # not at all.
         seconds = max(0.0, self.clock() - intent.started)
         result = MoveResult(deployment=key, result="moved" if moved else "rolled-back",
                             seconds=round(seconds, 2), min_ready=min_ready, desired=n,
@@ -696,6 +698,9 @@ class MoveBack:
             self._decide(policy=intent.policy, pod=pod_key, decision="MoveBackFailed",
                          reason=f"{key}: {message}")
         log.info("move finished", extra=kv(**asdict(result)))
+        await self.events.flush()
+        await self._clear_intent(dep)
+        crash_point("move-back: intent cleared")
         return result
 
     def _cooldown(self, intent: Intent, *, base: bool, key: str = "") -> float:

@@ -71,6 +71,7 @@ from typing import Any
 from vkprovider.descheduler import prewarm_plan as plan
 from vkprovider.descheduler.admission import OverflowAdmission
 from vkprovider.descheduler.backoff import Backoff
+from vkprovider.descheduler.crashpoint import crash_point
 from vkprovider.descheduler.kueueapi import KueueAPI
 from vkprovider.descheduler.loophealth import loop_problem
 from vkprovider.descheduler.metrics import CompanionMetrics
@@ -508,6 +509,7 @@ class Prewarm:
                 "annotations": {plan.INTENT: intent.dumps()}}})
         except (ConflictError, NotFoundError):
             return None
+        crash_point("pre-warm: intent recorded")
         await self._scale(dep, intent, intent.target)
         text = (f"Pre-warming for Workload {_key(wl)}: surge {n} -> {intent.target} on the "
                 f"virtual node (replaces {', '.join(intent.victims)})")
@@ -534,6 +536,7 @@ class Prewarm:
                     "annotations": {plan.INTENT: now.dumps()}}})
             except (ConflictError, NotFoundError):
                 continue  # changed since we looked: the next pass plans again
+            crash_point("pre-warm: intent grown")
             await self._scale(dep, now, now.target)
             text = (f"Pre-warm for Workload {_key(wl)} grew: surge {now.replicas} -> "
                     f"{now.target} (was -> {was.target}); the gang now displaces "
@@ -587,6 +590,7 @@ class Prewarm:
             with contextlib.suppress(NotFoundError):
                 await self.client.patch(_dep_path(dep), {"metadata": {"annotations": {
                     plan.INTENT: ready.dumps()}}})
+                crash_point("pre-warm: intent marked Ready")
             seconds = now - intent.started
             self.metrics.prewarm_seconds.observe(seconds)
             text = (f"{intent.surge} surge replica(s) Ready on the virtual node in "
@@ -634,6 +638,7 @@ class Prewarm:
                     first=dep)
                 if written is None:
                     continue  # gone, or changed since it was read: the next pass decides again
+                crash_point("pre-warm: surge taken back")
                 intent = plan.intent_of(written) or restoring
             done.append((intent, dep))
             if not first:
@@ -669,6 +674,7 @@ class Prewarm:
             with contextlib.suppress(NotFoundError):
                 await self.client.patch(_dep_path(dep), {"metadata": {
                     "labels": {plan.LABEL: None}, "annotations": {plan.INTENT: None}}})
+                crash_point("pre-warm: intent cleared")
 
     # ---- writes --------------------------------------------------------------------------------
 
@@ -704,10 +710,12 @@ class Prewarm:
                     floor = int(top)
                 if hpa is None or hpa["spec"].get("minReplicas") != floor:
                     await self.client.patch(path, {"spec": {"minReplicas": floor}})
+                    crash_point("pre-warm: surge written (HPA floor)")
                 return  # the HPA scales the Deployment up to its new floor
             if int((dep.get("spec") or {}).get("replicas") or 0) != replicas:
                 await self.client.patch(f"{_dep_path(dep)}/scale",
                                         {"spec": {"replicas": replicas}})
+                crash_point("pre-warm: surge written")
         except NotFoundError:
             return
 
@@ -736,6 +744,7 @@ class Prewarm:
             return
         log.info("pre-warm check", extra=kv(workload=_key(wl), check=check, state=state,
                                             message=message))
+        crash_point(f"pre-warm: check {state}")
 
     async def _event(self, wl: Body, *, reason: str, message: str,
                      type_: str = "Normal") -> None:
