@@ -262,21 +262,24 @@ def check_state(wl: dict[str, Any] | None, check: str) -> dict[str, Any]:
     return {}
 
 
+def retries(wl: dict[str, Any] | None, check: str) -> int:
+    """How many times Kueue retried the Workload on ``check``, from what lasts: the check's
+    ``retryCount`` and the ``AdmissionCheck`` evictions in ``schedulingStats`` (the ``Retry``
+    state and the ``Evicted`` condition are gone once Kueue requeued it); at least 1 while
+    either transient sign is still there."""
+    entry = check_state(wl, check)
+    counted = int(entry.get("retryCount") or 0)
+    for ev in (((wl or {}).get("status") or {}).get("schedulingStats") or {}).get(
+            "evictions") or []:
+        if ev.get("reason") == "AdmissionCheck":
+            counted = max(counted, int(ev.get("count") or 0))
+    if entry.get("state") == "Retry" or condition(wl, "Evicted").get("reason") == "AdmissionCheck":
+        counted = max(counted, 1)
+    return counted
+
+
 def retry_seen(wl: dict[str, Any] | None, check: str) -> bool:
-    """Whether Kueue has seen ``Retry`` on ``check``: the state itself, or what Kueue leaves after
-    acting on it. Retry and the Evicted condition are both transient (Kueue evicts, resets the check
-    to Pending and admits again within a poll interval), so the lasting marks count too: the
-    check's ``retryCount`` and an AdmissionCheck eviction in ``schedulingStats``."""
-    state = check_state(wl, check)
-    if state.get("state") == "Retry" or int(state.get("retryCount") or 0) >= 1:
-        return True
-    evicted = condition(wl, "Evicted")
-    if evicted.get("status") == "True" and evicted.get("reason") in (
-            "AdmissionCheck", "AdmissionCheckRetry"):
-        return True
-    stats = ((wl or {}).get("status") or {}).get("schedulingStats") or {}
-    return any(str(e.get("reason", "")).startswith("AdmissionCheck") and int(e.get("count") or 0)
-               for e in stats.get("evictions") or [])
+    return retries(wl, check) > 0
 
 
 async def finish_load(story: Story) -> Any:

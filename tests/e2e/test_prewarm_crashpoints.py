@@ -52,6 +52,8 @@ from .test_prewarm import (
     condition,
     finish_load,
     plan_label_gone,
+    retries,
+    retry_seen,
     start_story,
 )
 
@@ -87,26 +89,6 @@ async def crash_then_restart(story: Story, write: str) -> int:
     story.companion.component.stop()
     story.companion.start()  # without the hook
     return int(crashed[0]["write"])
-
-
-def retries(wl: dict[str, Any] | None, check: str) -> int:
-    """How many times Kueue retried the Workload on ``check``, from what lasts: the check's
-    ``retryCount`` and the ``AdmissionCheck`` evictions in ``schedulingStats`` (the ``Retry``
-    state and the ``Evicted`` condition are gone once Kueue requeued it); at least 1 while
-    either transient sign is still there."""
-    entry = check_state(wl, check)
-    counted = int(entry.get("retryCount") or 0)
-    for ev in (((wl or {}).get("status") or {}).get("schedulingStats") or {}).get(
-            "evictions") or []:
-        if ev.get("reason") == "AdmissionCheck":
-            counted = max(counted, int(ev.get("count") or 0))
-    if entry.get("state") == "Retry" or condition(wl, "Evicted").get("reason") == "AdmissionCheck":
-        counted = max(counted, 1)
-    return counted
-
-
-def retry_seen(wl: dict[str, Any] | None, check: str) -> bool:
-    return retries(wl, check) > 0
 
 
 class Attempts(Sampler):
