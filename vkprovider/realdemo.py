@@ -15,7 +15,9 @@ ClusterIP the whole time, one after another; kube-proxy's own rules deliver them
 writes one line per request and the table counts them per chapter. No address table anywhere:
 the mock cloud and the provider get none, the replicas have no probe (Ready when running).
 
-:func:`play_real_story` is the story (the e2e test ``tests/e2e/test_real_story.py`` judges it);
+:func:`play_real_story` is the story (the e2e test ``tests/e2e/test_real_story.py`` judges it),
+with the provider, companion and mock cloud as local processes, or (:class:`InstalledChart`) the
+pods of a ``helm install`` of the chart on the node, from the project's image;
 :func:`run_real_demo` brings up the cluster and the node around it, as root.
 """
 
@@ -41,6 +43,7 @@ from vkprovider.kube.errors import ConflictError, NotFoundError
 from vkprovider.testing.cluster import LocalCluster
 from vkprovider.testing.harness import (
     CompanionProcess,
+    MockCloudAPI,
     MockCloudProcess,
     ProviderProcess,
     grant_provider_node,
@@ -166,6 +169,21 @@ def client_pod(*, node: str, name: str, cluster_ip: str) -> dict[str, Any]:
                  "containers": [{"name": "client", "image": BUSYBOX_IMAGE,
                                  "imagePullPolicy": "Never",
                                  "command": ["/bin/sh", "-c", CLIENT.format(ip=cluster_ip)]}]}}
+
+
+@dataclass(frozen=True)
+class InstalledChart:
+    """A release of the chart already installed (``helm install``) on the cluster, whose
+    provider, companion and mock cloud the story uses instead of starting its own processes.
+
+    The release's virtual node must carry the pool label ``vkprovider.io/pool=<namespace>``
+    (the chart's ``node.labels``), and its provider must list the mock cloud as ``provider``
+    (the chart names it ``mock``). ``cloud`` is the mock cloud pod's API as this process reaches
+    it (the host routes the real node's pod range; see ``RealNode``)."""
+
+    virtual_node: str
+    cloud: MockCloudAPI
+    provider: str = "mock"
 
 
 @dataclass
@@ -304,32 +322,45 @@ def _nat_rules(netns: str) -> str:
                           capture_output=True, text=True, check=True, timeout=30).stdout
 
 
-async def _live_instances(cloud: MockCloudProcess) -> int:
+async def _live_instances(cloud: MockCloudAPI) -> int:
     return sum(1 for e in await cloud.ledger() if e["state"] != "deleted")
 
 
 async def play_real_story(*, kube: KubeClient, cluster: LocalCluster, node: RealNode,
-                          namespace: str, provider_kubeconfig: Path,
-                          companion_kubeconfig: Path, work_dir: Path,
+                          namespace: str, work_dir: Path,
+                          provider_kubeconfig: Path | None = None,
+                          companion_kubeconfig: Path | None = None,
+                          installed: InstalledChart | None = None,
                           say: Callable[[str], None] = lambda _: None,
                           prewarm: bool = False) -> RealStory:
     """The story in ``namespace`` (which exists), with the node, a mock cloud, the provider
-    and the companion; everything it starts or changes is undone before it returns. With
-    ``prewarm`` the gang goes through Kueue (running beside ``cluster``) and the pre-warm
-    AdmissionCheck: inference surges onto the cloud before the gang is admitted."""
+    and the companion: started here as local processes (with their kubeconfigs), or, with
+    ``installed``, the pods of a release of the chart. Everything it starts or changes is
+    undone before it returns. With ``prewarm`` the gang goes through Kueue (running beside
+    ``cluster``) and the pre-warm AdmissionCheck: inference surges onto the cloud before the
+    gang is admitted."""
+    if installed is None and (provider_kubeconfig is None or companion_kubeconfig is None):
+        raise ValueError("without an installed chart the story needs the provider's and the "
+                         "companion's kubeconfigs")
     story = RealStory(prewarm=prewarm)
     t0 = time.monotonic()
     tag = uuid.uuid4().hex[:6]
-    virtual = f"vk-{tag}"
+    virtual = installed.virtual_node if installed is not None else f"vk-{tag}"
     node_path = f"/api/v1/nodes/{node.name}"
     low, high = f"inf-{tag}", f"train-{tag}"
-    cloud = MockCloudProcess(work_dir=work_dir, name="cloud0", boot_delay=0.3)
+    process: MockCloudProcess | None = None
+    cloud: MockCloudAPI
+    if installed is None:
+        cloud = process = MockCloudProcess(work_dir=work_dir, name="cloud0", boot_delay=0.3)
+    else:
+        cloud = installed.cloud
     provider: ProviderProcess | None = None
     companion: CompanionProcess | None = None
     spaces: InstanceSpaces | None = None
     made: list[str] = []
     try:
-        await grant_provider_node(kube=kube, node=virtual)
+        if installed is None:
+            await grant_provider_node(kube=kube, node=virtual)
         say(f"the real node {node.name} offers {REPLICAS} H100s to the pool {namespace}")
         await kube.patch(node_path, {"metadata": {"labels": {
             POOL_LABEL: namespace, "nvidia.com/gpu.product": PRODUCT,
@@ -338,12 +369,14 @@ async def play_real_story(*, kube: KubeClient, cluster: LocalCluster, node: Real
         await eventually(lambda: kube.get(node_path), timeout=30,
                          until=lambda n: n["status"].get("allocatable", {}).get(GPU)
                          == str(REPLICAS), what="the real node's GPUs allocatable")
-        await cloud.start()
-        provider = ProviderProcess(work_dir=work_dir, kubeconfig=provider_kubeconfig,
-                                   node_name=virtual, clouds=[cloud],
-                                   node={"labels": {POOL_LABEL: namespace}},
-                                   client_ca_file=cluster.ca_path)
-        provider.start()
+        if process is not None and provider_kubeconfig is not None:
+            await process.start()
+            provider = ProviderProcess(work_dir=work_dir, kubeconfig=provider_kubeconfig,
+                                       node_name=virtual, clouds=[process],
+                                       node={"labels": {POOL_LABEL: namespace}},
+                                       client_ca_file=cluster.ca_path)
+            provider.start()
+
         async def virtual_node() -> dict[str, Any] | None:
             with contextlib.suppress(NotFoundError):
                 return await kube.get(f"/api/v1/nodes/{virtual}")
@@ -355,9 +388,11 @@ async def play_real_story(*, kube: KubeClient, cluster: LocalCluster, node: Real
                              for c in n["status"].get("conditions") or []),
                          what=f"virtual node {virtual} Ready")
         story.timings["virtual node Ready"] = time.monotonic() - t0
-        companion = CompanionProcess(work_dir=work_dir, kubeconfig=companion_kubeconfig,
-                                     node_name=virtual, interval=0.5, move_back_interval=1.0)
-        companion.start()
+        if installed is None and companion_kubeconfig is not None:
+            companion = CompanionProcess(work_dir=work_dir, kubeconfig=companion_kubeconfig,
+                                         node_name=virtual, interval=0.5,
+                                         move_back_interval=1.0)
+            companion.start()
         for name, value in ((low, 100), (high, 1000)):
             await kube.create(PRIORITY, {"apiVersion": "scheduling.k8s.io/v1",
                                          "kind": "PriorityClass", "metadata": {"name": name},
@@ -368,7 +403,8 @@ async def play_real_story(*, kube: KubeClient, cluster: LocalCluster, node: Real
             "metadata": {"name": f"inference-{tag}"},
             "spec": {"selector": {"namespaces": [namespace],
                                   "podSelector": {"matchLabels": {"app": "inference"}}},
-                     "providers": ["cloud0"], "overflowAfter": "0s",
+                     "providers": [installed.provider if installed else "cloud0"],
+                     "overflowAfter": "0s",
                      "moveBack": {"enabled": True, "stableFor": "2s", "maxConcurrent": 2,
                                   "cooldown": "5s", "timeout": "60s"},
                      **({"prewarm": {"enabled": True, "timeout": "120s"}} if prewarm else {})}})
@@ -457,12 +493,13 @@ async def play_real_story(*, kube: KubeClient, cluster: LocalCluster, node: Real
     finally:
         if spaces is not None:
             await spaces.stop()
-        for proc in (provider, companion, cloud):
+        for proc in (provider, companion, process):
             if proc is not None:
                 proc.stop()
+        # an installed release's virtual node is the release's (its uninstall removes it)
         for path in (f"/apis/apps/v1/namespaces/{namespace}/deployments/inference",
                      f"/apis/batch/v1/namespaces/{namespace}/jobs/training",
-                     f"/api/v1/nodes/{virtual}", *reversed(made)):
+                     *([] if installed else [f"/api/v1/nodes/{virtual}"]), *reversed(made)):
             with contextlib.suppress(NotFoundError):
                 await kube.delete(path)
         with contextlib.suppress(Exception):

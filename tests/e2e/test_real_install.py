@@ -26,124 +26,54 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-import os
-import subprocess
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError, NotFoundError
 from vkprovider.testing.cluster import LocalCluster
-from vkprovider.testing.realnode import (
-    TOLERATION,
-    RealNode,
-    find_image_archive,
-    find_kubectl,
-)
+from vkprovider.testing.realnode import RealNode
 from vkprovider.testing.waiting import eventually
 
 from .bursts import burst_objects
+from .realinstall import (
+    CHART,
+    Obj,
+    component,
+    helm,
+    import_project_image,
+    kubectl,
+    lease_holder,
+    mock_cloud_api,
+    node_ready,
+    pods,
+    print_release,
+    ready,
+    real_node_values,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1200)]
 
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "vkprovider"
 POLICIES = "/apis/vkprovider.io/v1alpha1/overflowpolicies"
-Obj = dict[str, Any]
-
-
-def find_helm() -> Path:
-    """helm v4: ``VKP_HELM_BIN``'s, else tools/helm's build (cached)."""
-    folder = os.environ.get("VKP_HELM_BIN")
-    if not folder:
-        done = subprocess.run(["bash", str(REPO / "tools" / "helm" / "build.sh")],
-                              capture_output=True, text=True, timeout=1800, check=False)
-        assert done.returncode == 0, f"tools/helm/build.sh failed:\n{done.stderr[-4000:]}"
-        folder = done.stdout.strip().splitlines()[-1]
-    path = Path(folder) / "helm"
-    assert path.is_file(), f"{folder} has no helm"
-    return path
-
-
-def run(cluster: LocalCluster, argv: list[str], timeout: float = 600
-        ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
-    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout,
-                          check=False)
-
-
-async def helm(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return await asyncio.to_thread(run, cluster, [str(find_helm()), *args])
-
-
-async def kubectl(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return await asyncio.to_thread(run, cluster, [str(find_kubectl()), *args], 60)
-
-
-async def pods(kube: KubeClient, namespace: str, selector: str) -> list[Obj]:
-    body = await kube.get(f"/api/v1/namespaces/{namespace}/pods",
-                          params={"labelSelector": selector})
-    return [p for p in body["items"] if not p["metadata"].get("deletionTimestamp")]
-
-
-def ready(pod: Obj) -> bool:
-    conds = pod.get("status", {}).get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
-
-
-async def node_ready(kube: KubeClient, name: str) -> Obj | None:
-    with contextlib.suppress(NotFoundError):
-        node = await kube.get(f"/api/v1/nodes/{name}")
-        conds = node.get("status", {}).get("conditions") or []
-        if any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
-            return node
-    return None
-
-
-async def lease_holder(kube: KubeClient, namespace: str, lease: str) -> str | None:
-    with contextlib.suppress(NotFoundError):
-        got = await kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{lease}")
-        return got["spec"].get("holderIdentity")
-    return None
-
-
-def component(name: str) -> str:
-    return f"app.kubernetes.io/component={name}"
 
 
 async def test_helm_install_on_a_real_node_bursts_to_the_mock_cloud_and_uninstalls_clean(
         real_node: RealNode, local_cluster: LocalCluster, kube: KubeClient, namespace: str,
         tmp_path: Path) -> None:
     timings: dict[str, float] = {}
-    t0 = time.monotonic()
-    archive = await asyncio.to_thread(find_image_archive)
-    timings["image archive (built or cached)"] = time.monotonic() - t0
-    t1 = time.monotonic()
-    image = await asyncio.to_thread(real_node.import_image, archive)
-    timings["ctr images import"] = time.monotonic() - t1
-    repository, tag = image.rsplit(":", 1)
+    image = await import_project_image(real_node, timings)
 
     suffix = uuid.uuid4().hex[:6]
     release, vnode = f"ri{suffix}", f"vk-real-{suffix}"
     fullname = f"{release}-vkprovider"
-    on_the_real_node = {"nodeSelector": {"kubernetes.io/hostname": real_node.name},
-                        "tolerations": [TOLERATION]}
-    values = {
-        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-        "node": {"name": vnode, "labels": {"vkprovider.io/pool": namespace}},
-        "mockCloud": {"enabled": True, "extraArgs": ["--inventory=H100:us-east:8:2.49"],
-                      **on_the_real_node},
-        "provider": on_the_real_node,
-        "companion": on_the_real_node,
-    }
-    values_file = tmp_path / "values.yaml"
-    values_file.write_text(yaml.safe_dump(values))
+    values_file = real_node_values(real_node=real_node, image=image, virtual_node=vnode,
+                                   pool=namespace,
+                                   mock_cloud_args=["--inventory=H100:us-east:8:2.49"],
+                                   tmp_path=tmp_path)
     installed = False
     try:
         t2 = time.monotonic()
@@ -208,21 +138,8 @@ async def test_helm_install_on_a_real_node_bursts_to_the_mock_cloud_and_uninstal
         assert annotations["vkprovider.io/provider"] == "mock"
         burst_name = burst["metadata"]["name"]
 
-        # the mock cloud's own account of it, asked at its pod IP: the host routes the node's
-        # pod range over the node's link (checked first: without that route this request would
-        # take the host's default route, off the machine)
-        cloud_ip = clouds[0]["status"]["podIP"]
-        route = (await asyncio.to_thread(subprocess.run, ["ip", "-4", "route", "get", cloud_ip],
-                                         capture_output=True, text=True, check=True)).stdout
-        assert f" dev {real_node.host_if} " in route, route
-        cloud_url = f"http://{cloud_ip}:8080"
-
-        async def ledger() -> list[Obj]:
-            async with httpx.AsyncClient(base_url=cloud_url, timeout=10) as http:
-                resp = await http.get("/admin/ledger")
-                resp.raise_for_status()
-                body = resp.json()
-                return list(body["instances"] if isinstance(body, dict) else body)
+        # the mock cloud's own account of it, asked at its pod IP (see mock_cloud_api)
+        ledger = (await mock_cloud_api(kube, real_node, namespace)).ledger
 
         live = [e for e in await ledger() if e["state"] != "deleted"]
         assert [e["uid"] for e in live] == [burst["metadata"]["uid"]]
@@ -303,16 +220,7 @@ async def test_helm_install_on_a_real_node_bursts_to_the_mock_cloud_and_uninstal
         with pytest.raises(NotFoundError):
             await kube.get(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{fullname}")
     except BaseException:
-        for selector in (component("virtual-kubelet"), component("companion"),
-                         component("mock-cloud"), component("decommission")):
-            for pod in await pods(kube, namespace, selector):
-                got = await kubectl(local_cluster, "-n", namespace, "logs", "--tail=40",
-                                    pod["metadata"]["name"])
-                print(f"--- {pod['metadata']['name']} log (tail)\n{got.stdout}{got.stderr}")
-        events = await kube.get(f"/api/v1/namespaces/{namespace}/events")
-        print("--- events\n" + "\n".join(
-            f"{e['involvedObject']['name']} {e['reason']}: {e.get('message', '')}"
-            for e in events["items"][-40:]))
+        await print_release(kube, local_cluster, namespace)
         raise
     finally:
         if installed:

@@ -6,31 +6,57 @@ real node, inference (two replicas) is preempted by a training Job, overflows to
 each), and comes home make-before-break when training ends. A client pod sends requests to the
 Service's ClusterIP the whole time; kube-proxy's rules deliver them; the client counts. No
 address table anywhere.
+
+Played twice with local processes (the provider, companion and mock cloud started by the story),
+and once with the installed chart: ``helm install`` on the real node from the project's image
+(:mod:`.realinstall`), the provider (2 replicas, leader election), the companion (2) and the
+mock cloud as pods, the way out through real Kueue with the pre-warm check. The host asks the
+mock cloud pod for its instances at its pod IP (the host routes the node's pod range); the
+provider pod reaches the mock cloud by its Service's name and the API server through the
+``kubernetes`` Service, as in the install test.
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from vkprovider.kube import KubeClient
-from vkprovider.realdemo import MEASURED, REPLICAS, RealStory, play_real_story
+from vkprovider.kube.errors import APIError
+from vkprovider.realdemo import MEASURED, REPLICAS, InstalledChart, RealStory, play_real_story
 from vkprovider.testing.cluster import LocalCluster
 from vkprovider.testing.kueue import KueueManager
 from vkprovider.testing.realnode import RealNode
+from vkprovider.testing.waiting import eventually
+
+from .realinstall import (
+    CHART,
+    helm,
+    import_project_image,
+    mock_cloud_api,
+    node_ready,
+    print_release,
+    real_node_values,
+)
 
 pytestmark = pytest.mark.cluster
 
 
 async def play(*, prewarm: bool, real_node: RealNode, local_cluster: LocalCluster,
-               kube: KubeClient, namespace: str, provider_kubeconfig: Path,
-               companion_kubeconfig: Path, tmp_path: Path) -> RealStory:
+               kube: KubeClient, namespace: str, tmp_path: Path,
+               provider_kubeconfig: Path | None = None,
+               companion_kubeconfig: Path | None = None,
+               installed: InstalledChart | None = None) -> RealStory:
     story = await play_real_story(kube=kube, cluster=local_cluster, node=real_node,
                                   namespace=namespace, provider_kubeconfig=provider_kubeconfig,
                                   companion_kubeconfig=companion_kubeconfig, work_dir=tmp_path,
-                                  say=print, prewarm=prewarm)
-    print(f"\nthe story over kube-proxy{' (Kueue pre-warm)' if prewarm else ''}, the client "
+                                  installed=installed, say=print, prewarm=prewarm)
+    print(f"\nthe story over kube-proxy{' (Kueue pre-warm)' if prewarm else ''}"
+          f"{' with the installed chart' if installed else ''}, the client "
           f"pod's counts:\n{story.table()}\ntimings {story.timings}")
     assert [r.chapter for r in story.rows] == ["inside", "way out", "on the cloud",
                                                "way back", "home"]
@@ -69,3 +95,60 @@ async def test_the_way_out_through_kueue_pre_warm_fails_no_request(
     await play(prewarm=True, real_node=real_node, local_cluster=local_cluster, kube=kube,
                namespace=namespace, provider_kubeconfig=provider_kubeconfig,
                companion_kubeconfig=companion_kubeconfig, tmp_path=tmp_path)
+
+
+@pytest.mark.timeout(900)
+async def test_the_story_with_the_installed_chart_fails_no_request(
+        kueue: KueueManager, real_node: RealNode, local_cluster: LocalCluster,
+        kube: KubeClient, namespace: str, tmp_path: Path) -> None:
+    """``helm install`` of the chart on the real node (the project's image), then overflow, the
+    Kueue pre-warm way out and move-back played by the release's pods: every chapter judged,
+    the cloud replicas counted by their servers, and the mock cloud pod left with no instance."""
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    image = await import_project_image(real_node, timings)
+    suffix = uuid.uuid4().hex[:6]
+    release, vnode = f"rs{suffix}", f"vk-story-{suffix}"
+    values = real_node_values(
+        real_node=real_node, image=image, virtual_node=vnode, pool=namespace,
+        mock_cloud_args=["--inventory=H100:us-east:8:2.49", "--boot-delay=0.3"],
+        tmp_path=tmp_path,
+        # the story's pace, as the local processes get it (harness): passes every 0.5 s,
+        # move-back every 1 s, pod status every 1 s; the chart's defaults are a cluster's
+        extra={"companion": {"intervalSeconds": 0.5, "moveBackIntervalSeconds": 1},
+               "provider": {"settings": {
+                   "node": {"capacity_refresh_seconds": 2},
+                   "pods": {"status_interval_seconds": 1, "orphan_grace_seconds": 3}}}})
+    installed = False
+    try:
+        t1 = time.monotonic()
+        done = await helm(local_cluster, "install", release, str(CHART), "--namespace",
+                          namespace, "--values", str(values), "--wait", "--timeout", "5m")
+        installed = done.returncode == 0
+        assert done.returncode == 0, done.stdout + done.stderr
+        await eventually(lambda: node_ready(kube, vnode), timeout=120, interval=0.5,
+                         what=f"virtual node {vnode} Ready")
+        timings["install to virtual node Ready"] = time.monotonic() - t1
+        cloud = await mock_cloud_api(kube, real_node, namespace)
+        t2 = time.monotonic()
+        story = await play(prewarm=True, real_node=real_node, local_cluster=local_cluster,
+                           kube=kube, namespace=namespace, tmp_path=tmp_path,
+                           installed=InstalledChart(virtual_node=vnode, cloud=cloud))
+        timings["the story"] = time.monotonic() - t2
+        # the mock cloud pod's own word: an instance for each cloud replica that served (the
+        # pre-warm surge, which stayed), every one deleted
+        ledger = await cloud.ledger()
+        assert len(ledger) == len(story.served) == REPLICAS, ledger
+        assert [e for e in ledger if e["state"] != "deleted"] == [], ledger
+    except BaseException:
+        await print_release(kube, local_cluster, namespace)
+        raise
+    finally:
+        if installed:  # no instance is left (judged above): the hook has nothing to do
+            await helm(local_cluster, "uninstall", release, "--namespace", namespace,
+                       "--no-hooks", "--timeout", "2m")
+        with contextlib.suppress(APIError):
+            await kube.delete(f"/api/v1/nodes/{vnode}")
+        timings["whole test"] = time.monotonic() - t0
+        print("\ninstalled-chart story timings (s): " + ", ".join(
+            f"{k} {v:.1f}" for k, v in timings.items()))

@@ -150,7 +150,32 @@ class _Process:
         return self.component.log_path.read_text(errors="replace")
 
 
-class MockCloudProcess(_Process):
+class MockCloudAPI:
+    """A mock cloud's API at ``url``, wherever it runs (a process here, or a pod the host
+    reaches): its instances and its admin ledger."""
+
+    def __init__(self, *, url: str) -> None:
+        self.url = url
+
+    async def admin(self, method: str, path: str, **kwargs: Any) -> Any:
+        async with httpx.AsyncClient(base_url=self.url, timeout=30) as http:
+            resp = await http.request(method, path, **kwargs)
+            resp.raise_for_status()
+            return resp.json() if resp.content else None
+
+    async def ledger(self) -> list[dict[str, Any]]:
+        body = await self.admin("GET", "/admin/ledger")
+        return list(body["instances"] if isinstance(body, dict) else body)
+
+    async def stats(self) -> dict[str, Any]:
+        return dict(await self.admin("GET", "/admin/stats"))
+
+    async def instances(self) -> list[dict[str, Any]]:
+        body = await self.admin("GET", "/instances")
+        return list(body["instances"] if isinstance(body, dict) else body)
+
+
+class MockCloudProcess(MockCloudAPI, _Process):
     """``vkprovider mock-cloud`` on a free loopback port, with its admin API at hand."""
 
     def __init__(self, *, work_dir: Path, name: str = "mock", boot_delay: float = 0.5,
@@ -162,7 +187,7 @@ class MockCloudProcess(_Process):
         self.name = name
         self.address_map_dir = address_map_dir  # routes to its listeners: mock-<name>.json
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__(url=f"http://127.0.0.1:{self.port}")
         self.component = Component(
             name=f"mock-cloud-{name}",
             argv=[sys.executable, "-m", "vkprovider", "mock-cloud", "--port", str(self.port),
@@ -192,24 +217,6 @@ class MockCloudProcess(_Process):
                 if not self.component.alive() or time.monotonic() > deadline:
                     raise RuntimeError(f"mock cloud did not start:\n{self.component.tail()}")
                 await asyncio.sleep(0.1)
-
-    async def admin(self, method: str, path: str, **kwargs: Any) -> Any:
-        async with httpx.AsyncClient(base_url=self.url, timeout=30) as http:
-            resp = await http.request(method, path, **kwargs)
-            resp.raise_for_status()
-            return resp.json() if resp.content else None
-
-    async def ledger(self) -> list[dict[str, Any]]:
-        body = await self.admin("GET", "/admin/ledger")
-        return list(body["instances"] if isinstance(body, dict) else body)
-
-    async def stats(self) -> dict[str, Any]:
-        return dict(await self.admin("GET", "/admin/stats"))
-
-    async def instances(self) -> list[dict[str, Any]]:
-        body = await self.admin("GET", "/instances")
-        return list(body["instances"] if isinstance(body, dict) else body)
-
 
 class ProviderProcess(_Process):
     """``vkprovider run`` with a generated config, restartable, killable with SIGKILL.
