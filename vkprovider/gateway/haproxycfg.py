@@ -8,6 +8,11 @@ hostname each listener sets as ``Host``, the edge API key per listener (one map 
 the client's own copy of that header is always removed first), and which replica port a listener
 fronts (so a restarted provider re-adopts its allocations). Keys live in HAProxy's memory only:
 the map files on disk stay empty.
+
+The listeners are clear-text ``bind`` lines with no ``proto``: HAProxy serves HTTP/1.1 on them
+and switches to HTTP/2 when a client opens with the HTTP/2 preface (h2c with prior knowledge, as
+gRPC clients inside the cluster do), so one port carries both. The servers' side (ALPN) is
+:meth:`vkprovider.gateway.runtime.RuntimeClient.add_server`'s.
 """
 
 from __future__ import annotations
