@@ -80,9 +80,11 @@ def test_server_name_changes_with_what_is_programmed() -> None:
 class Edge:
     """A TLS edge on loopback that answers with what it received (SNI, Host, headers)."""
 
-    def __init__(self, *, cert: Path, key: Path) -> None:
+    def __init__(self, *, cert: Path, key: Path, alpn: list[str] | None = None) -> None:
         self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self.context.load_cert_chain(cert, key)
+        if alpn:  # what the edge offers (a real edge offers h2 too)
+            self.context.set_alpn_protocols(alpn)
         self.sni: list[str | None] = []
         self.context.sni_callback = lambda _s, name, _c: self.sni.append(name)  # type: ignore[assignment,func-returns-value]
         self.server: asyncio.Server | None = None
@@ -741,3 +743,33 @@ async def test_a_30s_stream_finishes_through_the_gateway_while_its_replica_drain
     await router.reconcile_once()
     assert (await get(url + "/v1/models")).status_code == 503
     assert not [s for s in await gateway.client.servers() if s.backend.startswith("gw")]
+
+
+async def test_a_websocket_to_an_edge_that_also_speaks_http2_is_relayed_over_http1(
+        tmp_path: Path, lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
+    """Real edges offer h2 by ALPN; few support WebSocket over HTTP/2 (RFC 8441). The gateway
+    offers only http/1.1 for a WebSocket's connection (``ws h1``), so the upgrade reaches an
+    HTTP/1.1 edge listener (this one would not parse an HTTP/2 preface) and is tunnelled."""
+    gateway, _, ca = lab
+    pair = ca.issue(stem="h2-edge", common_name="*.edge.example.com", server=True,
+                    hosts=("*.edge.example.com",))
+    h2_edge = Edge(cert=pair.cert, key=pair.key, alpn=["h2", "http/1.1"])
+    await h2_edge.start()
+    try:
+        planner = Planner(first_port=gateway.layout.first_port, count=gateway.layout.count)
+        routes, _ = planner.plan([edge("pod-w", dial_port=h2_edge.port)])
+        route = routes[("pod-w", 8000)]
+        await reconcile(client=gateway.client, layout=gateway.layout,
+                        desired=[Programmed(route=route)])
+        reader, writer = await asyncio.open_connection("127.0.0.1", route.port)
+        writer.write(b"GET /ws HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\n"
+                     b"connection: upgrade\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                     b"sec-websocket-version: 13\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 101"), head
+        writer.write(b"\x81\x05hello")
+        await writer.drain()
+        assert await asyncio.wait_for(reader.readexactly(7), 10) == b"\x81\x05hello"
+        writer.close()
+    finally:
+        h2_edge.close()
