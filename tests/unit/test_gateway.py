@@ -89,6 +89,7 @@ class Edge:
         self.context.sni_callback = lambda _s, name, _c: self.sni.append(name)  # type: ignore[assignment,func-returns-value]
         self.server: asyncio.Server | None = None
         self.port = 0
+        self.connections = 0  # TLS connections accepted
 
     async def start(self) -> None:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0,
@@ -96,6 +97,7 @@ class Edge:
         self.port = self.server.sockets[0].getsockname()[1]
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -773,3 +775,20 @@ async def test_a_websocket_to_an_edge_that_also_speaks_http2_is_relayed_over_htt
         writer.close()
     finally:
         h2_edge.close()
+
+
+async def test_a_kept_alive_client_keeps_one_warm_tls_connection_to_the_edge(
+        lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
+    """Requests on one client connection share one TLS connection to the edge (no handshake
+    per request: HAProxy 2.6 does not pool idle connections of runtime-added servers, so the
+    gateway keeps each server connection with its client's)."""
+    gateway, edge_server, _ = lab
+    planner = Planner(first_port=gateway.layout.first_port, count=gateway.layout.count)
+    routes, _ = planner.plan([edge("pod-k", dial_port=edge_server.port)])
+    route = routes[("pod-k", 8000)]
+    await reconcile(client=gateway.client, layout=gateway.layout,
+                    desired=[Programmed(route=route)])
+    async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
+        for _ in range(5):
+            assert (await http.get(gateway.url(route.port) + "/v1/models")).status_code == 200
+    assert edge_server.connections == 1
