@@ -18,7 +18,11 @@ are computed from the instance's record when a request arrives:
   ``{"loading": true, ...identity}``;
 * then ``/ready`` and ``/healthz``: 200 (503 when the admin ``ready`` knob is off);
   ``/startup``: 200; any other path: 200 ``{instance, name, namespace, pod, container_port}``
-  (503 when not ready).
+  (503 when not ready);
+* ``/stream?events=N&every=S`` (when ready): a long streamed response as inference servers send
+  tokens, Server-Sent Events over chunked encoding, ``data: <instance> <i>`` every ``S``
+  seconds (0.05 to 5; ``N`` up to 600), then the end. It ends early only when the container
+  goes (the instance deleted: the connection is cut), which is what drain tests look for.
 
 A request to ``/live``, ``/ready``, ``/healthz`` or ``/startup``, or one whose ``User-Agent``
 starts with ``kube-probe/``, or a connection closed without a request (a TCP probe), counts as a
@@ -61,6 +65,7 @@ _ROUTES_MIN_INTERVAL = 0.05
 #: The ticker checks every listener (not only changed records) once in this many ticks.
 _FULL_SYNC_EVERY = 10
 _MAX_BODY = 1 << 20
+_STREAM_MAX_EVENTS = 600
 _REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized",
             500: b"Internal Server Error", 503: b"Service Unavailable"}
 
@@ -242,6 +247,9 @@ class _Connection(asyncio.Protocol):
             return  # refused at the edge: the container never sees it
         listener.count(probe=path in PROBE_PATHS or agent.startswith(_PROBE_AGENT))
         status, body = answer(record, container_port=listener.container_port, path=path, now=now)
+        if path == "/stream" and status == 200 and request.method == b"GET":
+            self._stream(record.id, query=request.target.partition(b"?")[2])
+            return
         payload = json.dumps(body).encode()
         self._send(status, b"" if request.method == b"HEAD" else payload, length=len(payload))
 
@@ -263,6 +271,49 @@ class _Connection(asyncio.Protocol):
         transport.write(b"".join(out))
         if self._h11.our_state is h11.MUST_CLOSE:
             transport.close()
+
+    def _stream(self, instance: str, *, query: bytes) -> None:
+        """SSE over chunked encoding, one event every ``every`` seconds, from the loop's timers
+        (no task per stream); stops when the connection goes."""
+        params = dict(kv.partition(b"=")[::2] for kv in query.split(b"&") if kv)
+        try:
+            events = max(1, min(_STREAM_MAX_EVENTS, int(params.get(b"events", b"10"))))
+            every = max(0.05, min(5.0, float(params.get(b"every", b"1"))))
+        except ValueError:
+            bad = b'{"error": "bad stream parameters"}'
+            self._send(400, bad, length=len(bad))
+            return
+        transport = self._transport
+        assert transport is not None
+        try:
+            transport.write(self._h11.send(h11.Response(
+                status_code=200, reason=b"OK",
+                headers=[(b"content-type", b"text/event-stream"),
+                         (b"cache-control", b"no-cache")])) or b"")
+        except h11.LocalProtocolError:
+            transport.abort()
+            return
+        loop = asyncio.get_running_loop()
+
+        def send(i: int) -> None:
+            if transport.is_closing():
+                return
+            try:
+                transport.write(self._h11.send(h11.Data(
+                    data=f"data: {instance} {i}\n\n".encode())) or b"")
+                if i + 1 < events:
+                    loop.call_later(every, send, i + 1)
+                    return
+                transport.write(self._h11.send(h11.EndOfMessage()) or b"")
+            except h11.LocalProtocolError:
+                transport.abort()
+                return
+            if self._h11.our_state is h11.MUST_CLOSE:
+                transport.close()
+            else:
+                self._process()  # a request pipelined behind the stream
+
+        send(0)
 
     def _bad_request(self) -> None:
         transport = self._transport

@@ -11,6 +11,7 @@ a virtual address except through the address map.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import ssl
 from pathlib import Path
@@ -80,12 +81,12 @@ def _route_gateway_pod(system: System, gateway: HAProxyProcess,
 
 
 def _provider(system: System, tmp_path: Path, cloud: MockCloudProcess,
-              gateway: dict[str, Any]) -> ProviderProcess:
+              gateway: dict[str, Any], pods: dict[str, Any] | None = None) -> ProviderProcess:
     assert system.network is not None
     provider = ProviderProcess(
         work_dir=tmp_path, kubeconfig=system.kubeconfig, node_name=system.node_name,
         clouds=[cloud], config_providers=False, client_ca_file=system.client_ca,
-        pods={"probe_address_map": str(system.network)},
+        pods={"probe_address_map": str(system.network), **(pods or {})},
         env={KEY_ENV: KEY},
         extra={"providers": [{"name": cloud.name, "type": "mock", "url": cloud.url,
                               "api_key_env": KEY_ENV}],
@@ -262,6 +263,92 @@ async def test_gateway_pods_are_found_by_label_programmed_over_mutual_tls_and_le
                                 until=lambda items: bool(_endpoints(items)), timeout=30,
                                 what="the endpoint back with the Ready gateway pod")
         assert [(a, p) for a, p, _ in _endpoints(back)] == [(GATEWAY_POD_IP, port)]
+    finally:
+        gateway.stop()
+        (system.network / "gateway-test.json").unlink(missing_ok=True)
+
+
+STREAM_EVENTS, STREAM_EVERY = 30, 1.0  # a 30 s streamed response
+
+
+async def test_a_30s_stream_through_the_gateway_finishes_while_its_replica_drains(
+        kube: KubeClient, namespace: str, system: System, tmp_path: Path) -> None:
+    """Issue 38: a streamed response of 30 s passes through the gateway and finishes during
+    the drain of its hostname-only replica. The replica is deleted the way move-back deletes a
+    cloud replica (a delete with its grace period; docs/traffic.md, Graceful drain): its
+    endpoint, the gateway pod's address and port, turns terminating at once, the gateway keeps
+    the route in service, the stream runs to its last event, and only after the drain are the
+    route and the instance gone."""
+    assert system.network is not None
+    cloud, ca = await _edge_cloud(system, tmp_path)
+    gateway = HAProxyProcess(work_dir=tmp_path / "gateway", ca_file=ca.cert_path, count=4)
+    await gateway.start()
+    try:
+        _route_gateway_pod(system, gateway)
+        _provider(system, tmp_path, cloud, {
+            "instances": [{"address": GATEWAY_POD_IP, "runtime": str(gateway.layout.socket)}],
+            **_layout_settings(gateway)}, pods={"drain_seconds": 45})
+        await node_ready(kube, system.node_name)
+        await service(kube, namespace, "web", "web")
+        await create_pod(kube, namespace, "replica",
+                         pod_spec(system.node_name, container=server(),
+                                  terminationGracePeriodSeconds=60),
+                         labels={"app": "web"})
+        ours = await eventually(
+            lambda: slices(kube, namespace, "web", ours=True),
+            until=lambda items: any(ep["conditions"].get("ready")
+                                    for _, _, ep in _endpoints(items)),
+            timeout=90, what="a ready endpoint for the hostname-only replica")
+        [(address, port, _)] = _endpoints(ours)
+        [pod] = await list_pods(kube, namespace)
+        instance_id = pod["metadata"]["annotations"]["vkprovider.io/instance-id"]
+        to_host, to_port = AddressMap(system.network).resolve(address, port)
+        url = f"http://{to_host}:{to_port}"
+        async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
+            await eventually(lambda: http.get(f"{url}/v1/models"),
+                             until=lambda r: r.status_code == 200, timeout=30,
+                             what="the gateway serving the replica")
+
+        events: list[str] = []
+        first = asyncio.Event()
+
+        async def stream() -> None:
+            async with httpx.AsyncClient(trust_env=False, timeout=60) as http, \
+                    http.stream("GET", f"{url}/stream?events={STREAM_EVENTS}"
+                                       f"&every={STREAM_EVERY}") as response:
+                assert response.status_code == 200
+                async for line in response.aiter_lines():
+                    if line.startswith("data: "):
+                        events.append(line)
+                        first.set()
+
+        streaming = asyncio.create_task(stream())
+        await asyncio.wait_for(first.wait(), 15)
+        await kube.delete(f"/api/v1/namespaces/{namespace}/pods/replica")
+
+        # the endpoint turns terminating first (same gateway address and port)
+        draining = await eventually(
+            lambda: slices(kube, namespace, "web", ours=True),
+            until=lambda items: any(ep["conditions"].get("terminating")
+                                    for _, _, ep in _endpoints(items)),
+            timeout=20, what="the replica's gateway endpoint terminating")
+        [(d_address, d_port, d_endpoint)] = _endpoints(draining)
+        assert (d_address, d_port) == (address, port)
+        assert d_endpoint["conditions"]["ready"] is False
+        assert not streaming.done(), "the stream was cut when the drain began"
+
+        await asyncio.wait_for(streaming, STREAM_EVENTS * STREAM_EVERY + 30)
+        assert events == [f"data: {instance_id} {i}" for i in range(STREAM_EVENTS)]
+        # it finished during the drain: the pod (and its instance) are still there
+        assert [p["metadata"]["name"] for p in await list_pods(kube, namespace)] == ["replica"]
+
+        # after the drain: the pod is gone and the gateway no longer serves the route
+        await eventually(lambda: list_pods(kube, namespace), until=lambda pods: not pods,
+                         timeout=90, what="the drained replica deleted")
+        async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
+            await eventually(lambda: http.get(f"{url}/v1/models"),
+                             until=lambda r: r.status_code == 503, timeout=30,
+                             what="the route removed after the drain")
     finally:
         gateway.stop()
         (system.network / "gateway-test.json").unlink(missing_ok=True)

@@ -80,13 +80,16 @@ def test_server_name_changes_with_what_is_programmed() -> None:
 class Edge:
     """A TLS edge on loopback that answers with what it received (SNI, Host, headers)."""
 
-    def __init__(self, *, cert: Path, key: Path) -> None:
+    def __init__(self, *, cert: Path, key: Path, alpn: list[str] | None = None) -> None:
         self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self.context.load_cert_chain(cert, key)
+        if alpn:  # what the edge offers (a real edge offers h2 too)
+            self.context.set_alpn_protocols(alpn)
         self.sni: list[str | None] = []
         self.context.sni_callback = lambda _s, name, _c: self.sni.append(name)  # type: ignore[assignment,func-returns-value]
         self.server: asyncio.Server | None = None
         self.port = 0
+        self.connections = 0  # TLS connections accepted
 
     async def start(self) -> None:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0,
@@ -94,6 +97,7 @@ class Edge:
         self.port = self.server.sockets[0].getsockname()[1]
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -104,8 +108,10 @@ class Edge:
                         name, value = line.split(":", 1)
                         headers[name.strip().lower()] = value.strip()
                 path = lines[0].split()[1]
-                if path == "/stream":  # SSE, chunked, one event every 0.4 s
-                    await self._stream(writer)
+                if path.split("?")[0] == "/stream":  # SSE, chunked, one event every 0.4 s
+                    query = dict(q.split("=") for q in path.partition("?")[2].split("&") if q)
+                    await self._stream(writer, events=int(query.get("events", STREAM_EVENTS)),
+                                       every=float(query.get("every", 0.4)))
                     continue
                 if headers.get("upgrade", "").lower() == "websocket":
                     await self._upgrade(reader, writer)
@@ -119,14 +125,14 @@ class Edge:
         finally:
             writer.close()
 
-    async def _stream(self, writer: asyncio.StreamWriter) -> None:
+    async def _stream(self, writer: asyncio.StreamWriter, *, events: int, every: float) -> None:
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                      b"transfer-encoding: chunked\r\n\r\n")
-        for i in range(STREAM_EVENTS):
+        for i in range(events):
             event = f"data: token {i}\n\n".encode()
             writer.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
             await writer.drain()
-            await asyncio.sleep(0.4)
+            await asyncio.sleep(every)
         writer.write(b"0\r\n\r\n")
         await writer.drain()
 
@@ -583,3 +589,206 @@ def test_a_hostname_the_address_filter_refuses_is_never_given_a_gateway_route() 
     slices, unroutable = build_slices(service=SERVICE, node="vk", pods=[inside], gateway=router)
     assert slices == {} and [u.host for u in unroutable] == ["api.default.svc.cluster.local"]
     assert router._routes == {}  # no port allocated, nothing for HAProxy to dial
+
+
+# ---- HTTP/2 and gRPC through the gateway ---------------------------------------------------
+
+
+async def test_a_grpc_unary_call_passes_through_to_an_http2_edge(
+        tmp_path: Path, lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
+    """A gRPC client speaks HTTP/2 in clear text to the gateway's listener (prior knowledge,
+    as from a pod inside the cluster); HAProxy originates TLS to the edge, negotiates h2 by
+    ALPN, and the call's trailers (grpc-status) come back. gRPC has no HTTP/1.1 form: an
+    HTTP/1.1-only hop anywhere fails the call."""
+    import grpc
+
+    gateway, _, ca = lab
+    pair = ca.issue(stem="grpc-edge", common_name="*.edge.example.com", server=True,
+                    hosts=("*.edge.example.com",))
+    seen: list[tuple[bytes, dict[str, str]]] = []
+
+    async def say(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        seen.append((request, {k: str(v) for k, v in context.invocation_metadata() or ()}))
+        return b"echo:" + request
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+        "lab.Echo", {"Say": grpc.unary_unary_rpc_method_handler(say)})])
+    credentials = grpc.ssl_server_credentials([(pair.key.read_bytes(), pair.cert.read_bytes())])
+    port = server.add_secure_port("127.0.0.1:0", credentials)
+    await server.start()
+    try:
+        planner = Planner(first_port=gateway.layout.first_port, count=gateway.layout.count)
+        routes, _ = planner.plan([edge("pod-g", dial_port=port, auth="Salad-Api-Key")])
+        route = routes[("pod-g", 8000)]
+        await reconcile(client=gateway.client, layout=gateway.layout,
+                        desired=[Programmed(route=route, api_key=KEY)])
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{route.port}") as channel:
+            call = channel.unary_unary("/lab.Echo/Say")
+            answer = await asyncio.wait_for(call(b"hello", metadata=(("x-trace", "t1"),)), 10)
+        assert answer == b"echo:hello"
+        request, metadata = seen[-1]
+        assert request == b"hello"
+        assert metadata["x-trace"] == "t1"
+        assert metadata["salad-api-key"] == KEY  # the edge key is added on HTTP/2 too
+    finally:
+        await server.stop(None)
+
+
+# ---- drain: a terminating replica keeps its gateway route until the drain ends ------------------
+
+LONG_EVENTS, LONG_EVERY = 30, 1.0  # a 30 s streamed response (issue 38's acceptance)
+
+
+class _SliceSink:
+    """The EndpointSlice controller's two calls the replica tracker makes, with what it does
+    for a hostname-only port (vkprovider/node/endpointslices.py: ``endpoints_for`` asks the
+    gateway for a route; ``remove_pod`` makes the gateway forget the pod). The slices'
+    API writes are the e2e tests' business; the endpoint's conditions are kept here."""
+
+    def __init__(self, router: Any) -> None:
+        self.router = router
+        self.endpoints: dict[str, list[Any]] = {}
+
+    def set_pod(self, *, namespace: str, name: str, uid: str, labels: Any,
+                container_ports: Any, endpoints: Any) -> None:
+        from vkprovider.node.endpointslices import PodRecord, endpoints_for
+        record = PodRecord(namespace=namespace, name=name, uid=uid,
+                           labels=tuple(sorted(labels.items())),
+                           container_ports=tuple(container_ports), endpoints=tuple(endpoints))
+        service = {**SERVICE, "spec": {**SERVICE["spec"],
+                                       "ports": [{"name": "http", "port": 80,
+                                                  "targetPort": 8000}]}}
+        self.endpoints[uid], unroutable = endpoints_for(service, record, gateway=self.router)
+        assert unroutable == []
+
+    def remove_pod(self, *, uid: str) -> None:
+        self.endpoints.pop(uid, None)
+        self.router.forget(uid)
+
+
+async def test_a_30s_stream_finishes_through_the_gateway_while_its_replica_drains(
+        lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
+    """The provider's drain path (node/replicas.py) with a real HAProxy: when the pod is
+    deleted its gateway endpoint turns terminating (kube-proxy stops choosing it while others
+    are ready) but the gateway keeps the route in service, so a stream begun before the drain
+    runs to its end and a request that still arrives (a kept-alive client, or kube-proxy's
+    fallback to serving terminating endpoints when none is ready) is answered. Only when the
+    drain is over is the route removed."""
+    import time
+
+    from providers.base import Instance, InstanceState, PublishedPort
+    from vkprovider.gateway.controller import GatewayController, GatewayInstance
+    from vkprovider.node.replicas import Replicas
+
+    gateway, edge_server, _ = lab
+
+    async def dial(host: str, port: int) -> tuple[str, int]:
+        return "127.0.0.1", edge_server.port
+
+    router = GatewayController(layout=gateway.layout, dial=dial, instances=[
+        GatewayInstance(address="10.0.9.1", client=gateway.client)])
+    router.mark_synced()
+    sink = _SliceSink(router)
+    skew = [0.0]  # the drain's clock: real time, moved on at the end instead of waiting
+    replicas = Replicas(prober=None, sink=sink, clock=lambda: time.monotonic() + skew[0],
+                        drain_seconds=LONG_EVENTS * LONG_EVERY + 30)
+    pod: dict[str, Any] = {
+        "metadata": {"name": "web-1", "namespace": "ns", "uid": "u1", "labels": {"app": "web"}},
+        "spec": {"containers": [{"name": "srv", "ports": [{"name": "http",
+                                                           "containerPort": 8000}]}]}}
+    instance = Instance(id="i-1", name="web-1", provider="salad", state=InstanceState.RUNNING,
+                        published=(PublishedPort(container_port=8000, host=EDGE_NAME, port=443,
+                                                 kind="hostname", scheme="https"),))
+    replicas.running(uid="u1", pod=pod, provider="salad", instance=instance)
+    await router.reconcile_once()
+    (endpoint,) = sink.endpoints["u1"]
+    assert endpoint.address == "10.0.9.1" and endpoint.ready and not endpoint.terminating
+    port = endpoint.ports[0].port
+    url = gateway.url(port)
+
+    events: list[str] = []
+    first = asyncio.Event()
+
+    async def stream() -> None:
+        async with httpx.AsyncClient(trust_env=False, timeout=60) as http, \
+                http.stream("GET", f"{url}/stream?events={LONG_EVENTS}&every={LONG_EVERY}"
+                            ) as response:
+            assert response.status_code == 200
+            async for line in response.aiter_lines():
+                if line.startswith("data: "):
+                    events.append(line)
+                    first.set()
+
+    streaming = asyncio.create_task(stream())
+    await asyncio.wait_for(first.wait(), 10)
+    # the pod is deleted (a move-back): its endpoint turns terminating, the drain starts
+    deleting = {**pod, "metadata": {**pod["metadata"], "deletionGracePeriodSeconds": 120}}
+    assert replicas.drain_left(uid="u1", pod=deleting, instance=instance, was_ready=True) > 0
+    (endpoint,) = sink.endpoints["u1"]
+    assert (endpoint.ready, endpoint.serving, endpoint.terminating) == (False, True, True)
+    assert endpoint.ports[0].port == port  # the same gateway port: the same endpoint
+    while not streaming.done():  # the controller's passes go on during the drain
+        await router.reconcile_once()
+        assert replicas.drain_left(uid="u1", pod=deleting, instance=instance,
+                                   was_ready=True) > 0
+        answer = await get(url + "/v1/models")
+        assert answer.status_code == 200, "a request during the drain is still served"
+        await asyncio.wait({streaming}, timeout=2)
+    await streaming  # raises if the stream was cut
+    assert events == [f"data: token {i}" for i in range(LONG_EVENTS)]
+    assert replicas.is_draining("u1")
+    # the drain is over: the pod controller forgets the replica; the next pass removes it
+    skew[0] = LONG_EVENTS * LONG_EVERY + 60
+    assert replicas.drain_left(uid="u1", pod=deleting, instance=instance, was_ready=True) == 0
+    replicas.forget("u1")
+    await router.reconcile_once()
+    assert (await get(url + "/v1/models")).status_code == 503
+    assert not [s for s in await gateway.client.servers() if s.backend.startswith("gw")]
+
+
+async def test_a_websocket_to_an_edge_that_also_speaks_http2_is_relayed_over_http1(
+        tmp_path: Path, lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
+    """Real edges offer h2 by ALPN; few support WebSocket over HTTP/2 (RFC 8441). The gateway
+    offers only http/1.1 for a WebSocket's connection (``ws h1``), so the upgrade reaches an
+    HTTP/1.1 edge listener (this one would not parse an HTTP/2 preface) and is tunnelled."""
+    gateway, _, ca = lab
+    pair = ca.issue(stem="h2-edge", common_name="*.edge.example.com", server=True,
+                    hosts=("*.edge.example.com",))
+    h2_edge = Edge(cert=pair.cert, key=pair.key, alpn=["h2", "http/1.1"])
+    await h2_edge.start()
+    try:
+        planner = Planner(first_port=gateway.layout.first_port, count=gateway.layout.count)
+        routes, _ = planner.plan([edge("pod-w", dial_port=h2_edge.port)])
+        route = routes[("pod-w", 8000)]
+        await reconcile(client=gateway.client, layout=gateway.layout,
+                        desired=[Programmed(route=route)])
+        reader, writer = await asyncio.open_connection("127.0.0.1", route.port)
+        writer.write(b"GET /ws HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\n"
+                     b"connection: upgrade\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                     b"sec-websocket-version: 13\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 101"), head
+        writer.write(b"\x81\x05hello")
+        await writer.drain()
+        assert await asyncio.wait_for(reader.readexactly(7), 10) == b"\x81\x05hello"
+        writer.close()
+    finally:
+        h2_edge.close()
+
+
+async def test_a_kept_alive_client_keeps_one_warm_tls_connection_to_the_edge(
+        lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
+    """Requests on one client connection share one TLS connection to the edge (no handshake
+    per request: HAProxy 2.6 does not pool idle connections of runtime-added servers, so the
+    gateway keeps each server connection with its client's)."""
+    gateway, edge_server, _ = lab
+    planner = Planner(first_port=gateway.layout.first_port, count=gateway.layout.count)
+    routes, _ = planner.plan([edge("pod-k", dial_port=edge_server.port)])
+    route = routes[("pod-k", 8000)]
+    await reconcile(client=gateway.client, layout=gateway.layout,
+                    desired=[Programmed(route=route)])
+    async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
+        for _ in range(5):
+            assert (await http.get(gateway.url(route.port) + "/v1/models")).status_code == 200
+    assert edge_server.connections == 1

@@ -467,3 +467,47 @@ async def test_the_mock_cloud_process_publishes_routes_and_removes_them_when_sto
         cloud.stop()
     assert not (map_dir / "mock-c9.json").exists(), cloud.log_text()
 
+
+
+async def test_a_stream_sends_its_events_over_time_then_keeps_the_connection_alive(
+        manual: tuple[MockCloud, ManualClock, Path]) -> None:
+    """``/stream`` is a long response as inference servers send tokens (SSE, chunked), paced
+    by the event loop's timers (real time, not the cloud's clock); a deleted container cuts
+    it, as a dead process would."""
+    import time
+
+    cloud, clock, _ = manual
+    cloud.state.boot_delay = 0.0
+    provider = cloud.provider()
+    inst = await provider.create(spec("vk-stream"))
+    clock.advance(0.3)  # loaded
+    entry = listener_of(cloud, inst.id)
+    assert entry is not None
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{entry['port']}",
+                                 timeout=10) as http:
+        started = time.monotonic()
+        arrivals: list[float] = []
+        async with http.stream("GET", "/stream?events=4&every=0.1") as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"] == "text/event-stream"
+            assert response.headers["transfer-encoding"] == "chunked"
+            lines = []
+            async for line in response.aiter_lines():
+                if line:
+                    lines.append(line)
+                    arrivals.append(time.monotonic() - started)
+        assert lines == [f"data: {inst.id} {i}" for i in range(4)]
+        assert arrivals[-1] > arrivals[0], "sent over time, not in one piece"
+        assert (await http.get("/v1/models")).status_code == 200  # the same connection
+        assert (await http.get("/stream?events=x")).status_code == 400
+
+        cut: list[str] = []
+        with pytest.raises(httpx.TransportError):
+            async with http.stream("GET", "/stream?events=50&every=0.1") as response:
+                async for line in response.aiter_lines():
+                    if line and not cut:
+                        cut.append(line)
+                        await provider.delete(inst.id)
+                    elif line:
+                        cut.append(line)
+        assert 1 <= len(cut) < 50

@@ -8,6 +8,11 @@ hostname each listener sets as ``Host``, the edge API key per listener (one map 
 the client's own copy of that header is always removed first), and which replica port a listener
 fronts (so a restarted provider re-adopts its allocations). Keys live in HAProxy's memory only:
 the map files on disk stay empty.
+
+The listeners are clear-text ``bind`` lines with no ``proto``: HAProxy serves HTTP/1.1 on them
+and switches to HTTP/2 when a client opens with the HTTP/2 preface (h2c with prior knowledge, as
+gRPC clients inside the cluster do), so one port carries both. The servers' side (ALPN) is
+:meth:`vkprovider.gateway.runtime.RuntimeClient.add_server`'s.
 """
 
 from __future__ import annotations
@@ -86,6 +91,11 @@ def render(layout: GatewayLayout) -> str:
         "defaults",
         "  mode http",
         "  option http-keep-alive",
+        "  # keep each client connection's TLS connection to the edge: HAProxy 2.6 does not pool",
+        "  # idle connections of servers added at runtime (with the default 'safe' every request",
+        "  # paid a new TLS handshake to the edge); 'never' keeps the server connection private",
+        "  # to the client's kept-alive connection, so it stays warm for as long as the client's",
+        "  http-reuse never",
         f"  timeout connect {ms}ms",
         f"  timeout client {stream}ms",
         f"  timeout server {stream}ms",

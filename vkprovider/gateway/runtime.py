@@ -22,6 +22,7 @@ from pathlib import Path
 from vkprovider.errors import VKError
 
 __all__ = [
+    "SERVER_ALPN",
     "GatewayError",
     "RuntimeClient",
     "RuntimeCommandError",
@@ -31,6 +32,8 @@ __all__ = [
 
 _SAFE = re.compile(r"^[A-Za-z0-9._:/\[\]@+=~%-]{1,512}$")  # no space, ';', newline, quote, '#'
 _READ_LIMIT = 16 << 20
+#: What the gateway offers an edge in the TLS handshake, preferred first.
+SERVER_ALPN = "h2,http/1.1"
 
 
 class GatewayError(VKError):
@@ -164,12 +167,15 @@ class RuntimeClient:
                          sni: str, ca_file: Path) -> None:
         """A dynamic server that originates TLS to ``host:port``: certificate verified against
         ``ca_file`` (loaded by the static configuration) for the name ``sni``, sent as SNI.
+        ALPN offers HTTP/2 first, then HTTP/1.1: an edge that speaks h2 gets HTTP/2 (gRPC needs
+        it end to end), one that does not gets HTTP/1.1; a WebSocket is relayed over HTTP/1.1
+        (``ws h1``), since an edge's HTTP/2 rarely supports RFC 8441's extended CONNECT.
         Added in maintenance, as HAProxy does; :meth:`set_ready` puts it in service."""
         line = (f"add server {safe(backend, what='backend')}/{safe(server, what='server')} "
                 f"{safe(_hostport(host, port), what='address')} ssl verify required "
                 f"ca-file {safe(str(ca_file), what='ca-file')} "
                 f"sni str({safe(sni, what='sni')}) verifyhost {safe(sni, what='sni')} "
-                "alpn http/1.1 pool-low-conn 2")
+                f"alpn {SERVER_ALPN} ws h1 pool-low-conn 2")
         await self._expect(line, "New server registered", what=f"add server {backend}/{server}")
 
     async def set_ready(self, *, backend: str, server: str) -> None:
