@@ -252,7 +252,7 @@ async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str,
               if settings.gpu_providers.enabled else None)
     try:  # binds the kubelet API and /metrics ports now: a bad port or cert fails at once
         servers = APIServers.build(settings=settings, controller=controller, client=client,
-                                   metrics=metrics)
+                                   metrics=metrics, gateway=gateway)
     except BaseException:
         await controller.aclose()
         raise

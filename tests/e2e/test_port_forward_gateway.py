@@ -1,0 +1,98 @@
+"""``kubectl port-forward`` to a hostname-only cloud pod, through the traffic gateway (issue 38).
+
+The real kubectl through the real API server, as in test_port_forward.py, to a pod on the mock
+cloud in hostname-only mode (its port 8000 published only at an HTTPS edge with a test CA's
+certificate, 401 without the cloud's key in ``Salad-Api-Key``), with a real HAProxy process as
+the gateway pod (test_gateway.py's lab). No Service selects the pod: the forward itself asks the
+gateway for the replica's route; the model server's answer comes back through kubectl, the
+kubelet API's SPDY session, the gateway's HTTP listener and its verified TLS to the edge, with
+the key the gateway added and never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from vkprovider.kube import KubeClient
+from vkprovider.testing.cluster import LocalCluster
+from vkprovider.testing.haproxy import HAProxyProcess
+
+from .conftest import System
+from .test_gateway import (
+    DOMAIN,
+    GATEWAY_POD_IP,
+    KEY,
+    _edge_cloud,
+    _layout_settings,
+    _provider,
+    _route_gateway_pod,
+)
+from .test_pods import node_ready
+from .test_port_forward import cloud_pod, port_forward
+
+pytestmark = pytest.mark.cluster
+
+
+async def test_kubectl_port_forward_reaches_a_hostname_only_pod_through_the_gateway(
+        kube: KubeClient, namespace: str, system: System, local_cluster: LocalCluster,
+        tmp_path: Path) -> None:
+    assert system.network is not None
+    cloud, ca = await _edge_cloud(system, tmp_path)
+    gateway = HAProxyProcess(work_dir=tmp_path / "gateway", ca_file=ca.cert_path, count=8)
+    await gateway.start()
+    try:
+        _route_gateway_pod(system, gateway)
+        provider = _provider(system, tmp_path, cloud, {
+            "instances": [{"address": GATEWAY_POD_IP, "runtime": str(gateway.layout.socket)}],
+            **_layout_settings(gateway)})
+        await node_ready(kube, system.node_name)
+        pod = await cloud_pod(kube, system, namespace, "edge-only")  # Ready: probed at the edge
+        ports_note = pod["metadata"]["annotations"]["vkprovider.io/ports"]
+        assert f".{DOMAIN}:443" in ports_note and "198.18." not in ports_note, ports_note
+        instance_id = pod["metadata"]["annotations"]["vkprovider.io/instance-id"]
+
+        async with port_forward(local_cluster, namespace, "edge-only", 8000) as forward, \
+                httpx.AsyncClient(base_url=f"http://127.0.0.1:{forward.local_port}",
+                                  timeout=30) as http:
+            first = await http.get("/v1/models")
+            second = await http.get("/v1/completions")  # the same connection, kept alive
+            async with httpx.AsyncClient(timeout=30) as other:  # a new connection: a new dial
+                third = await other.get(f"http://127.0.0.1:{forward.local_port}/again")
+            for resp in (first, second, third):
+                assert resp.status_code == 200, resp.text
+                body = json.loads(resp.text)
+                assert (body["pod"], body["namespace"], body["container_port"]) == (
+                    "edge-only", namespace, 8000)
+                assert body["instance"] == instance_id
+            assert forward.proc.returncode is None, "kubectl port-forward stays up"
+
+        # the edge wanted the key; the gateway added it; nobody wrote it down
+        assert KEY not in provider.log_text()
+        assert KEY not in gateway.log_path.read_text(errors="replace")
+    finally:
+        gateway.stop()
+        (system.network / "gateway-test.json").unlink(missing_ok=True)
+
+
+async def test_kubectl_port_forward_to_a_hostname_only_pod_without_a_gateway_is_refused_by_name(
+        kube: KubeClient, namespace: str, system: System, local_cluster: LocalCluster,
+        tmp_path: Path) -> None:
+    cloud, _ = await _edge_cloud(system, tmp_path)
+    _provider(system, tmp_path, cloud, {})  # no gateway instance: no gateway
+    await node_ready(kube, system.node_name)
+    await cloud_pod(kube, system, namespace, "edge-only")  # Ready: probed at the edge
+    async with port_forward(local_cluster, namespace, "edge-only", 8000) as forward:
+        reader, writer = await asyncio.open_connection("127.0.0.1", forward.local_port)
+        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), timeout=20)
+        writer.close()
+        assert answer == b"", "nothing answers without a gateway"
+        output = await forward.read_rest(timeout=20)
+    assert (f"publishes port 8000 of pod {namespace}/edge-only only behind its TLS proxy"
+            in output and "needs the traffic gateway" in output), output
