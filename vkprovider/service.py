@@ -37,6 +37,7 @@ from vkprovider import __version__
 from vkprovider.api import APIServers, listen_address
 from vkprovider.api.server import bind, serve
 from vkprovider.config import Settings
+from vkprovider.edgekeys import EdgeKeys
 from vkprovider.eventloop import loop_name
 from vkprovider.gateway.controller import GatewayController, TrafficMode
 from vkprovider.gateway.discovery import GatewayPods
@@ -224,9 +225,9 @@ async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str,
     # controller screens instances with it; the prober and the slices apply it once more.
     policy = settings.endpoints.policy()
     keys = {p.name: p.api_key for p in settings.providers}  # read when used, never kept
+    edge_keys = EdgeKeys(settings_keys=keys)  # the adapters' keys: told below
     prober = Prober(dialer=_dialer(settings), max_concurrent=settings.pods.probe_concurrency,
-                    refuse=lambda host: refusal(host, policy=policy),
-                    edge_key=lambda name: keys[name]() if name in keys else None)
+                    refuse=lambda host: refusal(host, policy=policy), edge_key=edge_keys)
     prober.on_refused = metrics.probes_refused.inc
     # The traffic gateway (settings gateway:) serves hostname-only replicas; None: not set up
     gateway = build_gateway(
@@ -238,7 +239,9 @@ async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str,
     controller = PodController(client=client, settings=settings, providers=providers,
                                events=events, refs=KubeRefSource(client=client), metrics=metrics,
                                prober=prober, endpoints=slices, policy=policy)
+    edge_keys.adapters = controller.providers  # GPUProvider-built ones join it as served
     if gateway is not None:
+        gateway.edge_key = edge_keys
         gateway.traffic_of = lambda uid: _traffic(controller, uid)
         gateway.on_change = slices.refresh
     prober.on_change = controller.queue.add  # a probe result changed: reconcile that pod

@@ -12,6 +12,7 @@ the key the gateway added and never logged.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import pytest
 from vkprovider.kube import KubeClient
 from vkprovider.testing.cluster import LocalCluster
 from vkprovider.testing.haproxy import HAProxyProcess
+from vkprovider.testing.harness import ProviderProcess
 
 from .conftest import System
 from .test_gateway import (
@@ -32,6 +34,7 @@ from .test_gateway import (
     _provider,
     _route_gateway_pod,
 )
+from .test_gpuproviders import GPUPROVIDERS, Objects, secret, trusting
 from .test_pods import node_ready
 from .test_port_forward import cloud_pod, port_forward
 
@@ -96,3 +99,49 @@ async def test_kubectl_port_forward_to_a_hostname_only_pod_without_a_gateway_is_
         output = await forward.read_rest(timeout=20)
     assert (f"publishes port 8000 of pod {namespace}/edge-only only behind its TLS proxy"
             in output and "needs the traffic gateway" in output), output
+
+
+async def test_a_gpuprovider_account_with_edge_auth_is_probed_and_forwarded_with_its_own_key(
+        kube: KubeClient, namespace: str, system: System, local_cluster: LocalCluster,
+        crds: list[str], tmp_path: Path) -> None:
+    """The account is declared as a GPUProvider (its key only in a Secret, no ``providers:``
+    entry): the edge still gets that account's key, from the probes (the pod turns Ready) and
+    from the gateway (the forward's request is answered, not refused with 401)."""
+    assert system.network is not None
+    cloud, ca = await _edge_cloud(system, tmp_path)
+    gateway = HAProxyProcess(work_dir=tmp_path / "gateway", ca_file=ca.cert_path, count=8)
+    await gateway.start()
+    objects = Objects(kube)
+    try:
+        _route_gateway_pod(system, gateway)
+        await secret(kube, namespace, "edge-cloud-key", KEY)
+        provider = ProviderProcess(
+            work_dir=tmp_path, kubeconfig=system.kubeconfig, node_name=system.node_name,
+            clouds=[], config_providers=False, client_ca_file=system.client_ca,
+            pods={"probe_address_map": str(system.network)},
+            extra={**trusting(namespace), "gateway": {
+                "auth_headers": ["Salad-Api-Key"], "reconcile_seconds": 0.5,
+                "instances": [{"address": GATEWAY_POD_IP,
+                               "runtime": str(gateway.layout.socket)}],
+                **_layout_settings(gateway)}})
+        system.provider = provider
+        provider.start()
+        await objects.gpu_provider(f"edge-{namespace}"[:60], {
+            "type": "mock", "endpoint": cloud.url,
+            "credentialsSecret": {"namespace": namespace, "name": "edge-cloud-key"}})
+        await node_ready(kube, system.node_name)
+        pod = await cloud_pod(kube, system, namespace, "edge-only")  # Ready: probed with the key
+        instance_id = pod["metadata"]["annotations"]["vkprovider.io/instance-id"]
+        async with port_forward(local_cluster, namespace, "edge-only", 8000) as forward, \
+                httpx.AsyncClient(timeout=30) as http:
+            resp = await http.get(f"http://127.0.0.1:{forward.local_port}/v1/models")
+        assert resp.status_code == 200, resp.text
+        assert json.loads(resp.text)["instance"] == instance_id
+        assert KEY not in provider.log_text()
+        assert KEY not in gateway.log_path.read_text(errors="replace")
+    finally:
+        for name in objects.names:
+            with contextlib.suppress(Exception):
+                await kube.delete(f"{GPUPROVIDERS}/{name}")
+        gateway.stop()
+        (system.network / "gateway-test.json").unlink(missing_ok=True)
