@@ -54,6 +54,7 @@ from vkprovider.node.gpuhealth import GPUHealthWatch
 from vkprovider.node.pods import PodController
 from vkprovider.node.providerset import ProviderSource
 from vkprovider.node.virtualnode import NodeAgent, decommission_marker_path
+from vkprovider.placement.policy import effective_traffic
 from vkprovider.probing.dialing import DIRECT, AddressMap, Dialer
 from vkprovider.probing.prober import Prober
 from vkprovider.registry import build_providers
@@ -198,13 +199,19 @@ async def _gateway_synced(slices: EndpointSliceController, gateway: GatewayContr
     gateway.mark_synced()
 
 
-def _traffic(controller: PodController, uid: str) -> TrafficMode:
-    """The ``traffic`` of the OverflowPolicy a cloud pod was created under (auto without one)."""
+def _traffic(controller: PodController, uid: str,
+             source: ProviderSource | None = None) -> TrafficMode:
+    """The ``traffic`` of the OverflowPolicy a cloud pod was created under, or where that is
+    auto (or there is none) the one of the GPUProvider it runs on (auto without either)."""
     claim = controller.book.get(uid)
-    if claim is None or claim.policy is None:
-        return "auto"
-    policy = controller.gate.parsed().get(claim.policy)
-    return policy.spec.traffic if policy is not None else "auto"
+    policy = None
+    if claim is not None and claim.policy is not None:
+        parsed = controller.gate.parsed().get(claim.policy)
+        policy = parsed.spec.traffic if parsed is not None else None
+    placed = controller.placed.get(uid)
+    provider = (source.traffic.get(placed.provider)
+                if source is not None and placed is not None else None)
+    return effective_traffic(policy=policy, provider=provider)
 
 
 def _dialer(settings: Settings) -> Dialer:
@@ -242,7 +249,7 @@ async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str,
     edge_keys.adapters = controller.providers  # GPUProvider-built ones join it as served
     if gateway is not None:
         gateway.edge_key = edge_keys
-        gateway.traffic_of = lambda uid: _traffic(controller, uid)
+        gateway.traffic_of = lambda uid: _traffic(controller, uid, source)
         gateway.on_change = slices.refresh
     prober.on_change = controller.queue.add  # a probe result changed: reconcile that pod
     agent = NodeAgent(client=client, settings=settings.node, capacity=controller.node_capacity,

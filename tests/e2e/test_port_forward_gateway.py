@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -101,12 +103,11 @@ async def test_kubectl_port_forward_to_a_hostname_only_pod_without_a_gateway_is_
             in output and "needs the traffic gateway" in output), output
 
 
-async def test_a_gpuprovider_account_with_edge_auth_is_probed_and_forwarded_with_its_own_key(
-        kube: KubeClient, namespace: str, system: System, local_cluster: LocalCluster,
-        crds: list[str], tmp_path: Path) -> None:
-    """The account is declared as a GPUProvider (its key only in a Secret, no ``providers:``
-    entry): the edge still gets that account's key, from the probes (the pod turns Ready) and
-    from the gateway (the forward's request is answered, not refused with 401)."""
+@contextlib.asynccontextmanager
+async def gpuprovider_lab(kube: KubeClient, namespace: str, system: System, tmp_path: Path,
+                          spec: dict[str, Any]) -> AsyncIterator[ProviderProcess]:
+    """The hostname-only mock cloud (edge auth on) declared as a GPUProvider (``spec`` added),
+    its key only in a Secret; the gateway's HAProxy; a provider with no ``providers:``."""
     assert system.network is not None
     cloud, ca = await _edge_cloud(system, tmp_path)
     gateway = HAProxyProcess(work_dir=tmp_path / "gateway", ca_file=ca.cert_path, count=8)
@@ -128,15 +129,9 @@ async def test_a_gpuprovider_account_with_edge_auth_is_probed_and_forwarded_with
         provider.start()
         await objects.gpu_provider(f"edge-{namespace}"[:60], {
             "type": "mock", "endpoint": cloud.url,
-            "credentialsSecret": {"namespace": namespace, "name": "edge-cloud-key"}})
+            "credentialsSecret": {"namespace": namespace, "name": "edge-cloud-key"}, **spec})
         await node_ready(kube, system.node_name)
-        pod = await cloud_pod(kube, system, namespace, "edge-only")  # Ready: probed with the key
-        instance_id = pod["metadata"]["annotations"]["vkprovider.io/instance-id"]
-        async with port_forward(local_cluster, namespace, "edge-only", 8000) as forward, \
-                httpx.AsyncClient(timeout=30) as http:
-            resp = await http.get(f"http://127.0.0.1:{forward.local_port}/v1/models")
-        assert resp.status_code == 200, resp.text
-        assert json.loads(resp.text)["instance"] == instance_id
+        yield provider
         assert KEY not in provider.log_text()
         assert KEY not in gateway.log_path.read_text(errors="replace")
     finally:
@@ -145,3 +140,38 @@ async def test_a_gpuprovider_account_with_edge_auth_is_probed_and_forwarded_with
                 await kube.delete(f"{GPUPROVIDERS}/{name}")
         gateway.stop()
         (system.network / "gateway-test.json").unlink(missing_ok=True)
+
+
+async def test_a_gpuprovider_account_with_edge_auth_is_probed_and_forwarded_with_its_own_key(
+        kube: KubeClient, namespace: str, system: System, local_cluster: LocalCluster,
+        crds: list[str], tmp_path: Path) -> None:
+    """The account is declared as a GPUProvider (its key only in a Secret, no ``providers:``
+    entry): the edge still gets that account's key, from the probes (the pod turns Ready) and
+    from the gateway (the forward's request is answered, not refused with 401)."""
+    async with gpuprovider_lab(kube, namespace, system, tmp_path, {}):
+        pod = await cloud_pod(kube, system, namespace, "edge-only")  # Ready: probed with the key
+        instance_id = pod["metadata"]["annotations"]["vkprovider.io/instance-id"]
+        async with port_forward(local_cluster, namespace, "edge-only", 8000) as forward, \
+                httpx.AsyncClient(timeout=30) as http:
+            resp = await http.get(f"http://127.0.0.1:{forward.local_port}/v1/models")
+        assert resp.status_code == 200, resp.text
+        assert json.loads(resp.text)["instance"] == instance_id
+
+
+async def test_a_gpuproviders_traffic_direct_keeps_its_replicas_off_the_gateway(
+        kube: KubeClient, namespace: str, system: System, local_cluster: LocalCluster,
+        crds: list[str], tmp_path: Path) -> None:
+    """``spec.traffic: direct`` on the GPUProvider (the pod has no OverflowPolicy): the gateway
+    serves none of its replicas, so a forward to a hostname-only one is refused by name."""
+    async with gpuprovider_lab(kube, namespace, system, tmp_path, {"traffic": "direct"}):
+        await cloud_pod(kube, system, namespace, "edge-only")
+        async with port_forward(local_cluster, namespace, "edge-only", 8000) as forward:
+            reader, writer = await asyncio.open_connection("127.0.0.1", forward.local_port)
+            writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            await writer.drain()
+            answer = await asyncio.wait_for(reader.read(), timeout=20)
+            writer.close()
+            assert answer == b"", "the gateway does not serve a traffic: direct replica"
+            output = await forward.read_rest(timeout=20)
+        assert (f"the traffic gateway does not serve port 8000 of pod {namespace}/edge-only"
+                in output), output
