@@ -274,6 +274,22 @@ def runs_without_gpu(provider: object) -> bool:
     return bool(getattr(provider, "runs_without_gpu", False))
 
 
+def edge_api_key(provider: object) -> str | None:
+    """The account's API key for the cloud's HTTPS edge, or None (no such edge auth).
+
+    Optional for adapters: one whose cloud publishes replicas behind an edge that authenticates
+    with the account's key (SaladCloud's access domain, ``Salad-Api-Key``; the mock cloud's
+    hostname-only mode) implements ``edge_api_key() -> str | None``. The provider's probes and
+    its traffic gateway use the key of the adapter that runs the pod, whether the account came
+    from the settings file or a GPUProvider's Secret. Never log what it returns.
+    """
+    read = getattr(provider, "edge_api_key", None)
+    if read is None:
+        return None
+    key = read()
+    return key if isinstance(key, str) and key else None
+
+
 async def sweep_registry_auth(provider: object) -> int:
     """Delete the cloud-side registry credentials of ``provider`` that no instance uses any more.
 

@@ -214,8 +214,9 @@ class HTTPAdapter:
     A subclass parses its options first (so a bad option leaks no client), then calls
     ``super().__init__``, and implements :meth:`_status_error` for its cloud's error body,
     building the text with :meth:`_status_message` and ending in :meth:`_classify`. The API key
-    goes into ``auth_headers`` and nowhere else; ``secret`` (when given) is replaced by ``***``
-    in every message built here.
+    goes into ``auth_headers`` (and ``edge_key``, for a cloud whose HTTPS edge authenticates
+    with it) and nowhere else; ``secret`` (when given) is replaced by ``***`` in every message
+    built here.
     """
 
     def __init__(
@@ -229,8 +230,11 @@ class HTTPAdapter:
         retry: RetryPolicy,
         auth_headers: Mapping[str, str] | None = None,
         secret: str | None = None,
+        edge_key: str | None = None,
     ) -> None:
         self.name = name
+        # the key the cloud's HTTPS edge wants (providers.base.edge_api_key); not in repr
+        self._edge_key = edge_key or None
         self.owner = owner
         self._base_url = base_url
         self._timeout = timeout
@@ -264,6 +268,10 @@ class HTTPAdapter:
             f"{type(self).__name__}(name={self.name!r}, base_url={self._base_url!r}, "
             f"owner={self.owner!r})"
         )
+
+    def edge_api_key(self) -> str | None:
+        """The account's key for the cloud's HTTPS edge (None: its edge wants none)."""
+        return self._edge_key
 
     async def __aenter__(self) -> Self:
         return self

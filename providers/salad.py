@@ -342,6 +342,7 @@ class SaladProvider(HTTPAdapter):
             name=name, base_url=base_url, owner=owner, timeout=timeout, transport=transport,
             retry=RetryPolicy.of(self._opts), secret=api_key,
             auth_headers={"Salad-Api-Key": api_key} if api_key else None,
+            edge_key=api_key,  # the access domain's auth takes the account's key
         )
         org, project = self._opts.organization, self._opts.project
         self._org_path = f"/organizations/{org}"

@@ -37,6 +37,7 @@ from vkprovider import __version__
 from vkprovider.api import APIServers, listen_address
 from vkprovider.api.server import bind, serve
 from vkprovider.config import Settings
+from vkprovider.edgekeys import EdgeKeys
 from vkprovider.eventloop import loop_name
 from vkprovider.gateway.controller import GatewayController, TrafficMode
 from vkprovider.gateway.discovery import GatewayPods
@@ -53,6 +54,7 @@ from vkprovider.node.gpuhealth import GPUHealthWatch
 from vkprovider.node.pods import PodController
 from vkprovider.node.providerset import ProviderSource
 from vkprovider.node.virtualnode import NodeAgent, decommission_marker_path
+from vkprovider.placement.policy import effective_traffic
 from vkprovider.probing.dialing import DIRECT, AddressMap, Dialer
 from vkprovider.probing.prober import Prober
 from vkprovider.registry import build_providers
@@ -197,13 +199,19 @@ async def _gateway_synced(slices: EndpointSliceController, gateway: GatewayContr
     gateway.mark_synced()
 
 
-def _traffic(controller: PodController, uid: str) -> TrafficMode:
-    """The ``traffic`` of the OverflowPolicy a cloud pod was created under (auto without one)."""
+def _traffic(controller: PodController, uid: str,
+             source: ProviderSource | None = None) -> TrafficMode:
+    """The ``traffic`` of the OverflowPolicy a cloud pod was created under, or where that is
+    auto (or there is none) the one of the GPUProvider it runs on (auto without either)."""
     claim = controller.book.get(uid)
-    if claim is None or claim.policy is None:
-        return "auto"
-    policy = controller.gate.parsed().get(claim.policy)
-    return policy.spec.traffic if policy is not None else "auto"
+    policy = None
+    if claim is not None and claim.policy is not None:
+        parsed = controller.gate.parsed().get(claim.policy)
+        policy = parsed.spec.traffic if parsed is not None else None
+    placed = controller.placed.get(uid)
+    provider = (source.traffic.get(placed.provider)
+                if source is not None and placed is not None else None)
+    return effective_traffic(policy=policy, provider=provider)
 
 
 def _dialer(settings: Settings) -> Dialer:
@@ -224,9 +232,9 @@ async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str,
     # controller screens instances with it; the prober and the slices apply it once more.
     policy = settings.endpoints.policy()
     keys = {p.name: p.api_key for p in settings.providers}  # read when used, never kept
+    edge_keys = EdgeKeys(settings_keys=keys)  # the adapters' keys: told below
     prober = Prober(dialer=_dialer(settings), max_concurrent=settings.pods.probe_concurrency,
-                    refuse=lambda host: refusal(host, policy=policy),
-                    edge_key=lambda name: keys[name]() if name in keys else None)
+                    refuse=lambda host: refusal(host, policy=policy), edge_key=edge_keys)
     prober.on_refused = metrics.probes_refused.inc
     # The traffic gateway (settings gateway:) serves hostname-only replicas; None: not set up
     gateway = build_gateway(
@@ -238,8 +246,10 @@ async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str,
     controller = PodController(client=client, settings=settings, providers=providers,
                                events=events, refs=KubeRefSource(client=client), metrics=metrics,
                                prober=prober, endpoints=slices, policy=policy)
+    edge_keys.adapters = controller.providers  # GPUProvider-built ones join it as served
     if gateway is not None:
-        gateway.traffic_of = lambda uid: _traffic(controller, uid)
+        gateway.edge_key = edge_keys
+        gateway.traffic_of = lambda uid: _traffic(controller, uid, source)
         gateway.on_change = slices.refresh
     prober.on_change = controller.queue.add  # a probe result changed: reconcile that pod
     agent = NodeAgent(client=client, settings=settings.node, capacity=controller.node_capacity,
@@ -252,7 +262,7 @@ async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str,
               if settings.gpu_providers.enabled else None)
     try:  # binds the kubelet API and /metrics ports now: a bad port or cert fails at once
         servers = APIServers.build(settings=settings, controller=controller, client=client,
-                                   metrics=metrics)
+                                   metrics=metrics, gateway=gateway)
     except BaseException:
         await controller.aclose()
         raise

@@ -198,6 +198,7 @@ class MockProvider(HTTPAdapter):
                 retry_after_cap=retry_after_cap,
             ),
             auth_headers={"Authorization": f"Bearer {api_key}"} if api_key else None,
+            edge_key=api_key,  # hostname-only mode: the edge wants the account's key
         )
 
     # -- the Provider protocol --------------------------------------------------------------

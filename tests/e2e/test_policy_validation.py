@@ -70,6 +70,8 @@ def selector(expr: dict[str, Any]) -> dict[str, Any]:
 MALFORMED: list[tuple[str, dict[str, Any], str, str | None]] = [
     ("unknown-type", provider(with_(MOCK, type="aws")), "spec.type", "spec.type"),
     ("negative-maxGPUs", provider(with_(MOCK, maxGPUs=-1)), "spec.maxGPUs", "spec.maxGPUs"),
+    ("provider-traffic-unknown", provider(with_(MOCK, traffic="tunnel")), "spec.traffic",
+     "spec.traffic"),
     ("maxGPUs-string", provider(with_(MOCK, maxGPUs="four")), "spec.maxGPUs", "spec.maxGPUs"),
     ("negative-price", provider(with_(MOCK, maxPricePerHour=-0.5)), "spec.maxPricePerHour",
      "spec.maxPricePerHour"),

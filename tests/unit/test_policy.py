@@ -28,6 +28,7 @@ from vkprovider.placement.policy import (
     PolicyError,
     Problem,
     closest_refusal,
+    effective_traffic,
     label_selector_matches,
     parse_duration,
     parse_gpu_provider,
@@ -111,6 +112,31 @@ def test_traffic_is_auto_by_default_and_a_bad_value_names_the_field() -> None:
         parse_overflow_policy(ofp(traffic="tunnel"))
     schema = crd_schema("overflowpolicies.yaml")["properties"]["spec"]["properties"]["traffic"]
     assert schema["enum"] == ["direct", "gateway", "auto"]
+
+
+def test_a_gpuprovider_traffic_is_auto_by_default_and_a_bad_value_names_the_field() -> None:
+    assert parse_gpu_provider(gpup()).spec.traffic == "auto"
+    obj = gpup()
+    obj["spec"]["traffic"] = "gateway"
+    assert parse_gpu_provider(obj).spec.traffic == "gateway"
+    obj["spec"]["traffic"] = "tunnel"
+    with pytest.raises(PolicyError) as info:
+        parse_gpu_provider(obj)
+    assert field_of(info) == "spec.traffic"
+    schema = crd_schema("gpuproviders.yaml")["properties"]["spec"]["properties"]["traffic"]
+    assert schema["enum"] == ["direct", "gateway", "auto"]
+    assert schema["default"] == "auto"
+
+
+@pytest.mark.parametrize(("policy", "provider", "path"), [
+    (None, None, "auto"), ("auto", "auto", "auto"),
+    ("auto", "gateway", "gateway"), (None, "direct", "direct"),  # the account decides
+    ("direct", "gateway", "direct"), ("gateway", "direct", "gateway"),  # the workload's wins
+    ("gateway", None, "gateway"),
+])
+def test_the_policys_traffic_wins_unless_auto_then_the_gpuproviders(
+        policy: str | None, provider: str | None, path: str) -> None:
+    assert effective_traffic(policy=policy, provider=provider) == path
 
 
 def test_duration_pattern_is_the_crds_pattern() -> None:
@@ -277,9 +303,10 @@ def test_the_model_defaults_are_the_crd_defaults() -> None:
         assert _at(dumped, path) == default, path
 
     provider_defaults = _defaults(crd_schema("gpuproviders.yaml")["properties"]["spec"])
-    assert provider_defaults == {"credentialsSecret.key": "apiKey"}
+    assert provider_defaults == {"credentialsSecret.key": "apiKey", "traffic": "auto"}
     dumped = parse_gpu_provider(gpup()).spec.model_dump()
     assert _at(dumped, "credentialsSecret.key") == "apiKey"
+    assert _at(dumped, "traffic") == "auto"
 
 
 def test_the_crd_enums_are_the_models_enums() -> None:

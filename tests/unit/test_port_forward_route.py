@@ -178,7 +178,8 @@ async def test_a_screened_published_address_is_never_dialled(node: Node) -> None
     ((PublishedPort(container_port=8000, host="abc-8000.proxy.example.com", port=443,
                     kind="hostname", scheme="https"),), InstanceState.RUNNING,
      "provider mock publishes port 8000 of pod team/a only behind its TLS proxy "
-     "(abc-8000.proxy.example.com:443); forwarding to it needs the gateway route"),
+     "(abc-8000.proxy.example.com:443); forwarding to it needs the traffic gateway (gateway: "
+     "in the provider's settings, docs/traffic.md), which is not set up"),
     ((PublishedPort(container_port=9000, host="198.18.7.7", port=30001, kind="ip"),),
      InstanceState.RUNNING, "provider mock publishes no address for port 8000 of pod team/a"),
     ((PublishedPort(container_port=8000, host="198.18.7.7", port=30001, kind="ip"),),

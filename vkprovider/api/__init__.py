@@ -25,7 +25,7 @@ from typing import Any
 from vkprovider.api.auth import KubeletAuth
 from vkprovider.api.gpu import GPUCollector
 from vkprovider.api.kubelet import create_kubelet_app, create_metrics_app
-from vkprovider.api.portforward import PublishedDial
+from vkprovider.api.portforward import GatewayDial, GatewayRoutes, PortDial, PublishedDial
 from vkprovider.api.server import bind, serve
 from vkprovider.api.stats import count_pods
 from vkprovider.api.tls import server_context
@@ -64,6 +64,15 @@ def _dialer(settings: Settings) -> Dialer:
     return DIRECT if lab is None else AddressMap(Path(lab))
 
 
+def _port_dial(settings: Settings, gateway: GatewayRoutes | None) -> PortDial:
+    """Port-forward dials what clouds publish, screened, the way probes do; a port published
+    only behind a cloud's HTTPS edge goes through the traffic gateway, as its Service does."""
+    dialer, policy = _dialer(settings), settings.endpoints.policy()
+    return PortDial(published=PublishedDial(dialer=dialer, policy=policy),
+                    gateway=None if gateway is None else GatewayDial(
+                        gateway=gateway, dialer=dialer, policy=policy))
+
+
 class APIServers:
     """The kubelet API, ``/metrics`` and the GPU collector of one virtual node."""
 
@@ -82,7 +91,9 @@ class APIServers:
 
     @classmethod
     def build(cls, *, settings: Settings, controller: PodController, client: KubeClient,
-              metrics: Metrics) -> APIServers:
+              metrics: Metrics, gateway: GatewayRoutes | None = None) -> APIServers:
+        """``gateway``: the traffic gateway, when set up (port-forward to hostname-only
+        replicas goes through it)."""
         api = settings.kubelet_api
         node = settings.node
         ssl_context = server_context(
@@ -106,8 +117,7 @@ class APIServers:
         return cls(
             kubelet_app=create_kubelet_app(
                 view=view, auth=auth, metrics=metrics, gpus=gpus, started_at=time.time(),
-                # port-forward dials what clouds publish, screened, the way probes do
-                dial=PublishedDial(dialer=_dialer(settings), policy=settings.endpoints.policy())),
+                dial=_port_dial(settings, gateway)),
             kubelet_sock=kubelet_sock, ssl_context=ssl_context,
             metrics_app=create_metrics_app(metrics=metrics) if metrics_sock else None,
             metrics_sock=metrics_sock, gpus=gpus, view=view, metrics=metrics)

@@ -99,6 +99,10 @@ class GatewayController:
         self._dirty = asyncio.Event()
         self._adopted = False
         self.passes = 0
+        # per gateway pod address, the routes its last successful pass programmed (what a
+        # port-forward may dial now), and a pulse at the end of every pass
+        self._programmed: dict[str, dict[RouteKey, int]] = {}
+        self._pass_done = asyncio.Event()
         # Set once the EndpointSlice controller has asked for every route it needs after a
         # start: until then a pass adds and fixes but removes nothing, so a restarted provider
         # does not empty a gateway that serves replicas it has not been told of yet.
@@ -124,6 +128,25 @@ class GatewayController:
         if route is None or instance is None:
             return None
         return instance.address, route.port
+
+    async def serve(self, *, pod_uid: str, target: EdgeRequest,
+                    timeout: float) -> tuple[str, int] | None:
+        """As :meth:`route`, then wait until a pass has programmed that route into the chosen
+        gateway pod: ``kubectl port-forward`` dials it at once, and asking may have allocated
+        it just now. None when the gateway does not serve it; :class:`TimeoutError` when no
+        pass programmed it within ``timeout`` seconds (its edge not dialable, the gateway pod
+        unreachable)."""
+        key = (pod_uid, target.container_port)
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            routed = self.route(pod_uid=pod_uid, target=target)
+            if routed is None:
+                return None
+            if self._programmed.get(routed[0], {}).get(key) == routed[1]:
+                return routed
+            self._dirty.set()
+            async with asyncio.timeout_at(deadline):
+                await self._pass_done.wait()
 
     def forget(self, pod_uid: str) -> None:
         """The pod is gone: its routes go at the next pass."""
@@ -194,13 +217,16 @@ class GatewayController:
             await self._adopt()
         desired = await self._desired()
         changed = False
+        served = {p.route.edge.key: p.route.port for p in desired}
         for instance in self.instances:
             try:
                 await reconcile(client=instance.client, layout=self.layout, desired=desired,
                                 prune=self.synced.is_set())
                 ok, error = True, None
+                self._programmed[instance.address] = served
             except GatewayError as exc:
                 ok, error = False, str(exc)
+                self._programmed.pop(instance.address, None)
             if ok != instance.healthy:
                 changed = True
                 log.log(logging.INFO if ok else logging.WARNING,
@@ -214,6 +240,8 @@ class GatewayController:
             self.metrics.gateway_pods_healthy.set(sum(i.healthy for i in self.instances))
         if changed:
             self.on_change()
+        done, self._pass_done = self._pass_done, asyncio.Event()
+        done.set()
 
     async def _adopt(self) -> None:
         """A restarted provider keeps the ports a live gateway serves (its routes map)."""

@@ -149,6 +149,7 @@ class ProviderSource:
         self.health: dict[str, ps.HealthTracker] = {}  # by provider key
         self.last_patch: dict[str, float] = {}
         self.rejected: dict[str, str] = {}  # name -> fingerprint the adapter refused
+        self.traffic: dict[str, str] = {}  # spec.traffic of each valid object, by name
         self._closing: list[tuple[float, str, Provider]] = []
         self._aliases = 0
         self._shadow_logged: set[str] = set()
@@ -281,6 +282,7 @@ class ProviderSource:
         timeout = self.settings.timeout_seconds
         wanted = fingerprint(spec=spec, url=url, secret_rv=secret_rv, timeout=timeout)
         self._set_caps(name, _caps(spec))
+        self.traffic[name] = spec.traffic
         if served is not None and served.fingerprint == wanted:
             served.generation = generation
             self.controller.set_draining(name, False)
@@ -364,6 +366,7 @@ class ProviderSource:
         await self._retire(name)
         self.problems.pop(name, None)
         self.secrets.pop(name, None)
+        self.traffic.pop(name, None)
         log.info("provider draining", extra=kv(provider=name, why=why))
 
     async def _retire(self, name: str) -> None:

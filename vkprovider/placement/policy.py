@@ -194,6 +194,9 @@ class GPUProviderSpec(_Frozen):
     )
     max_price_per_hour: NonNegFloat | None = None
     options: dict[str, Any] = Field(default_factory=dict)
+    # How Services reach this account's cloud replicas when the pod's OverflowPolicy leaves
+    # its own ``traffic`` at auto (see :func:`effective_traffic`; docs/traffic.md)
+    traffic: Literal["direct", "gateway", "auto"] = "auto"
 
     @model_validator(mode="after")
     def _required_by_type(self) -> GPUProviderSpec:
@@ -213,6 +216,20 @@ class GPUProviderSpec(_Frozen):
         if not self.gpu_types:
             return gpu_type
         return self.gpu_types.get(gpu_type)
+
+
+def effective_traffic(*, policy: str | None, provider: str | None
+                      ) -> Literal["direct", "gateway", "auto"]:
+    """The traffic path of one cloud pod: its OverflowPolicy's ``traffic`` unless that is
+    ``auto`` (or the pod has no policy), else its GPUProvider's, else ``auto``. The narrower
+    scope wins: a policy names a workload, a GPUProvider a whole account; ``auto`` on either
+    is "no opinion" (both default to it)."""
+    for choice in (policy, provider):
+        if choice == "direct":
+            return "direct"
+        if choice == "gateway":
+            return "gateway"
+    return "auto"
 
 
 class GPUProvider(_Frozen):

@@ -4,12 +4,19 @@ Why it exists: users of every virtual-kubelet provider ask for port-forward, and
 answered 501. The package is small layers, each testable alone: :mod:`.spdy` (framing and header
 compression, pure), :mod:`.session` (the kubelet's port-forward protocol on one connection),
 :mod:`.dial` (a declared port of a cloud pod as a connected stream, through the address the
-cloud published) and :mod:`.route` (the upgrade request: auth, pod checks, 101).
+cloud published, or the traffic gateway's route for a hostname-only cloud) and :mod:`.route`
+(the upgrade request: auth, pod checks, 101).
 """
 
-from vkprovider.api.portforward.dial import Dial, PublishedDial
+from vkprovider.api.portforward.dial import (
+    Dial,
+    GatewayDial,
+    GatewayRoutes,
+    PortDial,
+    PublishedDial,
+)
 from vkprovider.api.portforward.route import PortForwardRoute
 from vkprovider.api.portforward.session import Limits, PortForwardSession, PortRefused
 
-__all__ = ["Dial", "Limits", "PortForwardRoute", "PortForwardSession", "PortRefused",
-           "PublishedDial"]
+__all__ = ["Dial", "GatewayDial", "GatewayRoutes", "Limits", "PortDial", "PortForwardRoute",
+           "PortForwardSession", "PortRefused", "PublishedDial"]
