@@ -203,7 +203,7 @@ async def test_minimal_objects_are_accepted_with_defaults_applied(
     runpod = await create(kube, created, provider(copy.deepcopy(RUNPOD)))
     assert runpod["spec"]["credentialsSecret"]["key"] == "apiKey"
     mock = await create(kube, created, provider(copy.deepcopy(MOCK)))
-    assert mock["spec"] == MOCK
+    assert mock["spec"] == {**MOCK, "traffic": "auto"}
 
     ofp = await create(kube, created, policy(copy.deepcopy(POLICY)))
     assert ofp["spec"]["overflowAfter"] == "0s"
@@ -212,6 +212,7 @@ async def test_minimal_objects_are_accepted_with_defaults_applied(
                                        "cooldown": "5m", "timeout": "10m",
                                        "holdWhileQueued": True, "headroomGPUs": 0}
     assert ofp["spec"]["placement"] == "Ordered"
+    assert ofp["spec"]["traffic"] == "auto"
     read = await kube.get(f"{POLICIES_PATH}/{ofp['metadata']['name']}")
     assert read["spec"] == ofp["spec"]
 
