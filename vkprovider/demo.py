@@ -39,6 +39,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import secrets
 import sys
 import tempfile
 import time
@@ -48,6 +50,7 @@ from typing import Any
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import NotFoundError
 from vkprovider.node.spend import SPEND_ANNOTATION, decode, spend_lease_path
+from vkprovider.probing.dialing import Route, publish_routes
 from vkprovider.storyobjects import (
     CHECK,
     FLAVOR,
@@ -93,6 +96,7 @@ from vkprovider.storyreport import (
 )
 from vkprovider.testing.cluster import LocalCluster
 from vkprovider.testing.fakekubelet import create_gpu_nodes
+from vkprovider.testing.haproxy import HAProxyProcess
 from vkprovider.testing.harness import (
     CompanionProcess,
     MockCloudProcess,
@@ -102,6 +106,51 @@ from vkprovider.testing.harness import (
     service_account_kubeconfig,
 )
 from vkprovider.testing.loadgen import LoadGenerator, ready_endpoints
+from vkprovider.testing.pki import CertificateAuthority
+
+#: The hostname-only cloud's edge (``hostname_only_cloud``): its domain, the header its API key
+#: goes in (SaladCloud's), the variable the key is passed in, and the gateway pod's address
+#: (virtual: the address map routes its ports to the HAProxy process on loopback).
+EDGE_DOMAIN = "edge.cloud-b.test"
+EDGE_AUTH_HEADER = "Salad-Api-Key"
+EDGE_KEY_ENV = "VKP_STORY_CLOUD_B_KEY"
+GATEWAY_POD_IP = "100.64.250.1"
+
+
+class _GatewayLab:
+    """``hostname_only_cloud``: a test CA and wildcard certificate for cloud-b's edge, an edge
+    API key (random per story), and a real HAProxy standing as the gateway pod."""
+
+    def __init__(self, *, work: Path, network: Path, ports: int) -> None:
+        (work / "edge-ca").mkdir()
+        self.ca = CertificateAuthority(directory=work / "edge-ca", name="story-edge-ca")
+        self.cert = self.ca.issue(stem="edge", common_name=f"*.{EDGE_DOMAIN}", server=True,
+                                  hosts=(f"*.{EDGE_DOMAIN}",))
+        self.key = secrets.token_hex(16)
+        self.network = network
+        self.haproxy = HAProxyProcess(work_dir=work / "gateway", ca_file=self.ca.cert_path,
+                                      count=ports, auth_headers=(EDGE_AUTH_HEADER,))
+
+    def edge_args(self) -> list[str]:
+        return ["--api-key-env", EDGE_KEY_ENV, "--edge-domain", EDGE_DOMAIN,
+                "--edge-cert", str(self.cert.cert), "--edge-key", str(self.cert.key),
+                "--edge-auth-header", EDGE_AUTH_HEADER]
+
+    async def start(self) -> None:
+        await self.haproxy.start()
+        layout = self.haproxy.layout
+        # kube-proxy's DNAT, in the lab: the gateway pod's ports are HAProxy's listeners
+        publish_routes(directory=self.network, owner="gateway", routes=[
+            Route(host=GATEWAY_POD_IP, port=p, to_host="127.0.0.1", to_port=p)
+            for p in range(layout.first_port, layout.first_port + layout.count)])
+
+    def settings(self) -> dict[str, Any]:
+        """The provider's ``gateway:`` settings: this HAProxy at the gateway pod's address."""
+        layout = self.haproxy.layout
+        return {"instances": [{"address": GATEWAY_POD_IP, "runtime": str(layout.socket)}],
+                "first_port": layout.first_port, "port_count": layout.count,
+                "ca_file": str(layout.ca_file), "map_dir": str(layout.map_dir),
+                "auth_headers": [EDGE_AUTH_HEADER], "reconcile_seconds": 0.5}
 
 
 async def _counted_spend(kube: KubeClient, *, timeout: float = 15.0) -> float | None:
@@ -144,12 +193,17 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
                     training_seconds: float = 25.0, rate: float = 50.0,
                     load_seconds: float = 3.0, mode: str = PREEMPTION, fast_path: bool = True,
                     overflow_after: str | None = None,
-                    kueue_home: Path | None = None) -> StoryResult:
+                    kueue_home: Path | None = None,
+                    hostname_only_cloud: bool = False) -> StoryResult:
     """The story, ``rate`` requests per second through it; inference loads for
     ``load_seconds`` (Running, not Ready, meanwhile) wherever a replica starts. ``mode`` says how
     the way out plays (:data:`MODES`; the Kueue ones need ``VKP_KUEUE_BIN`` or ``kueue_home``);
     ``fast_path=False`` runs the companion with ``--no-preemption-fast-path``;
-    ``overflow_after`` sets the policy's ``overflowAfter``."""
+    ``overflow_after`` sets the policy's ``overflowAfter``. ``hostname_only_cloud`` makes
+    cloud-b publish its replicas by hostname only (an HTTPS edge per replica port with a test
+    CA's certificate, wanting the cloud's API key in ``Salad-Api-Key``, as SaladCloud) and runs
+    a real HAProxy as the traffic gateway the provider programs; the Service reaches cloud-b's
+    replicas through it (HAProxy from Debian's package: ``tools/setup.sh system``)."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: one of {', '.join(MODES)}")
     with_kueue = mode in (PREWARM, KUEUE)
@@ -160,13 +214,20 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
     cluster = LocalCluster(log_dir=work / "logs")
     network = cluster.address_map_dir  # the lab network: one address map for every listener
     half = max(1, replicas // 2)
+    # a gateway port per cloud-b replica port: the surge and the replacements at most
+    lab = (_GatewayLab(work=work, network=network, ports=replicas * 2 + 4)
+           if hostname_only_cloud else None)
     clouds = [
         MockCloudProcess(work_dir=work, name="cloud-a", boot_delay=1.0,
                          inventory=f"H100:us-east:{half}:2.49",
                          address_map_dir=network, public_block=0),
         MockCloudProcess(work_dir=work, name="cloud-b", boot_delay=1.5,
                          inventory=f"H100:eu-west:{replicas * 2}:2.19",
-                         address_map_dir=network, public_block=1),
+                         address_map_dir=network, public_block=1,
+                         edge_args=lab.edge_args() if lab is not None else (),
+                         api_key=lab.key if lab is not None else None,
+                         env={**os.environ, EDGE_KEY_ENV: lab.key} if lab is not None
+                         else None),
     ]
     provider: ProviderProcess | None = None
     companion: CompanionProcess | None = None
@@ -208,14 +269,34 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
                       f"CRDs, the manager, its webhooks at {kueue.url} (signed by the cluster "
                       f"CA)")
 
-            n.chapter("Two mock GPU clouds, the virtual kubelet and the companion")
+            n.chapter("Two mock GPU clouds, the virtual kubelet and the companion"
+                      + (", and the traffic gateway" if lab is not None else ""))
             for cloud in clouds:
                 await cloud.start()
-                n.say(f"{cloud.name} at {cloud.url}")
+                n.say(f"{cloud.name} at {cloud.url}"
+                      + (f": hostname-only (each replica port only at https://<instance>-"
+                         f"<port>.{EDGE_DOMAIN}, its edge wants the cloud's API key in "
+                         f"{EDGE_AUTH_HEADER})" if lab is not None and cloud.name == "cloud-b"
+                         else ""))
+            extra: dict[str, Any] = {}
+            if lab is not None:
+                await lab.start()
+                layout = lab.haproxy.layout
+                n.say(f"traffic gateway: a real HAProxy standing as the gateway pod "
+                      f"{GATEWAY_POD_IP}, ports {layout.first_port}-"
+                      f"{layout.first_port + layout.count - 1}, programmed by the provider "
+                      f"over its Runtime API")
+                extra = {"providers": [
+                    {"name": "cloud-a", "type": "mock", "url": clouds[0].url},
+                    {"name": "cloud-b", "type": "mock", "url": clouds[1].url,
+                     "api_key_env": EDGE_KEY_ENV}],
+                    "gateway": lab.settings()}
             provider = ProviderProcess(work_dir=work, kubeconfig=vk_config, node_name=NODE,
                                        clouds=clouds, client_ca_file=cluster.ca_path,
                                        pods={"spend_record_seconds": 1,
-                                             "probe_address_map": str(network)})
+                                             "probe_address_map": str(network)},
+                                       config_providers=lab is None, extra=extra,
+                                       env={EDGE_KEY_ENV: lab.key} if lab is not None else None)
             provider.start()
             companion = CompanionProcess(
                 work_dir=work, kubeconfig=companion_config, node_name=NODE, interval=0.5,
@@ -369,6 +450,15 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
                       + ("the Kueue pre-warm check removes this)" if mode == KUEUE else
                          "`vkprovider demo` with Kueue pre-warms and removes this)"))
             lg.mark(ON_CLOUD)
+            if lab is not None:  # the Service's ready endpoints that are the gateway pod's
+                items = (await kube.get(
+                    f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices",
+                    params={"labelSelector": f"kubernetes.io/service-name={SERVICE}"}))["items"]
+                result.gateway_endpoints = sum(
+                    1 for a, _ in ready_endpoints(items, port_name=PORT) if a == GATEWAY_POD_IP)
+                n.say(f"Service {SERVICE}: {result.gateway_endpoints} of its ready endpoints are "
+                      f"the gateway pod's ({GATEWAY_POD_IP}:<port>), one per cloud-b replica: "
+                      "HAProxy originates verified TLS to each edge and adds the edge key")
             rows: list[tuple[str, ...]] = [("POD", "NODE", "CLOUD", "REGION", "$/H")]
             for p in sorted(await app_pods(kube, "inference"), key=lambda p: p["metadata"]["name"]):
                 a = p["metadata"].get("annotations") or {}
@@ -453,8 +543,13 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
                 ledger = await cloud.ledger()
                 live = sum(1 for e in ledger if e["state"] != "deleted")
                 spent = sum(e["cost"] for e in ledger)
-                result.per_cloud[cloud.name] = {"created": len(ledger), "live": live,
-                                                "dollars": round(spent, 4)}
+                # requests its model servers counted (probes apart), over the whole story
+                served = await cloud.admin("GET", "/admin/traffic")
+                result.per_cloud[cloud.name] = {
+                    "created": len(ledger), "live": live, "dollars": round(spent, 4),
+                    "requests": sum(int(v.get("traffic", 0)) for v in served.values()),
+                    "path": "gateway" if lab is not None and cloud.name == "cloud-b"
+                    else "direct"}
                 result.instances_created += len(ledger)
                 result.instances_deleted += len(ledger) - live
                 result.leaks += live
@@ -484,6 +579,8 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
                 proc.stop()
         for cloud in clouds:
             cloud.stop()
+        if lab is not None:
+            lab.haproxy.stop()
         cluster.stop()
         if narrate:
             with contextlib.suppress(OSError):

@@ -41,7 +41,7 @@ from vkprovider.edgekeys import EdgeKeys
 from vkprovider.eventloop import loop_name
 from vkprovider.gateway.controller import GatewayController, TrafficMode
 from vkprovider.gateway.discovery import GatewayPods
-from vkprovider.gateway.wiring import build_gateway
+from vkprovider.gateway.wiring import build_gateway, traffic_watch
 from vkprovider.kube import KubeClient
 from vkprovider.kube.events import EventRecorder
 from vkprovider.kube.leader import LeaderElector
@@ -251,6 +251,10 @@ async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str,
         gateway.edge_key = edge_keys
         gateway.traffic_of = lambda uid: _traffic(controller, uid, source)
         gateway.on_change = slices.refresh
+        # a policy's traffic changed: its replicas are re-routed now (docs/traffic.md)
+        controller.on_policy_change = traffic_watch(
+            modes=lambda: {n: p.spec.traffic for n, p in controller.gate.parsed().items()},
+            refresh=slices.refresh)
     prober.on_change = controller.queue.add  # a probe result changed: reconcile that pod
     agent = NodeAgent(client=client, settings=settings.node, capacity=controller.node_capacity,
                       version=f"v1.37.2-vkprovider-{__version__}",

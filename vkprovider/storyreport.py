@@ -140,6 +140,8 @@ class StoryResult:
     rate: float = 0.0  # requests per second offered through the whole story
     requests: list[RequestChapter] = field(default_factory=list)
     way_out: WayOut = field(default_factory=WayOut)
+    # with a hostname-only cloud: ready Service endpoints at the gateway pod once on the clouds
+    gateway_endpoints: int | None = None
 
     @property
     def failed_where_none_may(self) -> int:
@@ -184,7 +186,9 @@ def summary_rows(result: StoryResult) -> list[tuple[str, ...]]:
              ("training done -> all home (s)", str(result.seconds_gpus_freed_to_all_home)),
              ("cloud instances created / deleted",
               f"{result.instances_created} / {result.instances_deleted}"),
-             *[(f"  {k}", f"{v['created']} created, ${v['dollars']:.4f}")
+             *[(f"  {k}", f"{v['created']} created, ${v['dollars']:.4f}"
+                + (f", {v['requests']} requests served ({v.get('path', 'direct')})"
+                   if "requests" in v else ""))
                for k, v in result.per_cloud.items()],
              ("money spent ($), the clouds' bill", f"{result.dollars:.4f}"),
              ("  as the provider counted it", "not recorded"

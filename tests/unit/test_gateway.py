@@ -334,7 +334,7 @@ class _Told:
 
     def __init__(self, host: str, port: int) -> None:
         self.container_port, self.host, self.port = 8000, host, port
-        self.provider, self.edge_auth = "cloud", None
+        self.provider, self.edge_auth, self.kind = "cloud", None, "hostname"
 
 
 async def test_a_restarted_provider_keeps_the_live_gateway_and_its_ports(

@@ -1,11 +1,12 @@
 """The provider's side of the gateway: routes for EndpointSlices, and HAProxy kept programmed.
 
 Why it exists: the EndpointSlice controller asks, for each hostname-only replica port a Service
-selects, where the gateway serves it (:meth:`GatewayController.route`); the answer is one gateway
-pod's address (the same pod for a replica while it is healthy, re-homed when it is not) and the
-port the planner allocated. A background loop (:meth:`GatewayController.run`) resolves each edge
-to the address HAProxy dials (a lab's address map, or DNS screened by the address filter, so a
-cloud cannot point the gateway inside the cluster) and reconciles every gateway pod to the plan:
+selects (and each IP:port one whose policy says ``traffic: gateway``), where the gateway serves
+it (:meth:`GatewayController.route`); the answer is one gateway pod's address (the same pod for a
+replica while it is healthy, re-homed when it is not) and the port the planner allocated. A
+background loop (:meth:`GatewayController.run`) resolves each edge to the address HAProxy dials
+(a lab's address map, or DNS screened by the address filter, so a cloud cannot point the gateway
+inside the cluster) and reconciles every gateway pod to the plan:
 the provider's state is the source of truth, and a restarted gateway is re-programmed on the next
 pass (``gateway.reconcile_seconds``). Edge API keys come from ``edge_key`` (the provider's own
 key for its cloud) and are handed to HAProxy only, never logged.
@@ -64,6 +65,8 @@ class EdgeRequest(Protocol):
     def provider(self) -> str: ...
     @property
     def edge_auth(self) -> str | None: ...
+    @property
+    def kind(self) -> Literal["ip", "hostname"]: ...
 
 
 @dataclass(kw_only=True)
@@ -110,15 +113,31 @@ class GatewayController:
 
     # ---- what the EndpointSlice controller calls (synchronous, cheap) ------------------------
 
+    def wants(self, *, pod_uid: str, target: EdgeRequest) -> bool:
+        """Whether this replica port's traffic goes through the gateway, by its policy's
+        ``traffic``: a hostname-only one unless ``direct``; an IP:port one only under
+        ``gateway`` (which then is never a direct endpoint, even while no route exists)."""
+        mode = self.traffic_of(pod_uid)
+        if target.kind == "ip":
+            return mode == "gateway"
+        return mode != "direct"
+
     def route(self, *, pod_uid: str, target: EdgeRequest) -> tuple[str, int] | None:
-        """The gateway ``(address, port)`` serving this hostname-only replica port, or None
-        (``traffic: direct``, no port left, or no healthy gateway pod)."""
-        if self.traffic_of(pod_uid) == "direct":
-            return None
+        """The gateway ``(address, port)`` serving this replica port, or None (not
+        :meth:`wants`, no port left, or no healthy gateway pod). A replica port the gateway no
+        longer wants (its policy's ``traffic`` changed) loses its route at once."""
         key = (pod_uid, target.container_port)
+        if not self.wants(pod_uid=pod_uid, target=target):
+            if key in self._edges:
+                del self._edges[key]
+                self._providers.pop(key, None)
+                self._replan()
+            return None
+        tls = target.kind != "ip"
         edge = EdgeTarget(pod_uid=pod_uid, container_port=target.container_port,
                           host=target.host, port=target.port, dial_host=target.host,
-                          dial_port=target.port, auth_header=target.edge_auth)
+                          dial_port=target.port,
+                          auth_header=target.edge_auth if tls else None, tls=tls)
         if self._edges.get(key) != edge:
             self._edges[key] = edge
             self._providers[key] = target.provider

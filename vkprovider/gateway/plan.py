@@ -39,7 +39,9 @@ class EdgeTarget:
     ``dial_host:dial_port`` is where the gateway connects (the edge's address; in a lab the
     address map's loopback listener); ``host`` is the name its certificate must carry, sent as
     SNI and ``Host``. ``auth_header`` names the header the edge wants its API key in (None: the
-    edge has no auth); the key itself is not part of the plan (see the controller).
+    edge has no auth); the key itself is not part of the plan (see the controller). ``tls``
+    False: a published IP:port sent through the gateway (``traffic: gateway``), dialled in plain
+    HTTP as the cloud offers it, the client's ``Host`` kept.
     """
 
     pod_uid: str
@@ -49,6 +51,7 @@ class EdgeTarget:
     dial_host: str
     dial_port: int
     auth_header: str | None = None
+    tls: bool = True
 
     @property
     def key(self) -> RouteKey:
@@ -80,8 +83,9 @@ def server_name(edge: EdgeTarget) -> str:
     """The HAProxy server name for ``edge``: a digest of everything programmed into the server,
     so a server whose settings are stale has another name (HAProxy's runtime API cannot read
     back a dynamic server's TLS settings; a name it can)."""
-    material = "\0".join((edge.pod_uid, str(edge.container_port), edge.host, str(edge.port),
-                          edge.dial_host, str(edge.dial_port)))
+    parts = (edge.pod_uid, str(edge.container_port), edge.host, str(edge.port), edge.dial_host,
+             str(edge.dial_port))
+    material = "\0".join(parts if edge.tls else (*parts, "plain"))
     return "r" + hashlib.sha256(material.encode()).hexdigest()[:16]
 
 

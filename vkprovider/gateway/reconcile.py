@@ -73,13 +73,18 @@ async def reconcile(*, client: RuntimeClient, layout: GatewayLayout,
         if p.route.server in have.get(backend, ()):
             continue
         edge = p.route.edge
-        await client.add_server(backend=backend, server=p.route.server, host=edge.dial_host,
-                                port=edge.dial_port, sni=edge.host, ca_file=layout.ca_file)
+        if edge.tls:
+            await client.add_server(backend=backend, server=p.route.server, host=edge.dial_host,
+                                    port=edge.dial_port, sni=edge.host, ca_file=layout.ca_file)
+        else:  # an IP:port replica (traffic: gateway): plain HTTP, the client's Host kept
+            await client.add_plain_server(backend=backend, server=p.route.server,
+                                          host=edge.dial_host, port=edge.dial_port)
         await client.set_ready(backend=backend, server=p.route.server)
         result.added += 1
     # maps after servers: a Host/key entry for a listener with no server does no harm
     result.map_writes += await _sync_map(
-        client, layout.hosts_map, {b: p.route.edge.host for b, p in want.items()}, ours,
+        client, layout.hosts_map,
+        {b: p.route.edge.host for b, p in want.items() if p.route.edge.tls}, ours,
         prune=prune)
     result.map_writes += await _sync_map(
         client, layout.routes_map, {b: route_value(p.route) for b, p in want.items()}, ours,

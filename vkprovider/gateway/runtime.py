@@ -178,6 +178,14 @@ class RuntimeClient:
                 f"alpn {SERVER_ALPN} ws h1 pool-low-conn 2")
         await self._expect(line, "New server registered", what=f"add server {backend}/{server}")
 
+    async def add_plain_server(self, *, backend: str, server: str, host: str, port: int) -> None:
+        """A dynamic server that speaks plain HTTP to ``host:port`` (a published IP:port routed
+        through the gateway by ``traffic: gateway``; none of the IP:port clouds offers TLS
+        there). Added in maintenance, as :meth:`add_server`."""
+        line = (f"add server {safe(backend, what='backend')}/{safe(server, what='server')} "
+                f"{safe(_hostport(host, port), what='address')} pool-low-conn 2")
+        await self._expect(line, "New server registered", what=f"add server {backend}/{server}")
+
     async def set_ready(self, *, backend: str, server: str) -> None:
         await self._expect(f"set server {safe(backend, what='backend')}/"
                            f"{safe(server, what='server')} state ready", "",

@@ -4,7 +4,8 @@ Why it exists: the service module stays a list of parts; here are the choices th
 from settings: where HAProxy dials an edge (a lab's address map, or DNS screened by the cloud
 address filter, because an edge's name is cloud input and could resolve inside the cluster), which
 traffic mode a pod's OverflowPolicy asks for, and which key an edge gets (the provider's own API
-key for that cloud: SaladCloud's edge authenticates with the account's key).
+key for that cloud: SaladCloud's edge authenticates with the account's key), and when a
+policy's ``traffic`` change must re-route the replicas (:func:`traffic_watch`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from vkprovider.gateway.haproxycfg import GatewayLayout
 from vkprovider.gateway.runtime import GatewayError, RuntimeClient
 from vkprovider.probing.dialing import Dialer
 
-__all__ = ["build_gateway", "dns_dial", "mapped_dial"]
+__all__ = ["build_gateway", "dns_dial", "mapped_dial", "traffic_watch"]
 
 _DNS_TTL = 30.0
 
@@ -109,3 +110,25 @@ def build_gateway(*, settings: Settings, dialer: Dialer | None, policy: AddressP
         controller.discovered = lambda addresses: controller.set_instances(
             static + [instance(a, f"tls://{a}:{port}") for a in addresses])
     return controller
+
+
+def traffic_watch(*, modes: Callable[[], Mapping[str, str]],
+                  refresh: Callable[[], None]) -> Callable[[], None]:
+    """A policy-watch handler: calls ``refresh`` (re-reconcile every Service with a cloud
+    replica) when the ``traffic`` a policy name stands for changed (edited; deleted, so its
+    pods fall back to ``auto``; re-created with another), so replicas are re-routed at once
+    rather than at the next unrelated Service change. ``modes``: policy name -> ``traffic``
+    now. The first call only records the baseline."""
+    last: dict[str, str] | None = None
+
+    def changed() -> None:
+        nonlocal last
+        now = dict(modes())
+        before, last = last, now
+        if before is None:
+            return
+        if any(before.get(name, "auto") != now.get(name, "auto")
+               for name in before.keys() | now.keys()):
+            refresh()
+
+    return changed

@@ -41,7 +41,9 @@ and told once with a Warning Event ``EndpointNotRoutable`` on the Service, point
 ``vkprovider.io/ports`` annotation (where a gateway or mesh can read the hostname), unless the
 traffic gateway (``vkprovider/gateway``) serves them: then the endpoint is the gateway pod's
 address and the port it allocated for that replica port (a :class:`GatewayRouter` says which;
-``traffic: direct`` keeps the warning). Addresses the
+``traffic: direct`` keeps the warning; a replica the gateway is meant to serve but has no route
+for yet gets no endpoint and no warning: the gateway logs why). Under ``traffic: gateway`` an
+IP:port replica is fronted by the gateway too and never published directly. Addresses the
 API server refuses (loopback, link-local, unspecified) are skipped the same way, and so is any
 address the filter of ``providers/addresses.py`` refuses (private, CGNAT, metadata, the cluster's
 own ranges, ...): the pod controller screens instances before telling them here, and
@@ -130,6 +132,10 @@ class GatewayRouter(Protocol):
 
     def route(self, *, pod_uid: str, target: EndpointTarget) -> tuple[str, int] | None:
         """``(gateway address, gateway port)``, or None when the gateway does not serve it."""
+        ...
+
+    def wants(self, *, pod_uid: str, target: EndpointTarget) -> bool:
+        """Whether the gateway is meant to serve it (by the pod's policy's ``traffic``)."""
         ...
 
     def forget(self, pod_uid: str) -> None: ...
@@ -302,15 +308,26 @@ def endpoints_for(service: Body, pod: PodRecord, *, policy: AddressPolicy = DEFA
             if addr is not None:
                 chosen = (target, addr)
                 break
-        if chosen is None and gateway is not None and targets \
-                and targets[0].kind == "hostname" \
-                and refusal(targets[0].host, kind="hostname", policy=policy) is None:
-            routed = gateway.route(pod_uid=pod.uid, target=targets[0])
+        # what the gateway would front: that IP, else a hostname edge the filter accepts; and
+        # where the IP goes through the gateway anyway (traffic: gateway), the cloud's TLS edge
+        # for that port when it offers one (RunPod's proxy beside the public IP)
+        edge = next((t for t in targets if t.kind == "hostname"
+                     and refusal(t.host, kind="hostname", policy=policy) is None), None)
+        via = chosen[0] if chosen is not None else (
+            targets[0] if targets and targets[0] is edge else None)
+        if gateway is not None and via is not None and via.kind == "ip" and edge is not None \
+                and gateway.wants(pod_uid=pod.uid, target=via):
+            via = edge
+        pending = False  # the gateway is meant to serve it but has no route yet: no warning
+        if gateway is not None and via is not None:
+            routed = gateway.route(pod_uid=pod.uid, target=via)
             gw_addr = address_family(routed[0]) if routed is not None else None
             if routed is not None and gw_addr is not None:
-                chosen = (replace(targets[0], port=routed[1]), gw_addr)
+                chosen = (replace(via, port=routed[1]), gw_addr)
+            elif gateway.wants(pod_uid=pod.uid, target=via):
+                chosen, pending = None, True  # traffic: gateway is never a direct endpoint
         if chosen is None:
-            if targets:
+            if targets and not pending:
                 first = targets[0]
                 unroutable.append(Unroutable(
                     pod_uid=pod.uid, pod_name=pod.name, port_name=port_name,

@@ -155,8 +155,10 @@ class PodController:
             transform=(slim := SharedSlim(TreeSharer())),
             transform_update=slim.update,
         )
+        # called on every policy watch event (the gateway re-routes on a traffic change)
+        self.on_policy_change: Callable[[], None] = lambda: None
         self.policies = Informer(client=client, path=POLICIES_PATH, name="policies",
-                                 missing_ok=True, handler=lambda _e, _o: None)
+                                 missing_ok=True, handler=lambda _e, _o: self.on_policy_change())
         self.gate = PolicyGate(client=client, node=self.node, policies=self.policies,
                                require_policy=settings.pods.require_policy, clock=clock)
         # One record per pod (node/podstate.py): what we know and told about it.

@@ -152,12 +152,17 @@ class _Process:
 
 class MockCloudAPI:
     """A mock cloud's API at ``url``, wherever it runs (a process here, or a pod the host
-    reaches): its instances and its admin ledger."""
+    reaches): its instances and its admin ledger. ``api_key``: the key the cloud wants (its
+    ``--api-key-env``), sent with every call."""
 
-    def __init__(self, *, url: str) -> None:
+    def __init__(self, *, url: str, api_key: str | None = None) -> None:
         self.url = url
+        self.api_key = api_key
 
     async def admin(self, method: str, path: str, **kwargs: Any) -> Any:
+        if self.api_key is not None:
+            kwargs["headers"] = {"Authorization": f"Bearer {self.api_key}",
+                                 **(kwargs.get("headers") or {})}
         async with httpx.AsyncClient(base_url=self.url, timeout=30) as http:
             resp = await http.request(method, path, **kwargs)
             resp.raise_for_status()
@@ -183,11 +188,11 @@ class MockCloudProcess(MockCloudAPI, _Process):
                  scenario: str | Path | None = None,
                  address_map_dir: Path | None = None, public_block: int = 0,
                  event_loop: str | None = None, edge_args: Sequence[str] = (),
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, api_key: str | None = None) -> None:
         self.name = name
         self.address_map_dir = address_map_dir  # routes to its listeners: mock-<name>.json
         self.port = free_port()
-        super().__init__(url=f"http://127.0.0.1:{self.port}")
+        super().__init__(url=f"http://127.0.0.1:{self.port}", api_key=api_key)
         self.component = Component(
             name=f"mock-cloud-{name}",
             argv=[sys.executable, "-m", "vkprovider", "mock-cloud", "--port", str(self.port),
@@ -217,6 +222,7 @@ class MockCloudProcess(MockCloudAPI, _Process):
                 if not self.component.alive() or time.monotonic() > deadline:
                     raise RuntimeError(f"mock cloud did not start:\n{self.component.tail()}")
                 await asyncio.sleep(0.1)
+
 
 class ProviderProcess(_Process):
     """``vkprovider run`` with a generated config, restartable, killable with SIGKILL.
