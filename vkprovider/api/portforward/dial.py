@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from providers.addresses import DEFAULT_POLICY, AddressPolicy, describe, refusal
 from providers.base import PublishedPort
@@ -126,6 +126,7 @@ class _EdgeRequest:
     port: int
     provider: str
     edge_auth: str | None
+    kind: Literal["ip", "hostname"] = "hostname"  # a port-forward asks only for edge routes
 
 
 class GatewayDial:
