@@ -80,8 +80,10 @@ a decimal string, seconds may be written ``"30s"``, and an unknown key or a bad 
 ``region`` (str, default ``"global"``)
     The region name ``capacity()`` reports; a spec with this region (or none) uses
     ``country_codes``; a spec with a two-letter region runs in that country.
-``networking_auth`` (bool, default false)
-    Whether Salad's container gateway requires a Salad API key from callers.
+``networking_auth`` (bool, default true)
+    Whether Salad's container gateway requires a Salad API key from callers
+    (``networking.auth``). On by default: the access domain is public, and the provider's
+    probes and traffic gateway send the key themselves (the entry's ``edge_auth``).
 ``check_availability`` (bool, default true)
     Before creating a GPU group, ask ``sce-gpu-availability``; none free is a CapacityError
     (so placement can try elsewhere) instead of a group that waits for a node.
@@ -306,7 +308,7 @@ class _Options:
             raise opt.InvalidOption(
                 "country_codes", f"must be ISO 3166-1 alpha-2 codes (got {bad!r} in the list)")
         self.region = opt.string(raw, "region", default="global")
-        self.networking_auth = opt.boolean(raw, "networking_auth", default=False)
+        self.networking_auth = opt.boolean(raw, "networking_auth", default=True)
         self.check_availability = opt.boolean(raw, "check_availability", default=True)
         self.registry_authentication = opt.mapping(raw, "registry_authentication", secret=True)
         self.registry_scope = node_scope(raw, credential="registry_authentication")

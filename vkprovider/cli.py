@@ -225,8 +225,10 @@ def _mock_edge(args: argparse.Namespace, api_key: str | None) -> Any:
     from providers.mock.edge import EdgeSettings
 
     if not args.edge_domain:
-        if args.edge_cert or args.edge_key or args.edge_auth_header:
-            raise ConfigError("--edge-cert/--edge-key/--edge-auth-header need --edge-domain")
+        if (args.edge_cert or args.edge_key or args.edge_auth_header
+                or args.edge_timeout is not None):
+            raise ConfigError("--edge-cert/--edge-key/--edge-auth-header/--edge-timeout need "
+                              "--edge-domain")
         return None
     if not args.edge_cert or not args.edge_key:
         raise ConfigError("--edge-domain needs --edge-cert and --edge-key (PEM files)")
@@ -235,7 +237,9 @@ def _mock_edge(args: argparse.Namespace, api_key: str | None) -> Any:
     try:
         return EdgeSettings(domain=args.edge_domain, cert_file=Path(args.edge_cert),
                             key_file=Path(args.edge_key), auth_header=args.edge_auth_header,
-                            api_key=api_key if args.edge_auth_header else None)
+                            api_key=api_key if args.edge_auth_header else None,
+                            **({} if args.edge_timeout is None
+                               else {"timeout_seconds": args.edge_timeout}))
     except ValueError as exc:
         raise ConfigError(f"--edge-*: {exc}") from None
 
@@ -439,6 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
     mock.add_argument("--edge-auth-header", metavar="NAME",
                       help="the edge answers 401 unless this header carries the API key "
                            "(--api-key-env), like SaladCloud's Salad-Api-Key")
+    mock.add_argument("--edge-timeout", metavar="SECONDS", type=float, default=None,
+                      help="the edge answers 524 to a request whose response has not started "
+                           "within SECONDS, like RunPod's proxy (default: 100)")
     mock.set_defaults(func=_mock_cloud)
 
     gwc = sub.add_parser("gateway-config", parents=[without_kube],

@@ -8,19 +8,26 @@ no port mapping, only ``edges`` (``<instance>-<port>.<domain>:443``); its listen
 with a certificate the test gives (a wildcard for the domain, signed by a test CA) and, with
 ``auth_header`` set, answer 401 to any request without the cloud's API key in that header. The
 address map routes ``<edge host>:443`` to the loopback listener, as for IP mode.
+
+Like RunPod's HTTP proxy (behind Cloudflare, which cuts a request at ~100 s), the edge gives the
+container ``timeout_seconds`` (default 100) to start its response; a request that gets none in
+time is answered ``524`` by the edge. A streamed response whose headers came in time is not cut.
 """
 
 from __future__ import annotations
 
 import hmac
+import math
 import re
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["EDGE_PORT", "EdgeSettings"]
+__all__ = ["EDGE_PORT", "EDGE_TIMEOUT_SECONDS", "EdgeSettings"]
 
 EDGE_PORT = 443
+#: RunPod's proxy (Cloudflare) cuts a request that gets no response within ~100 s, with 524.
+EDGE_TIMEOUT_SECONDS = 100.0
 _DOMAIN = re.compile(r"^(?=.{1,200}$)([a-z0-9]([a-z0-9-]*[a-z0-9])?\.)+[a-z]{2,63}$")
 _HEADER = re.compile(r"^[A-Za-z0-9-]{1,64}$")
 
@@ -34,10 +41,16 @@ class EdgeSettings:
     key_file: Path
     auth_header: str | None = None  # e.g. "Salad-Api-Key"; None: no edge auth
     api_key: str | None = field(default=None, repr=False)  # the key the edge wants
+    #: seconds the container has to start its response before the edge answers 524
+    timeout_seconds: float = EDGE_TIMEOUT_SECONDS
 
     def __post_init__(self) -> None:
         if not _DOMAIN.match(self.domain):
             raise ValueError(f"edge domain must be a DNS name, got {self.domain!r}")
+        if not (isinstance(self.timeout_seconds, int | float)
+                and math.isfinite(self.timeout_seconds) and 0 < self.timeout_seconds <= 3600):
+            raise ValueError(f"edge timeout must be 0 < seconds <= 3600, got "
+                             f"{self.timeout_seconds!r}")
         if self.auth_header is not None:
             if not _HEADER.match(self.auth_header):
                 raise ValueError(f"edge auth header must be a header name: {self.auth_header!r}")

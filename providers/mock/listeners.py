@@ -23,6 +23,11 @@ are computed from the instance's record when a request arrives:
   tokens, Server-Sent Events over chunked encoding, ``data: <instance> <i>`` every ``S``
   seconds (0.05 to 5; ``N`` up to 600), then the end. It ends early only when the container
   goes (the instance deleted: the connection is cut), which is what drain tests look for.
+* ``/slow?seconds=S`` (when ready): the identity answer, started only after ``S`` seconds (0 to
+  600), as a long non-streamed generation. Behind the hostname-only edge, a request whose answer
+  would start later than the edge's timeout gets ``524`` from the edge at the timeout instead
+  (:class:`~providers.mock.edge.EdgeSettings`, like RunPod's proxy); the container's late
+  answer is dropped.
 
 A request to ``/live``, ``/ready``, ``/healthz`` or ``/startup``, or one whose ``User-Agent``
 starts with ``kube-probe/``, or a connection closed without a request (a TCP probe), counts as a
@@ -35,6 +40,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import socket
 import ssl
@@ -66,8 +72,10 @@ _ROUTES_MIN_INTERVAL = 0.05
 _FULL_SYNC_EVERY = 10
 _MAX_BODY = 1 << 20
 _STREAM_MAX_EVENTS = 600
+_SLOW_MAX_SECONDS = 600.0
 _REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized",
-            500: b"Internal Server Error", 503: b"Service Unavailable"}
+            500: b"Internal Server Error", 503: b"Service Unavailable",
+            524: b"A Timeout Occurred"}
 
 
 def write_routes(*, directory: Path, owner: str, routes: Iterable[tuple[str, int, str, int]]
@@ -250,6 +258,10 @@ class _Connection(asyncio.Protocol):
         if path == "/stream" and status == 200 and request.method == b"GET":
             self._stream(record.id, query=request.target.partition(b"?")[2])
             return
+        if path == "/slow" and status == 200:
+            self._slow(body, query=request.target.partition(b"?")[2],
+                       head=request.method == b"HEAD")
+            return
         payload = json.dumps(body).encode()
         self._send(status, b"" if request.method == b"HEAD" else payload, length=len(payload))
 
@@ -314,6 +326,37 @@ class _Connection(asyncio.Protocol):
                 self._process()  # a request pipelined behind the stream
 
         send(0)
+
+    def _slow(self, body: dict[str, Any], *, query: bytes, head: bool) -> None:
+        """Answer after ``seconds``, from one loop timer; behind the edge, ``524`` at its timeout
+        when the answer would come later (the edge gives up; the container's answer is lost)."""
+        params = dict(kv.partition(b"=")[::2] for kv in query.split(b"&") if kv)
+        try:
+            seconds = float(params.get(b"seconds", b"1"))
+        except ValueError:
+            seconds = math.nan
+        if not math.isfinite(seconds) or not 0 <= seconds <= _SLOW_MAX_SECONDS:
+            bad = b'{"error": "bad slow parameters"}'
+            self._send(400, bad, length=len(bad))
+            return
+        edge = self._owner.edge
+        if edge is not None and seconds > edge.timeout_seconds:
+            late = {"error": "a timeout occurred: the container sent no response in time",
+                    "timeout_seconds": edge.timeout_seconds}
+            when, status, out = edge.timeout_seconds, 524, late
+        else:
+            when, status, out = seconds, 200, {**body, "waited_seconds": seconds}
+        payload = json.dumps(out).encode()
+        transport = self._transport
+
+        def send() -> None:
+            if transport is None or transport.is_closing():
+                return  # the client or the container went meanwhile
+            self._send(status, b"" if head else payload, length=len(payload))
+            if not transport.is_closing():
+                self._process()  # a request pipelined behind this one
+
+        asyncio.get_running_loop().call_later(when, send)
 
     def _bad_request(self) -> None:
         transport = self._transport

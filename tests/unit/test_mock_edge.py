@@ -140,3 +140,71 @@ async def _ready(prober: Any, key: str) -> bool:
 async def _message(prober: Any, key: str) -> str:
     state = prober.state(key)
     return str((state[0].message if state else None) or "")
+
+
+async def test_the_edge_answers_524_when_the_container_has_not_answered_in_time(
+        tmp_path: Path) -> None:
+    """RunPod's proxy cuts a request that gets no response within its timeout (~100 s) with a
+    524: the mock edge does the same at ``timeout_seconds`` (here 0.3 s). An answer that starts
+    in time passes; the connection stays usable after the 524; a stream whose headers came at
+    once is not cut by the timeout."""
+    (tmp_path / "ca").mkdir()
+    ca = CertificateAuthority(directory=tmp_path / "ca", name="unit-edge-ca")
+    pair = ca.issue(stem="edge", common_name="*.edge.unit.test", server=True,
+                    hosts=("*.edge.unit.test",))
+    edge = EdgeSettings(domain="edge.unit.test", cert_file=pair.cert, key_file=pair.key,
+                        timeout_seconds=0.3)
+    async with start_mock_cloud(boot_delay=0.0, api_key=KEY, edge=edge, name="e3",
+                                address_map_dir=tmp_path / "map") as cloud:
+        provider = cloud.provider(api_key=KEY)
+        created = await provider.create(InstanceSpec(
+            name="vk-t", image="vllm/vllm-openai", gpu_count=1, gpu_type="L4",
+            ports=(Port(container_port=8000),)))
+        host = f"{created.id.lower()}-8000.edge.unit.test"
+        lab = AddressMap(tmp_path / "map")
+        to_host, to_port = await eventually(
+            lambda: _resolve(lab, host), until=lambda r: r is not None, timeout=10,
+            what="the edge's route in the address map")
+        context = ssl.create_default_context(cafile=str(ca.cert_path))
+        async with httpx.AsyncClient(verify=context, trust_env=False, timeout=10) as http:
+            async def ask(path: str) -> httpx.Response:
+                return await http.get(f"https://{to_host}:{to_port}{path}",
+                                      headers={"Host": host}, extensions={"sni_hostname": host})
+            await eventually(lambda: ask("/ready"), until=lambda r: r.status_code == 200,
+                             timeout=10, what="the container ready")
+            late = await ask("/slow?seconds=5")
+            assert late.status_code == 524, late.text
+            assert late.json()["timeout_seconds"] == 0.3
+            in_time = await ask("/slow?seconds=0.05")  # same connection, after the 524
+            assert in_time.status_code == 200, in_time.text
+            assert in_time.json()["instance"] == created.id
+            stream = await ask("/stream?events=3&every=0.2")  # 0.4 s in all, headers at once
+            assert stream.status_code == 200
+            assert stream.text.count("data: ") == 3
+            assert (await ask("/slow?seconds=nan")).status_code == 400
+
+
+def test_edge_settings_refuse_a_bad_timeout() -> None:
+    assert EdgeSettings(domain="edge.test", cert_file=Path("c"),
+                        key_file=Path("k")).timeout_seconds == 100.0  # RunPod's proxy's
+    for bad in (0, -1, float("nan"), float("inf"), 3601):
+        with pytest.raises(ValueError, match="timeout"):
+            EdgeSettings(domain="edge.test", cert_file=Path("c"), key_file=Path("k"),
+                         timeout_seconds=bad)
+
+
+def test_the_mock_clouds_edge_timeout_flag(tmp_path: Path) -> None:
+    from vkprovider.cli import _mock_edge, build_parser
+    from vkprovider.errors import ConfigError
+
+    def edge(*flags: str) -> Any:
+        args = build_parser().parse_args(["mock-cloud", *flags])
+        return _mock_edge(args, None)
+
+    pem = ["--edge-cert", str(tmp_path / "c.pem"), "--edge-key", str(tmp_path / "k.pem")]
+    assert edge("--edge-domain", "edge.test", *pem).timeout_seconds == 100.0
+    assert edge("--edge-domain", "edge.test", *pem, "--edge-timeout", "2.5").timeout_seconds == 2.5
+    with pytest.raises(ConfigError, match="--edge-domain"):
+        edge("--edge-timeout", "5")
+    with pytest.raises(ConfigError, match="timeout"):
+        edge("--edge-domain", "edge.test", *pem, "--edge-timeout", "0")

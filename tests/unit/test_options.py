@@ -170,7 +170,7 @@ def test_retry_options_take_durations(kind: str) -> None:
 #: (adapter, boolean option, attribute, default)
 BOOLEANS = [
     ("vastai", "verified", "verified", True),
-    ("salad", "networking_auth", "networking_auth", False),
+    ("salad", "networking_auth", "networking_auth", True),
     ("salad", "check_availability", "check_availability", True),
 ]
 

@@ -40,6 +40,7 @@ from providers.base import (
     RateLimited,
     RegistryAuth,
     TransientError,
+    edge_api_key,
 )
 from providers.salad import META_ENV, SaladProvider, _published, map_status, salad_name
 from tests.fakes.common import TRANSPORT_FAILURES, FailingTransport, Providers, assert_never_shown
@@ -212,7 +213,8 @@ async def test_create_maps_the_spec_onto_a_container_group(
     assert body["replicas"] == 1 and body["autostart_policy"] is True
     assert body["restart_policy"] == "never"
     assert body["country_codes"] == ["us"]
-    assert body["networking"] == {"protocol": "http", "port": 8000, "auth": False}
+    # auth on by default: the access domain is public; probes and the gateway send the key
+    assert body["networking"] == {"protocol": "http", "port": 8000, "auth": True}
     container = body["container"]
     assert container["image"] == "ghcr.io/acme/serve:1.0"
     assert container["command"] == ["python", "serve.py", "--port", "8000"]
@@ -241,12 +243,38 @@ async def test_the_networking_access_domain_is_published_on_443_over_https(
     instance = await provider.create(spec(ports=(Port(container_port=8000),)))
     dns = fake.groups[instance.id]["networking"]["dns"]
     expected = (PublishedPort(container_port=8000, host=dns, port=443, kind="hostname",
-                              scheme="https"),)
+                              scheme="https", edge_auth="Salad-Api-Key"),)
     assert instance.published == expected
     fake.set_state(instance.id, "running", running_count=1)
     (listed,) = await provider.list()
     assert listed.state is InstanceState.RUNNING and listed.published == expected
     assert listed.endpoints == (f"https://{dns}",)
+
+
+async def test_the_edge_auth_is_turned_on_and_the_key_offered_to_probes_and_gateway(
+    fake: FakeSalad, provider: SaladProvider
+) -> None:
+    """By default the group's container gateway requires the account's key (issue 38): the
+    request says ``networking.auth: true`` (valid against the spec: the fake checks), the group
+    keeps it, and the published entry names the header the probes and the gateway must fill
+    with the key the adapter offers (``edge_api_key``)."""
+    instance = await provider.create(spec(ports=(Port(container_port=8000),)))
+    (body,) = created(fake)
+    assert body["networking"]["auth"] is True
+    assert fake.groups[instance.id]["networking"]["auth"] is True
+    [published] = instance.published
+    assert published.edge_auth == "Salad-Api-Key"
+    assert edge_api_key(provider) == API_KEY
+
+
+async def test_the_edge_auth_can_be_turned_off(fake: FakeSalad,
+                                               make_provider: MakeProvider) -> None:
+    provider = make_provider(options={"networking_auth": False})
+    instance = await provider.create(spec(ports=(Port(container_port=8000),)))
+    (body,) = created(fake)
+    assert body["networking"] == {"protocol": "http", "port": 8000, "auth": False}
+    [published] = instance.published
+    assert published.edge_auth is None  # an open access domain: nobody adds the key
 
 
 async def test_a_group_without_networking_publishes_nothing(
