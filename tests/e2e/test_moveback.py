@@ -154,7 +154,10 @@ async def overflow_then_free(
                      until=lambda _d: watcher.samples > 0, what="the watcher sampling")
     assert INTENT not in ((await kube.get(dep_path))["metadata"].get("annotations") or {}), \
         "a move started before the training ended"
-    for p in await pods(kube, namespace, "training"):  # the training ends: the fake kubelet
+    training = await eventually(lambda: pods(kube, namespace, "training"), timeout=60,
+                                until=lambda ps: len(ps) == replicas,
+                                what=f"the Job's {replicas} training pods")
+    for p in training:  # the training ends: the fake kubelet
         await kube.patch(f"/api/v1/namespaces/{namespace}/pods/{p['metadata']['name']}",
                          {"metadata": {"annotations": {RUN_SECONDS: "0"}}})  # reads it again
     return internal, watcher

@@ -135,7 +135,9 @@ async def end_gang(kube: KubeClient, namespace: str, name: str) -> None:
     """The gang's run ends now: its pods' fake-run-seconds lowered to 0 (the fake kubelet reads
     it again while they run). A story ends a gang once it has checked what must hold while the
     gang runs, instead of waiting out a run time guessed long enough for those checks."""
-    for p in await gang_pod(kube, namespace, name):
+    running = await gang_pod(kube, namespace, name)
+    assert running, f"gang {name} has no pod to end"
+    for p in running:
         await kube.patch(f"/api/v1/namespaces/{namespace}/pods/{p['metadata']['name']}",
                          {"metadata": {"annotations": {"vkprovider.io/fake-run-seconds": "0"}}})
 
