@@ -1,4 +1,4 @@
-"""The mixed chaos run: 300 pods through a misbehaving cloud while the control side breaks too.
+"""The mixed chaos run: pods through a misbehaving cloud while the control side breaks too.
 
 Why it exists: each fault is survivable alone (unit tests, test_chaos_profiles.py); production
 meets them together. This run has them all at once, on a LocalCluster of its own (it restarts
@@ -22,12 +22,19 @@ Checked from the ledger and the API server: every pod Running with the instance 
 has for it; exactly one instance per pod UID ever created; never two live at any moment; none
 live once the pods are deleted; and the spend the provider counted (persisted on the Node, so
 it survives all of the above) equal to the ledger's bill within the documented bound.
+
+Sized to fit CI's budget: ``VKP_CHAOS_PODS`` pods, 120 by default (30 a wave, each fault striking
+with 12 of them created and the rest still to come; the run asserts both, and that every fault
+of the profile bit several times). Most of the run's time is the faults themselves (the Lease
+expiring, the API server's restart), not the pods. The full-size run, 300 pods as the suite used
+to run it: ``VKP_CHAOS_PODS=300 .venv/bin/python -m pytest tests/e2e/test_chaos_mixed.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -46,9 +53,11 @@ pytestmark = pytest.mark.cluster
 
 NODE = "vk-chaos-mixed"
 NS = "chaos"
-PODS = 300
+PODS = int(os.environ.get("VKP_CHAOS_PODS", "120"))  # 300: the full-size run
 WAVES = 4
-IN_FLIGHT = 30  # instances created in a wave before its fault strikes
+IN_FLIGHT = PODS // WAVES * 2 // 5  # instances created in a wave before its fault strikes
+MIN_BITES = 3  # each injected fault kind, at least, in the run
+assert PODS >= 80 and PODS % WAVES == 0, "VKP_CHAOS_PODS: a multiple of 4, at least 80"
 TOLERATION = {"key": "virtual-kubelet.io/provider", "operator": "Exists"}
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/vkprovider-system/leases/vkprovider-" + NODE
 # renew_deadline outlasts an API server restart (~12 s here), so the leader rides it out
@@ -159,7 +168,7 @@ async def leader(kube: KubeClient, provider: Provider) -> str:
     return slot
 
 
-async def test_300_pods_survive_mixed_faults_kills_a_leader_kill_and_an_apiserver_restart(
+async def test_the_pods_survive_mixed_faults_kills_a_leader_kill_and_an_apiserver_restart(
     tmp_path: Path,
 ) -> None:
     began = time.monotonic()
@@ -257,7 +266,7 @@ async def test_300_pods_survive_mixed_faults_kills_a_leader_kill_and_an_apiserve
             converged = time.monotonic() - began
             stats = await cloud.stats()
             for fault in ("lost_creates", "errors", "rate_limited"):
-                assert stats[f"injected_{fault}"] > 0, f"the profile did not bite: {stats}"
+                assert stats[f"injected_{fault}"] >= MIN_BITES, f"the profile did not bite: {stats}"
 
             ledger = await cloud.ledger()
             uids = {p["metadata"]["uid"] for p in running}
@@ -280,7 +289,9 @@ async def test_300_pods_survive_mixed_faults_kills_a_leader_kill_and_an_apiserve
             assert overlapping_live_instances(ledger) == []
             final = await cloud.stats()
             assert final["live_instances"] == 0, final
-            assert final["injected_failed_deletes"] > 0, final  # and they were deleted again
+            # and they were deleted again (slow ones too)
+            assert final["injected_failed_deletes"] >= MIN_BITES, final
+            assert final["injected_slow_deletes"] >= MIN_BITES, final
             total = (await cloud.admin("GET", "/admin/ledger"))["total_cost"]
             last = provider.replicas[await leader(kube, provider)]
             spend = await check_spend(kube=kube, node=NODE, ledger=ledger, total_cost=total,

@@ -28,6 +28,7 @@ from .test_overflow import POLICIES, PRIORITY, gpu_deployment, pods, policy
 
 pytestmark = pytest.mark.cluster
 INTENT = "vkprovider.io/move-back"
+RUN_SECONDS = "vkprovider.io/fake-run-seconds"  # a training pod's run (testing/fakekubelet.py)
 
 
 class ReadyWatcher:
@@ -71,13 +72,16 @@ def moveback_policy(name: str, namespace: str, **move_back: Any) -> dict[str, An
 
 async def overflow_then_free(
     *, kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory, system: System,
-    companion_kubeconfig: Path, objects: Cluster, replicas: int = 4, training_seconds: float = 12,
+    companion_kubeconfig: Path, objects: Cluster, replicas: int = 4,
     hpa: bool = False, hpa_max: int | None = None, container: dict[str, Any] | None = None,
     before_preemption: Callable[[], Awaitable[None]] | None = None,
     overflow_after: str = "0s", companion_args: Sequence[str] = (),
     crash_after_write: int = 0,
 ) -> tuple[list[str], ReadyWatcher]:
-    """Inference inside; training preempts it onto the clouds; returns once all serve there.
+    """Inference inside; training preempts it onto the clouds; returns once all serve there and
+    the watcher is armed, and only then ends the training (its pods Succeeded, the GPUs free):
+    no move can start before the watcher samples, however slow the machine (a fixed training
+    time was either idle waiting or, on a loaded machine, a move the watcher partly missed).
 
     ``container`` adds to the inference container (ports, probes, env); ``before_preemption``
     runs once inference is Running inside, before the training Job is created."""
@@ -127,7 +131,7 @@ async def overflow_then_free(
         "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "training"},
         "spec": {"parallelism": replicas, "completions": replicas, "backoffLimit": 0,
                  "template": {"metadata": {"labels": {"app": "training"}, "annotations": {
-                     "vkprovider.io/fake-run-seconds": str(training_seconds)}},
+                     RUN_SECONDS: "600"}},
                               "spec": {"restartPolicy": "Never", "priorityClassName": high,
                                        "nodeSelector": {"vkprovider.io/pool": namespace},
                                        "containers": [{"name": "t", "image": "trainer:1",
@@ -146,6 +150,16 @@ async def overflow_then_free(
                      == replicas, what=f"the Deployment reporting {replicas} ready")
     watcher = ReadyWatcher(kube, dep_path)
     watcher.start()
+    await eventually(lambda: kube.get(dep_path), timeout=10,
+                     until=lambda _d: watcher.samples > 0, what="the watcher sampling")
+    assert INTENT not in ((await kube.get(dep_path))["metadata"].get("annotations") or {}), \
+        "a move started before the training ended"
+    training = await eventually(lambda: pods(kube, namespace, "training"), timeout=60,
+                                until=lambda ps: len(ps) == replicas,
+                                what=f"the Job's {replicas} training pods")
+    for p in training:  # the training ends: the fake kubelet
+        await kube.patch(f"/api/v1/namespaces/{namespace}/pods/{p['metadata']['name']}",
+                         {"metadata": {"annotations": {RUN_SECONDS: "0"}}})  # reads it again
     return internal, watcher
 
 

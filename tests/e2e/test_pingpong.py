@@ -127,6 +127,21 @@ async def gang_pod(kube: KubeClient, namespace: str, name: str) -> list[dict[str
     return list(body["items"])
 
 
+#: a gang's run when the story ends it itself (end_gang): longer than any test
+UNTIL_ENDED = 600
+
+
+async def end_gang(kube: KubeClient, namespace: str, name: str) -> None:
+    """The gang's run ends now: its pods' fake-run-seconds lowered to 0 (the fake kubelet reads
+    it again while they run). A story ends a gang once it has checked what must hold while the
+    gang runs, instead of waiting out a run time guessed long enough for those checks."""
+    running = await gang_pod(kube, namespace, name)
+    assert running, f"gang {name} has no pod to end"
+    for p in running:
+        await kube.patch(f"/api/v1/namespaces/{namespace}/pods/{p['metadata']['name']}",
+                         {"metadata": {"annotations": {"vkprovider.io/fake-run-seconds": "0"}}})
+
+
 class ManualCheck:
     """An AdmissionCheck served by the test: Active, and Ready per Workload when approved."""
 
@@ -222,16 +237,17 @@ async def test_a_queued_gang_keeps_inference_out_until_the_queue_empties(
         move_back={"holdWhileQueued": hold})
     check = await kueue_setup(kube, namespace, tag, kueue_objects)
     jobs = f"/apis/batch/v1/namespaces/{namespace}/jobs"
-    await kube.create(jobs, gang_job("gang-a", high=high, run_seconds=8, queue="gpus"))
+    await kube.create(jobs, gang_job("gang-a", high=high, run_seconds=UNTIL_ENDED, queue="gpus"))
     await approve_when_reserved(kube, namespace, check, "gang-a")
     await on_cloud(kube, namespace, system)
     assert await preempted(kube, namespace) == GPUS, "gang A displaced both replicas"
-    await kube.create(jobs, gang_job("gang-b", high=high, run_seconds=6, queue="gpus"))
+    await kube.create(jobs, gang_job("gang-b", high=high, run_seconds=UNTIL_ENDED, queue="gpus"))
     wl_b = await eventually(lambda: workload_of(kube, namespace, "gang-b"), timeout=30,
                             until=lambda w: w is not None and cond(w, "QuotaReserved") != "True",
                             what="gang B queued behind A")
     assert wl_b is not None
     # A ends; B reserves the quota and waits on its check, with no pod
+    await end_gang(kube, namespace, "gang-a")
     await eventually(lambda: gang_pod(kube, namespace, "gang-a"), timeout=60, interval=0.3,
                      until=lambda ps: bool(ps) and all(p["status"].get("phase") == "Succeeded"
                                                        for p in ps), what="gang A finished")
@@ -266,6 +282,7 @@ async def test_a_queued_gang_keeps_inference_out_until_the_queue_empties(
                      until=lambda ps: bool(ps) and all(p["spec"].get("nodeName") == internal
                                                        for p in ps), what="gang B placed inside")
     # B ends, the queue is empty: inference comes home
+    await end_gang(kube, namespace, "gang-b")
     await eventually(lambda: pods(kube, namespace, "inference"), timeout=120, interval=0.5,
                      until=lambda ps: len(ps) == GPUS and all(
                          p["spec"].get("nodeName") == internal
@@ -287,13 +304,14 @@ async def test_an_unhealthy_node_does_not_count_as_free_until_untainted(
     internal, _tag, high = await inference_home_then_out(
         kube=kube, namespace=namespace, gpu_nodes=gpu_nodes, system=system,
         companion_kubeconfig=companion_kubeconfig, objects=cluster_objects, move_back={})
-    training = gang_job("training", high=high, run_seconds=6)
+    training = gang_job("training", high=high, run_seconds=UNTIL_ENDED)
     training["spec"]["template"]["spec"]["nodeSelector"] = {"vkprovider.io/pool": namespace}
     await kube.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", training)
     await on_cloud(kube, namespace, system)
     node_path = f"/api/v1/nodes/{internal}"
     taint = {"key": "AggregatedNodeHealth", "value": "False", "effect": "PreferNoSchedule"}
     await kube.patch(node_path, {"spec": {"taints": [taint]}})
+    await end_gang(kube, namespace, "training")  # the GPUs free, on a tainted node
     await eventually(lambda: gang_pod(kube, namespace, "training"), timeout=60, interval=0.3,
                      until=lambda ps: bool(ps) and all(p["status"].get("phase") == "Succeeded"
                                                        for p in ps), what="training finished")
@@ -334,7 +352,7 @@ async def test_a_gang_queued_behind_another_gangs_quota_keeps_inference_out_whil
     await eventually(lambda: gang_pod(kube, namespace, "filler"), timeout=60, interval=0.3,
                      until=lambda ps: bool(ps) and all(p["status"].get("phase") == "Running"
                                                        for p in ps), what="the filler running")
-    await kube.create(jobs, gang_job("gang-a", high=high, run_seconds=25, queue="gpus"))
+    await kube.create(jobs, gang_job("gang-a", high=high, run_seconds=UNTIL_ENDED, queue="gpus"))
     wl_a = await approve_when_reserved(kube, namespace, check, "gang-a")
     await on_cloud(kube, namespace, system)
     assert await preempted(kube, namespace) == GPUS, "gang A displaced both replicas"
@@ -367,6 +385,7 @@ async def test_a_gang_queued_behind_another_gangs_quota_keeps_inference_out_whil
                 if p["spec"].get("nodeName") == internal], "inference came home onto B's GPUs"
     assert not await events(kube, namespace, reason="MoveBackStarted")
     # A ends, B takes the whole node, ends; the queue is empty: inference comes home
+    await end_gang(kube, namespace, "gang-a")
     await approve_when_reserved(kube, namespace, check, "gang-b")
     await eventually(lambda: gang_pod(kube, namespace, "gang-b"), timeout=60, interval=0.3,
                      until=lambda ps: bool(ps) and all(p["spec"].get("nodeName") == internal

@@ -10,7 +10,8 @@ It manages every node labelled ``vkprovider.io/fake-kubelet=true``:
 * renews each node's Lease in ``kube-node-lease`` every 10 s and its Ready condition every 30 s;
 * marks pods bound to those nodes Running and Ready after ``start_delay`` (or the annotation
   ``vkprovider.io/fake-start-delay`` in seconds, on the pod, else on its node);
-* marks a pod Succeeded ``vkprovider.io/fake-run-seconds`` after it started, if annotated;
+* marks a pod Succeeded ``vkprovider.io/fake-run-seconds`` after it started, if annotated
+  (read again while it runs: lowering it, e.g. to 0, ends the run sooner);
 * completes deletions after the pod's grace period, capped at ``max_grace`` seconds.
 
 With ``--address-map-dir DIR`` pods get real listeners behind their virtual addresses (issue 13):
@@ -455,7 +456,20 @@ class FakeKubelet:
             await self._complete(pod, float(run_for))
 
     async def _complete(self, pod: dict[str, Any], seconds: float) -> None:
-        await asyncio.sleep(seconds)
+        """Succeeded ``seconds`` after now, or sooner: the annotation is read again while the pod
+        runs, so a test can end a run when its story is ready for it (lower it, e.g. to 0)
+        instead of guessing a duration."""
+        began = time.monotonic()
+        meta = pod["metadata"]
+        key = f"{meta.get('namespace', '')}/{meta['name']}"
+        while (left := began + seconds - time.monotonic()) > 0:
+            await asyncio.sleep(min(left, 0.25))
+            current = (self.pods.store.get(key) or pod)["metadata"]
+            if current.get("uid") != meta["uid"]:
+                continue  # gone from the store meanwhile: its deletion cancels this task
+            with contextlib.suppress(TypeError, ValueError):
+                seconds = min(seconds, float((current.get("annotations") or {}).get(
+                    RUN_SECONDS_ANNOTATION, seconds)))
         now = now_rfc3339()
         status = {
             "phase": "Succeeded",
