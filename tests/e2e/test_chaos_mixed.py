@@ -23,11 +23,13 @@ has for it; exactly one instance per pod UID ever created; never two live at any
 live once the pods are deleted; and the spend the provider counted (persisted on the Node, so
 it survives all of the above) equal to the ledger's bill within the documented bound.
 
-Sized to fit CI's budget: ``VKP_CHAOS_PODS`` pods, 120 by default (30 a wave, each fault striking
-with 12 of them created and the rest still to come; the run asserts both, and that every fault
-of the profile bit several times). Most of the run's time is the faults themselves (the Lease
-expiring, the API server's restart), not the pods. The full-size run, 300 pods as the suite used
-to run it: ``VKP_CHAOS_PODS=300 .venv/bin/python -m pytest tests/e2e/test_chaos_mixed.py``.
+Sized to fit CI's budget: ``VKP_CHAOS_PODS`` pods, 120 by default (30 a wave: each fault strikes
+once the wave's first 12 instances exist, and the other 18 pods are created while it holds, with
+no leader, no provider running, or just after the API server came back; the run also asserts
+that every fault of the profile bit several times). Most of the run's time is the faults
+themselves (the Lease expiring, the API server's restart), not the pods. The full-size run,
+300 pods as the suite used to run it:
+``VKP_CHAOS_PODS=300 .venv/bin/python -m pytest tests/e2e/test_chaos_mixed.py``.
 """
 
 from __future__ import annotations
@@ -214,20 +216,26 @@ async def test_the_pods_survive_mixed_faults_kills_a_leader_kill_and_an_apiserve
                     await kube.create(f"/api/v1/namespaces/{NS}/pods", pod(f"c{i}"))
 
             per_wave = PODS // WAVES
+            # Each wave's first IN_FLIGHT pods go first; its fault strikes once their instances
+            # exist, and the rest of the wave is created right after the fault struck, so every
+            # fault meets a wave under way by construction (a whole wave created at once could
+            # be finished by a fast provider before the fault, and then it would prove nothing).
             for wave in range(WAVES):
-                await asyncio.gather(*(make(i) for i in range(wave * per_wave,
-                                                              (wave + 1) * per_wave)))
-                want = wave * per_wave + IN_FLIGHT
+                first = wave * per_wave
+                await asyncio.gather(*(make(i) for i in range(first, first + IN_FLIGHT)))
+                want = first + IN_FLIGHT
                 created = await eventually(
                     cloud.stats, until=lambda s, w=want: s["instances_created"] >= w,
                     timeout=120, interval=0.05, what=f"wave {wave} under way")
                 assert created["instances_created"] < (wave + 1) * per_wave, (
                     f"wave {wave} finished before its fault: the test proves nothing")
+                rest = range(first + IN_FLIGHT, first + per_wave)
                 if wave == 0:
                     slot = await leader(kube, provider)
                     provider.kill(slot)
                     killed_at = time.monotonic()
                     mark(f"kill -9 leader {slot}")
+                    await asyncio.gather(*(make(i) for i in rest))  # no leader acts now
                     provider.start(slot)  # its replacement pod: a new identity
                     new = await leader(kube, provider)
                     # The standby or the replacement may win (both wait out the same Lease; on
@@ -242,6 +250,7 @@ async def test_the_pods_survive_mixed_faults_kills_a_leader_kill_and_an_apiserve
                     was = await leader(kube, provider)
                     dead = {slot: provider.kill(slot) for slot in list(provider.replicas)}
                     mark("kill -9 both replicas")
+                    await asyncio.gather(*(make(i) for i in rest))  # nobody runs now
                     for slot, proc in dead.items():
                         provider.start(slot, same_pod=proc)
                     assert await leader(kube, provider) == was
@@ -251,6 +260,7 @@ async def test_the_pods_survive_mixed_faults_kills_a_leader_kill_and_an_apiserve
                     cluster.restart_apiserver()
                     await cluster.wait_ready(timeout=60)
                     mark("kube-apiserver restarted")
+                    await asyncio.gather(*(make(i) for i in rest))  # the leader relists
                     after = provider.replicas[await leader(kube, provider)]
                     assert after is before and before.component.alive(), (
                         "the leader must ride out an API server restart (its watches relist)")
