@@ -275,8 +275,11 @@ async def test_the_pods_survive_mixed_faults_kills_a_leader_kill_and_an_apiserve
             mark("all Running")
             converged = time.monotonic() - began
             stats = await cloud.stats()
-            for fault in ("lost_creates", "errors", "rate_limited"):
+            for fault in ("lost_creates", "errors"):
                 assert stats[f"injected_{fault}"] >= MIN_BITES, f"the profile did not bite: {stats}"
+            # A rate limit is a time window (1.5 s every 6 s), not a share of calls: how many
+            # calls land in one depends on the run's timing, so one is enough to prove it bit.
+            assert stats["injected_rate_limited"] >= 1, f"the profile did not bite: {stats}"
 
             ledger = await cloud.ledger()
             uids = {p["metadata"]["uid"] for p in running}
