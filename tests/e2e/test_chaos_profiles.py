@@ -159,8 +159,11 @@ async def test_profile_keeps_every_invariant(
                               total_cost=body["total_cost"], metrics=system.provider.metrics)
     stats = await cloud.stats()
     for kind in profile.bites:
-        assert stats[f"injected_{kind}"] >= profile.min_bites, (
-            f"{profile.name}: the {kind} fault did not bite {profile.min_bites} times in "
+        # a rate limit is a time window, not a share of calls: how many calls land in one
+        # depends on the run's timing, so one bite proves it; the per-call faults need min_bites
+        need = 1 if kind == "rate_limited" else profile.min_bites
+        assert stats[f"injected_{kind}"] >= need, (
+            f"{profile.name}: the {kind} fault did not bite {need} times in "
             f"{profile.pods} pods, the run proves nothing about it: {stats}")
     if profile.bind:  # no-capacity: the cloud refused, and never created, billed or started one
         assert stats["instances_created"] == 0, stats
