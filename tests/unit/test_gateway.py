@@ -152,8 +152,10 @@ class Edge:
             self.server.close()
 
 
-@pytest_asyncio.fixture
-async def lab(tmp_path: Path) -> AsyncIterator[tuple[HAProxyProcess, Edge, CertificateAuthority]]:
+@pytest_asyncio.fixture(name="lab")
+async def gateway_lab(
+        tmp_path: Path) -> AsyncIterator[tuple[HAProxyProcess, Edge, CertificateAuthority]]:
+    """A TLS edge with a test CA's wildcard certificate, and a real HAProxy gateway."""
     (tmp_path / "ca").mkdir()
     ca = CertificateAuthority(directory=tmp_path / "ca", name="edge-test-ca")
     pair = ca.issue(stem="edge", common_name="*.edge.example.com", server=True,

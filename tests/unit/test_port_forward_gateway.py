@@ -18,8 +18,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
-from test_gateway import EDGE_NAME, KEY, Edge
+from test_gateway import (
+    EDGE_NAME,
+    KEY,
+    Edge,
+    gateway_lab,  # noqa: F401 - the shared fixture "lab"
+)
 from test_kubelet_api_fakes import FakeCloud
 
 from providers.base import Instance, InstanceState, PublishedPort
@@ -42,24 +46,6 @@ def placement(*published: PublishedPort, uid: str = "uid-1") -> Placement:
                      provider=FakeCloud(),
                      instance=Instance(id="i-1", name="llm-0", provider="salad",
                                        state=InstanceState.RUNNING, published=published))
-
-
-@pytest_asyncio.fixture
-async def lab(tmp_path: Path) -> AsyncIterator[Lab]:
-    """A TLS edge with a test CA's wildcard certificate, and a real HAProxy gateway."""
-    (tmp_path / "ca").mkdir()
-    ca = CertificateAuthority(directory=tmp_path / "ca", name="edge-test-ca")
-    pair = ca.issue(stem="edge", common_name="*.edge.example.com", server=True,
-                    hosts=("*.edge.example.com",))
-    edge_server = Edge(cert=pair.cert, key=pair.key)
-    await edge_server.start()
-    gateway = HAProxyProcess(work_dir=tmp_path / "gw", ca_file=ca.cert_path, count=4)
-    await gateway.start()
-    try:
-        yield gateway, edge_server, ca
-    finally:
-        gateway.stop()
-        edge_server.close()
 
 
 @contextlib.asynccontextmanager
