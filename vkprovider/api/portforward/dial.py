@@ -68,8 +68,9 @@ def describe_ports(ports: list[DeclaredPort]) -> str:
                      for p in ports)
 
 
-class PublishedDial:
-    """Dials the address the cloud published for a container port (the IP:port clouds' path)."""
+class _CloudDial:
+    """What both dials share: how to connect (``dialer``), which published addresses may be
+    dialled (``policy``), how long a connection may take, and the running pod's entries."""
 
     def __init__(self, *, dialer: Dialer = DIRECT, policy: AddressPolicy = DEFAULT_POLICY,
                  timeout: float = 10.0) -> None:
@@ -77,10 +78,23 @@ class PublishedDial:
         self._policy = policy
         self._timeout = timeout
 
-    async def __call__(self, placement: Placement, port: int) -> Connection:
-        where = f"{placement.namespace}/{placement.pod}"
+    @staticmethod
+    def _published(placement: Placement, port: int) -> tuple[str, list[PublishedPort]]:
+        """``namespace/pod`` and what the running pod publishes for ``port``."""
         _check_running(placement)
-        entries = _entries(placement, port)
+        return f"{placement.namespace}/{placement.pod}", _entries(placement, port)
+
+    @staticmethod
+    def _nothing(placement: Placement, port: int, where: str) -> PortRefused:
+        return PortRefused(f"provider {placement.provider_name} publishes no address for "
+                           f"port {port} of pod {where} (yet)")
+
+
+class PublishedDial(_CloudDial):
+    """Dials the address the cloud published for a container port (the IP:port clouds' path)."""
+
+    async def __call__(self, placement: Placement, port: int) -> Connection:
+        where, entries = self._published(placement, port)
         raw = [p for p in entries if p.scheme is None]
         if not raw:
             if entries:
@@ -89,8 +103,7 @@ class PublishedDial:
                     f"only behind its TLS proxy ({_address(entries[0])}); forwarding to it "
                     "needs the traffic gateway (gateway: in the provider's settings, "
                     "docs/traffic.md), which is not set up")
-            raise PortRefused(f"provider {placement.provider_name} publishes no address for "
-                              f"port {port} of pod {where} (yet)")
+            raise self._nothing(placement, port, where)
         problems: list[str] = []
         for entry in raw:
             reason = refusal(entry.host, kind=entry.kind, policy=self._policy)
@@ -129,7 +142,7 @@ class _EdgeRequest:
     kind: Literal["ip", "hostname"] = "hostname"  # a port-forward asks only for edge routes
 
 
-class GatewayDial:
+class GatewayDial(_CloudDial):
     """Dials the traffic gateway's listener for a hostname-only replica port.
 
     The edge's name passes the address filter first (as for an EndpointSlice); asking for the
@@ -141,18 +154,14 @@ class GatewayDial:
 
     def __init__(self, *, gateway: GatewayRoutes, dialer: Dialer = DIRECT,
                  policy: AddressPolicy = DEFAULT_POLICY, timeout: float = 10.0) -> None:
+        super().__init__(dialer=dialer, policy=policy, timeout=timeout)
         self._gateway = gateway
-        self._dialer = dialer
-        self._policy = policy
-        self._timeout = timeout
 
     async def __call__(self, placement: Placement, port: int) -> Connection:
-        where = f"{placement.namespace}/{placement.pod}"
-        _check_running(placement)
-        edges = [p for p in _entries(placement, port) if p.kind == "hostname"]
+        where, entries = self._published(placement, port)
+        edges = [p for p in entries if p.kind == "hostname"]
         if not edges:
-            raise PortRefused(f"provider {placement.provider_name} publishes no address for "
-                              f"port {port} of pod {where} (yet)")
+            raise self._nothing(placement, port, where)
         edge = edges[0]
         reason = refusal(edge.host, kind="hostname", policy=self._policy)
         if reason is not None:
