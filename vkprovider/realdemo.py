@@ -85,6 +85,19 @@ done
 """
 
 
+def httpd_container(*, verbose: bool = False) -> dict[str, Any]:
+    """A one-GPU busybox httpd on :data:`PORT` answering ``{"replica": <pod name>}``;
+    ``verbose`` logs each request (``httpd -vv``), so the pod's log counts what it served."""
+    flags = "-f -vv" if verbose else "-f"
+    return {"name": "server", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+            "command": ["/bin/sh", "-c",
+                        "mkdir -p /www && printf '{\"replica\":\"%s\"}\\n' "
+                        "\"$(hostname)\" > /www/index.html && "
+                        f"exec httpd {flags} -p {PORT} -h /www"],
+            "ports": [{"name": "http", "containerPort": PORT}],
+            "resources": {"limits": {GPU: "1"}}}
+
+
 def inference_deployment(*, pool: str, priority_class: str) -> dict[str, Any]:
     """Two one-GPU replicas of busybox httpd answering ``{"replica": <pod name>}``."""
     labels = {"app": "inference"}
@@ -101,15 +114,7 @@ def inference_deployment(*, pool: str, priority_class: str) -> dict[str, Any]:
                 # the client saw a request or two time out on the way back)
                 "terminationGracePeriodSeconds": GRACE_SECONDS,
                 "automountServiceAccountToken": False,
-                "containers": [{
-                    "name": "server", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
-                    "command": ["/bin/sh", "-c",
-                                "mkdir -p /www && printf '{\"replica\":\"%s\"}\\n' "
-                                "\"$(hostname)\" > /www/index.html && "
-                                f"exec httpd -f -p {PORT} -h /www"],
-                    "ports": [{"name": "http", "containerPort": PORT}],
-                    "resources": {"limits": {GPU: "1"}},
-                }]}}}}
+                "containers": [httpd_container()]}}}}
 
 
 def training_job(*, node: str, priority_class: str, queue: str | None = None

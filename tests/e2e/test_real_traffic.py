@@ -30,10 +30,11 @@ import pytest
 
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import NotFoundError
+from vkprovider.realdemo import PORT, httpd_container
 from vkprovider.testing.cluster import LocalCluster
 from vkprovider.testing.harness import grant_provider_node
 from vkprovider.testing.netspace import AddressSpace
-from vkprovider.testing.realnode import BUSYBOX_IMAGE, TOLERATION, RealNode, find_kubectl
+from vkprovider.testing.realnode import TOLERATION, RealNode, find_kubectl
 from vkprovider.testing.waiting import eventually
 
 from .conftest import System
@@ -45,7 +46,6 @@ pytestmark = pytest.mark.cluster
 
 GPU = "nvidia.com/gpu"
 REQUESTS = 100
-PORT = 8000
 
 #: the client: REQUESTS HTTP/1.0 GETs to the ClusterIP, one line per request ("ok <body>" or
 #: "fail <status line>"), then its own totals (busybox wget crashes on this kernel: nc by hand)
@@ -88,15 +88,7 @@ def deployment(*, name: str, real_node: str, virtual_node: str) -> dict[str, Any
                     "tolerations": [TOLERATION, VIRTUAL_TOLERATION],
                     "terminationGracePeriodSeconds": 1,
                     "automountServiceAccountToken": False,
-                    "containers": [{
-                        "name": "server", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
-                        "command": ["/bin/sh", "-c",
-                                    "mkdir -p /www && printf '{\"replica\":\"%s\"}\\n' "
-                                    "\"$(hostname)\" > /www/index.html && "
-                                    f"exec httpd -f -vv -p {PORT} -h /www"],
-                        "ports": [{"name": "http", "containerPort": PORT}],
-                        "resources": {"limits": {GPU: "1"}},
-                    }],
+                    "containers": [httpd_container(verbose=True)],
                 },
             },
         },
