@@ -103,6 +103,24 @@ def _layout_settings(gateway: HAProxyProcess) -> dict[str, Any]:
             "ca_file": str(layout.ca_file), "map_dir": str(layout.map_dir)}
 
 
+async def _served_replica(kube: KubeClient, namespace: str, system: System, *, what: str,
+                          **spec: Any) -> tuple[str, int, dict[str, Any]]:
+    """Once the virtual node is Ready: Service ``web`` and its one hostname-only replica pod;
+    returns the (address, port, endpoint) its slice holds once the endpoint is ready."""
+    await node_ready(kube, system.node_name)
+    await service(kube, namespace, "web", "web")
+    await create_pod(kube, namespace, "replica",
+                     pod_spec(system.node_name, container=server(), **spec),
+                     labels={"app": "web"})
+    ours = await eventually(
+        lambda: slices(kube, namespace, "web", ours=True),
+        until=lambda items: any(ep["conditions"].get("ready")
+                                for _, _, ep in _endpoints(items)),
+        timeout=90, what=what)
+    [found] = _endpoints(ours)
+    return found
+
+
 async def test_a_hostname_only_replica_serves_through_the_gateway_with_tls_and_the_edge_key(
         kube: KubeClient, namespace: str, system: System, tmp_path: Path) -> None:
     assert system.network is not None
@@ -115,20 +133,10 @@ async def test_a_hostname_only_replica_serves_through_the_gateway_with_tls_and_t
         provider = _provider(system, tmp_path, cloud, {
             "instances": [{"address": GATEWAY_POD_IP, "runtime": str(layout.socket)}],
             **_layout_settings(gateway)})
-        await node_ready(kube, system.node_name)
-        await service(kube, namespace, "web", "web")
-        await create_pod(kube, namespace, "replica",
-                         pod_spec(system.node_name, container=server()),
-                         labels={"app": "web"})
-
         # Ready by its readinessProbe, which the provider sends to the edge with the cloud's
         # key; the Service's slice holds the gateway pod's address and an allocated port.
-        ours = await eventually(
-            lambda: slices(kube, namespace, "web", ours=True),
-            until=lambda items: any(ep["conditions"].get("ready")
-                                    for _, _, ep in _endpoints(items)),
-            timeout=90, what="a ready endpoint for the hostname-only replica")
-        [(address, port, endpoint)] = _endpoints(ours)
+        address, port, endpoint = await _served_replica(
+            kube, namespace, system, what="a ready endpoint for the hostname-only replica")
         assert address == GATEWAY_POD_IP
         assert layout.first_port <= port < layout.first_port + layout.count
         assert endpoint["targetRef"]["name"] == "replica"
@@ -232,17 +240,8 @@ async def test_gateway_pods_are_found_by_label_programmed_over_mutual_tls_and_le
                             "key_file": str(client_pair.key),
                             "ca_file": str(runtime_ca.cert_path), "server_name": "gateway"},
             **_layout_settings(gateway)})
-        await node_ready(kube, system.node_name)
-        await service(kube, namespace, "web", "web")
-        await create_pod(kube, namespace, "replica",
-                         pod_spec(system.node_name, container=server()),
-                         labels={"app": "web"})
-        ours = await eventually(
-            lambda: slices(kube, namespace, "web", ours=True),
-            until=lambda items: any(ep["conditions"].get("ready")
-                                    for _, _, ep in _endpoints(items)),
-            timeout=90, what="a ready endpoint at the discovered gateway pod")
-        [(address, port, _)] = _endpoints(ours)
+        address, port, _ = await _served_replica(
+            kube, namespace, system, what="a ready endpoint at the discovered gateway pod")
         assert address == GATEWAY_POD_IP
         lab = AddressMap(system.network)
         to_host, to_port = lab.resolve(address, port)
@@ -288,18 +287,9 @@ async def test_a_30s_stream_through_the_gateway_finishes_while_its_replica_drain
         _provider(system, tmp_path, cloud, {
             "instances": [{"address": GATEWAY_POD_IP, "runtime": str(gateway.layout.socket)}],
             **_layout_settings(gateway)}, pods={"drain_seconds": 45})
-        await node_ready(kube, system.node_name)
-        await service(kube, namespace, "web", "web")
-        await create_pod(kube, namespace, "replica",
-                         pod_spec(system.node_name, container=server(),
-                                  terminationGracePeriodSeconds=60),
-                         labels={"app": "web"})
-        ours = await eventually(
-            lambda: slices(kube, namespace, "web", ours=True),
-            until=lambda items: any(ep["conditions"].get("ready")
-                                    for _, _, ep in _endpoints(items)),
-            timeout=90, what="a ready endpoint for the hostname-only replica")
-        [(address, port, _)] = _endpoints(ours)
+        address, port, _ = await _served_replica(
+            kube, namespace, system, what="a ready endpoint for the hostname-only replica",
+            terminationGracePeriodSeconds=60)
         [pod] = await list_pods(kube, namespace)
         instance_id = pod["metadata"]["annotations"]["vkprovider.io/instance-id"]
         to_host, to_port = AddressMap(system.network).resolve(address, port)
