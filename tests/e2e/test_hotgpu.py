@@ -101,6 +101,7 @@ async def test_a_hot_cloud_gpu_is_replaced_before_it_is_removed(
     hot_instance = hot["metadata"]["annotations"]["vkprovider.io/instance-id"]
     watcher = ReadyWatcher(kube, dep_path)
     watcher.start()
+    await watcher.fresh()
     try:
         await cloud.admin("POST", f"/admin/instances/{hot_instance}/temperature",
                           json={"celsius": 90})
@@ -121,9 +122,9 @@ async def test_a_hot_cloud_gpu_is_replaced_before_it_is_removed(
                                                               or {})
                                and int(d.get("status", {}).get("readyReplicas") or 0) == 2,
                                what="the swap finished, 2 ready")
+        await watcher.fresh()
     finally:
         await watcher.stop()
-    assert watcher.samples > 10
     assert watcher.minimum is not None and watcher.minimum >= 2, \
         f"ready replicas dipped to {watcher.minimum}"
     assert dep["spec"]["replicas"] == 2

@@ -31,31 +31,58 @@ INTENT = "vkprovider.io/move-back"
 RUN_SECONDS = "vkprovider.io/fake-run-seconds"  # a training pod's run (testing/fakekubelet.py)
 
 
-class ReadyWatcher:
-    """Samples status.readyReplicas every 200 ms; remembers the minimum while armed."""
+class Sampler:
+    """A background loop that samples something every 200 ms until stopped.
 
-    def __init__(self, kube: KubeClient, path: str) -> None:
-        self.kube, self.path = kube, path
-        self.minimum: int | None = None
+    ``fresh()`` waits for one sample taken from now on: called right after ``start()`` it
+    proves a baseline before the fault, and called before ``stop()`` a sample after the end,
+    so the watched window is covered at both ends however fast the swap went (a count such as
+    "more than 10 samples" is timing, and failed a suite run on a fast swap)."""
+
+    def __init__(self) -> None:
         self.samples = 0
         self._task: asyncio.Task[None] | None = None
 
+    async def take(self) -> None:
+        raise NotImplementedError
+
     async def _loop(self) -> None:
         while True:
-            dep = await self.kube.get(self.path)
-            ready = int(dep.get("status", {}).get("readyReplicas") or 0)
-            self.minimum = ready if self.minimum is None else min(self.minimum, ready)
+            await self.take()
             self.samples += 1
             await asyncio.sleep(0.2)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
+    async def fresh(self) -> None:
+        mark = self.samples
+        deadline = time.monotonic() + 15
+        while self.samples <= mark:
+            assert self._task is not None and not self._task.done(), \
+                f"{type(self).__name__} stopped sampling: {self._task}"
+            assert time.monotonic() < deadline, f"{type(self).__name__} took no sample in 15 s"
+            await asyncio.sleep(0.05)
+
     async def stop(self) -> None:
         if self._task:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+
+class ReadyWatcher(Sampler):
+    """Samples status.readyReplicas; remembers the minimum while armed."""
+
+    def __init__(self, kube: KubeClient, path: str) -> None:
+        super().__init__()
+        self.kube, self.path = kube, path
+        self.minimum: int | None = None
+
+    async def take(self) -> None:
+        dep = await self.kube.get(self.path)
+        ready = int(dep.get("status", {}).get("readyReplicas") or 0)
+        self.minimum = ready if self.minimum is None else min(self.minimum, ready)
 
 
 @pytest_asyncio.fixture
@@ -150,8 +177,7 @@ async def overflow_then_free(
                      == replicas, what=f"the Deployment reporting {replicas} ready")
     watcher = ReadyWatcher(kube, dep_path)
     watcher.start()
-    await eventually(lambda: kube.get(dep_path), timeout=10,
-                     until=lambda _d: watcher.samples > 0, what="the watcher sampling")
+    await watcher.fresh()
     assert INTENT not in ((await kube.get(dep_path))["metadata"].get("annotations") or {}), \
         "a move started before the training ended"
     training = await eventually(lambda: pods(kube, namespace, "training"), timeout=60,
@@ -182,9 +208,9 @@ async def test_training_ends_and_every_replica_comes_home_without_a_dip(
                 p["spec"].get("nodeName") in internal and p["status"].get("phase") == "Running"
                 for p in ps),
             timeout=180, interval=0.5, what="every replica back inside")
+        await watcher.fresh()
     finally:
         await watcher.stop()
-    assert watcher.samples > 10
     assert watcher.minimum is not None and watcher.minimum >= 4, \
         f"ready replicas dipped to {watcher.minimum}"
     assert all(not (p["metadata"].get("annotations") or {}).get(
