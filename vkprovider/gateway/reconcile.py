@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vkprovider.gateway.haproxycfg import GatewayLayout
-from vkprovider.gateway.plan import GatewayRoute, backend_name
+from vkprovider.gateway.plan import GatewayRoute, RouteKey, backend_name
 from vkprovider.gateway.runtime import RuntimeClient
 from vkprovider.logs import kv
 
@@ -38,6 +38,9 @@ class ReconcileResult:
     deleted: int = 0
     readied: int = 0
     map_writes: int = 0
+    #: the routes whose listener had no server at all before this pass (new, or lost with the
+    #: gateway's memory), not those whose stale server was replaced
+    filled: list[RouteKey] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
@@ -72,6 +75,8 @@ async def reconcile(*, client: RuntimeClient, layout: GatewayLayout,
     for backend, p in sorted(want.items()):
         if p.route.server in have.get(backend, ()):
             continue
+        if backend not in have:
+            result.filled.append(p.route.edge.key)
         edge = p.route.edge
         if edge.tls:
             await client.add_server(backend=backend, server=p.route.server, host=edge.dial_host,

@@ -42,8 +42,11 @@ and told once with a Warning Event ``EndpointNotRoutable`` on the Service, point
 traffic gateway (``vkprovider/gateway``) serves them: then the endpoint is the gateway pod's
 address and the port it allocated for that replica port (a :class:`GatewayRouter` says which;
 ``traffic: direct`` keeps the warning; a replica the gateway is meant to serve but has no route
-for yet gets no endpoint and no warning: the gateway logs why). Under ``traffic: gateway`` an
-IP:port replica is fronted by the gateway too and never published directly. Addresses the
+for yet gets no endpoint and no warning: the gateway logs why). Such an endpoint is ready only
+once a gateway pass has programmed its route into that gateway pod; the gateway tells
+:meth:`EndpointSliceController.resync` after each pass which replicas that changed for.
+Under ``traffic: gateway`` an IP:port replica is fronted by the gateway too and never published
+directly. Addresses the
 API server refuses (loopback, link-local, unspecified) are skipped the same way, and so is any
 address the filter of ``providers/addresses.py`` refuses (private, CGNAT, metadata, the cluster's
 own ranges, ...): the pod controller screens instances before telling them here, and
@@ -57,7 +60,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from providers.addresses import DEFAULT_POLICY, AddressPolicy
@@ -230,6 +233,12 @@ class EndpointSliceController:
         for ns in self._pods_by_ns:
             for key in sorted(self._services_by_ns.get(ns, ())):
                 self._enqueue(key)
+
+    def resync(self, uids: Iterable[str]) -> None:
+        """Re-reconcile the Services that select these pods (a gateway pass programmed their
+        routes, or a gateway pod lost them: their endpoints' readiness changed)."""
+        for uid in sorted(set(uids)):
+            self._touch_services(self.pods.get(uid))
 
     def mark_pods_synced(self) -> None:
         """Every pod of the node has been told once (or held): reconciling may start (and
