@@ -30,7 +30,7 @@ from vkprovider.testing.waiting import eventually
 
 from .conftest import System
 from .test_pods import create_pod, list_pods, node_ready, pod_spec
-from .test_traffic import server, service, slices
+from .test_traffic import ready, server, service, slices
 
 GATEWAY_POD_IP = "100.64.250.1"
 DOMAIN = "edge.mock.test"
@@ -265,6 +265,130 @@ async def test_gateway_pods_are_found_by_label_programmed_over_mutual_tls_and_le
     finally:
         gateway.stop()
         (system.network / "gateway-test.json").unlink(missing_ok=True)
+
+
+class HeldRuntime:
+    """``tcp://127.0.0.1:<port>`` in front of an HAProxy's Runtime API (its Unix socket): the
+    gateway pod's control path, which the test can cut as a network partition would (a held
+    connection is accepted and gets no answer and no reset) and restore. The data path (the
+    listeners) is untouched."""
+
+    def __init__(self, socket: Path) -> None:
+        self.socket = socket
+        self.port = 0
+        self.answered = 0  # commands relayed and answered
+        self.waiting = 0  # commands held right now
+        self._open = asyncio.Event()
+        self._open.set()
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    def hold(self) -> None:
+        self._open.clear()
+
+    def release(self) -> None:
+        self._open.set()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await reader.readline()  # non-interactive mode: one command per connection
+            self.waiting += 1
+            try:
+                await self._open.wait()
+            finally:
+                self.waiting -= 1
+            up_reader, up_writer = await asyncio.open_unix_connection(str(self.socket))
+            up_writer.write(line)
+            await up_writer.drain()
+            answer = await up_reader.read()
+            up_writer.close()
+            writer.write(answer)
+            await writer.drain()
+            self.answered += 1
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+
+async def test_a_gateway_endpoint_is_not_ready_until_a_pass_has_programmed_its_route(
+        kube: KubeClient, namespace: str, system: System, tmp_path: Path) -> None:
+    """No request is sent to a route the gateway does not serve yet. The gateway pod's
+    Runtime API stops answering (its data path keeps working) before the replica exists, so
+    the pass that would program the replica's route is held. The replica turns Ready (its
+    probe goes to its edge, not through the gateway) and the slice holds its gateway endpoint,
+    but not ready: HAProxy answers 503 on that port. Once the Runtime API answers again, the
+    pass programs the route, the provider re-syncs the slice, and the endpoint turns ready and
+    serves. (Before the fix the slice published it ready at once.)"""
+    assert system.network is not None
+    cloud, ca = await _edge_cloud(system, tmp_path)
+    gateway = HAProxyProcess(work_dir=tmp_path / "gateway", ca_file=ca.cert_path, count=4)
+    await gateway.start()
+    runtime = HeldRuntime(gateway.layout.socket)
+    await runtime.start()
+    try:
+        _route_gateway_pod(system, gateway)
+        _provider(system, tmp_path, cloud, {
+            "instances": [{"address": GATEWAY_POD_IP,
+                           "runtime": f"tcp://127.0.0.1:{runtime.port}"}],
+            # a held command keeps the gateway pod healthy (not timed out) for the whole test
+            "runtime_timeout_seconds": 600, **_layout_settings(gateway)})
+        await node_ready(kube, system.node_name)
+        await eventually(lambda: _value(runtime.answered), until=lambda n: n >= 1, timeout=30,
+                         what="a gateway pass through the Runtime API")
+        runtime.hold()
+        await service(kube, namespace, "web", "web")
+        await create_pod(kube, namespace, "replica", pod_spec(system.node_name,
+                                                              container=server()),
+                         labels={"app": "web"})
+        await eventually(lambda: list_pods(kube, namespace),
+                         until=lambda pods: len(pods) == 1 and ready(pods[0]), timeout=90,
+                         what="the replica Ready by its probe at the edge")
+        # a barrier: a Service change after the pod turned Ready makes the provider rewrite
+        # the slice from what it knows now (the replica told Ready before its status said so)
+        await kube.patch(f"/api/v1/namespaces/{namespace}/services/web", {"spec": {"ports": [
+            {"name": "web", "port": 80, "targetPort": "http"},
+            {"name": "alt", "port": 81, "targetPort": "http"}]}})
+        held = await eventually(
+            lambda: slices(kube, namespace, "web", ours=True),
+            until=lambda items: any(len(s.get("ports") or []) == 2 for s in items),
+            timeout=30, what="the slice rewritten after the Service change")
+        assert runtime.waiting >= 1, "the pass that would program the route is still held"
+        [(address, port, endpoint)] = _endpoints(held)
+        assert address == GATEWAY_POD_IP and endpoint["targetRef"]["name"] == "replica"
+        assert (endpoint["conditions"]["ready"], endpoint["conditions"]["serving"]) == (
+            False, False), endpoint
+        to_host, to_port = AddressMap(system.network).resolve(address, port)
+        async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
+            assert (await http.get(f"http://{to_host}:{to_port}/v1/models")).status_code == 503
+
+        runtime.release()
+        served = await eventually(
+            lambda: slices(kube, namespace, "web", ours=True),
+            until=lambda items: any(ep["conditions"].get("ready")
+                                    for _, _, ep in _endpoints(items)),
+            timeout=30, what="the endpoint ready once its route is programmed")
+        assert [(a, p) for a, p, _ in _endpoints(served)] == [(address, port)]
+        async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
+            answer = await http.get(f"http://{to_host}:{to_port}/v1/models")
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["pod"] == "replica"
+    finally:
+        runtime.release()
+        runtime.close()
+        gateway.stop()
+        (system.network / "gateway-test.json").unlink(missing_ok=True)
+
+
+async def _value(n: int) -> int:
+    return n
 
 
 STREAM_EVENTS, STREAM_EVERY = 30, 1.0  # a 30 s streamed response
