@@ -478,6 +478,49 @@ async def test_a_restarted_provider_keeps_the_live_gateway_and_its_ports(
     assert (await get(gateway.url(ports["b"][1]))).status_code == 200
 
 
+async def test_a_restarted_provider_counts_the_routes_a_live_gateway_serves_as_programmed(
+        lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
+    """A new provider process must not turn the live gateway's endpoints not ready while it
+    learns the routes again: its first pass (before any replica is told) records the routes the
+    gateway serves (a server in service, a routes map entry), so a replica told afterwards at
+    its adopted port is programmed at once; the next pass that plans it confirms it. A route
+    the gateway does not serve is not."""
+    from vkprovider.gateway.controller import GatewayController, GatewayInstance
+
+    gateway, edge_server, _ = lab
+
+    async def dial(host: str, port: int) -> tuple[str, int]:
+        return "127.0.0.1", edge_server.port
+
+    def controller() -> GatewayController:
+        return GatewayController(layout=gateway.layout, dial=dial, instances=[
+            GatewayInstance(address="10.0.9.1", client=gateway.client)])
+
+    first = controller()
+    first.mark_synced()
+    ports = {uid: first.route(pod_uid=uid, target=_Told(EDGE_NAME, 443)) for uid in ("a", "b")}
+    await first.reconcile_once()
+
+    second = controller()  # the provider restarted: nothing told yet, not synced
+    assert not second.first_pass.is_set()
+    await second.reconcile_once()
+    assert second.first_pass.is_set()
+    for uid in ("b", "a"):
+        routed = second.route(pod_uid=uid, target=_Told(EDGE_NAME, 443))
+        assert routed == ports[uid]
+        assert second.is_programmed(pod_uid=uid, container_port=8000, at=routed)
+    new = second.route(pod_uid="c", target=_Told(EDGE_NAME, 443))
+    assert new is not None and not second.is_programmed(pod_uid="c", container_port=8000,
+                                                        at=new)
+    second.mark_synced()
+    await second.reconcile_once()
+    for uid in ("a", "b", "c"):
+        routed = second.route(pod_uid=uid, target=_Told(EDGE_NAME, 443))
+        assert routed is not None
+        assert second.is_programmed(pod_uid=uid, container_port=8000, at=routed)
+        assert (await get(gateway.url(routed[1]))).status_code == 200
+
+
 async def test_an_unreachable_gateway_pod_is_unhealthy_counted_and_its_replicas_rehomed(
         tmp_path: Path, lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
     from vkprovider.gateway.controller import GatewayController, GatewayInstance

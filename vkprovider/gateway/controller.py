@@ -113,10 +113,15 @@ class GatewayController:
         self._adopted = False
         self.passes = 0
         # per gateway pod address, the routes (as planned) its last successful pass programmed:
-        # what a slice may publish as ready and a port-forward may dial now; and a pulse at the
-        # end of every pass
-        self._programmed: dict[str, dict[RouteKey, GatewayRoute]] = {}
+        # what a slice may publish as ready and a port-forward may dial now (a bare port: a
+        # route a previous provider programmed, found live and left alone until it is told
+        # again after a restart); and a pulse at the end of every pass
+        self._programmed: dict[str, dict[RouteKey, GatewayRoute | int]] = {}
         self._pass_done = asyncio.Event()
+        # Set after the first pass: what the gateway pods serve is known. The EndpointSlice
+        # controller waits for it after a restart, so it does not write not-ready the endpoints
+        # of routes a live gateway serves.
+        self.first_pass = asyncio.Event()
         # Set once the EndpointSlice controller has asked for every route it needs after a
         # start: until then a pass adds and fixes but removes nothing, so a restarted provider
         # does not empty a gateway that serves replicas it has not been told of yet.
@@ -166,8 +171,11 @@ class GatewayController:
         only then does a request to ``at`` reach the replica rather than HAProxy's 503."""
         key = (pod_uid, container_port)
         route = self._routes.get(key)
-        return (route is not None and route.port == at[1]
-                and self._programmed.get(at[0], {}).get(key) == route)
+        if route is None or route.port != at[1]:
+            return False
+        have = self._programmed.get(at[0], {}).get(key)
+        # a bare port: live since before this process, and not planned by a pass since
+        return have == route or (isinstance(have, int) and have == route.port)
 
     async def serve(self, *, pod_uid: str, target: EdgeRequest,
                     timeout: float) -> tuple[str, int] | None:
@@ -270,7 +278,7 @@ class GatewayController:
                 result = await reconcile(client=instance.client, layout=self.layout,
                                          desired=desired, prune=self.synced.is_set())
                 ok, error = True, None
-                self._programmed[instance.address] = served
+                self._programmed[instance.address] = {**result.kept, **served}
                 lost = [k for k in result.filled if before.get(k) == served.get(k)]
                 if lost:  # it served them at its last pass: its memory is gone (restarted)
                     log.warning("gateway pod had lost routes it served; re-programmed",
@@ -296,6 +304,7 @@ class GatewayController:
             self.on_change()
         if moved:
             self.on_programmed(frozenset(moved))
+        self.first_pass.set()
         done, self._pass_done = self._pass_done, asyncio.Event()
         done.set()
 

@@ -41,6 +41,9 @@ class ReconcileResult:
     #: the routes whose listener had no server at all before this pass (new, or lost with the
     #: gateway's memory), not those whose stale server was replaced
     filled: list[RouteKey] = field(default_factory=list)
+    #: without ``prune``: the routes left as they were that the gateway serves (a server in
+    #: service and a routes map entry), by gateway port: a previous provider's, not told yet
+    kept: dict[RouteKey, int] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
@@ -61,6 +64,12 @@ async def reconcile(*, client: RuntimeClient, layout: GatewayLayout,
     ours = {backend_name(p) for p in range(layout.first_port, layout.first_port + layout.count)}
     want = {p.route.backend: p for p in desired}
     live = [s for s in await client.servers() if s.backend in ours]
+    if not prune:
+        serving = {s.backend for s in live if s.backend not in want and not s.in_maintenance}
+        for backend, value in (await client.show_map(layout.routes_map)).items():
+            uid, _, port = value.rpartition("/")
+            if backend in serving and uid and port.isdigit():
+                result.kept[(uid, int(port))] = int(backend[2:])
     have: dict[str, list[str]] = {}
     for s in live:
         have.setdefault(s.backend, []).append(s.name)

@@ -285,6 +285,15 @@ class EndpointSliceController:
                     log.warning("pods not marked synced; reconciling EndpointSlices anyway, "
                                 "keeping the endpoints of pods not told yet",
                                 extra=kv(node=self.node, pods=len(self.pods)))
+            if self.gateway is not None and not self.gateway.first_pass.is_set():
+                # what the gateway pods serve now decides which gateway endpoints are ready:
+                # without it a restarted provider would turn every one not ready for a pass
+                try:
+                    async with asyncio.timeout(self.pods_sync_timeout):
+                        await self.gateway.first_pass.wait()
+                except TimeoutError:
+                    log.warning("no gateway pass yet; reconciling EndpointSlices anyway",
+                                extra=kv(node=self.node))
             self.running = True
             keys = set(self._slices_by_service)
             for ns in self._pods_by_ns:

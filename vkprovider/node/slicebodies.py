@@ -9,6 +9,7 @@ Keeping the rules here keeps them testable without a cluster, and the controller
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import ipaddress
 import json
@@ -74,6 +75,9 @@ class EndpointTarget:
 
 class GatewayRouter(Protocol):
     """Where the traffic gateway serves a hostname-only replica port (vkprovider/gateway)."""
+
+    #: set once the gateway's first pass is done (what its pods serve is known)
+    first_pass: asyncio.Event
 
     def route(self, *, pod_uid: str, target: EndpointTarget) -> tuple[str, int] | None:
         """``(gateway address, gateway port)``, or None when the gateway does not serve it."""
