@@ -231,6 +231,50 @@ async def test_reconcile_removes_unplanned_and_reprograms_a_restarted_haproxy(
     assert routes_map == {a.backend: "pod-a/8000"}
 
 
+class _Recording(RuntimeClient):
+    """The real Runtime API client, remembering the commands it sent (their first words)."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(address=address)
+        self.sent: list[str] = []
+
+    async def command(self, line: str) -> str:
+        self.sent.append(" ".join(line.split()[:3]))
+        return await super().command(line)
+
+
+async def test_a_replaced_server_is_deleted_only_once_its_successor_serves(
+        tmp_path: Path, lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
+    """An edge that moved (its name resolves elsewhere now) gets a new server: the listener is
+    never without one, so no request in between gets HAProxy's 503."""
+    gateway, edge_server, ca = lab
+    pair = ca.issue(stem="moved", common_name="*.edge.example.com", server=True,
+                    hosts=("*.edge.example.com",))
+    moved = Edge(cert=pair.cert, key=pair.key)
+    await moved.start()
+    try:
+        client = _Recording(str(gateway.layout.socket))
+        planner = Planner(first_port=gateway.layout.first_port, count=gateway.layout.count)
+        old, _ = planner.plan([edge("pod-a", dial_port=edge_server.port)])
+        await reconcile(client=client, layout=gateway.layout,
+                        desired=[Programmed(route=r) for r in old.values()])
+        new, _ = planner.plan([edge("pod-a", dial_port=moved.port)])
+        (route,) = new.values()
+        client.sent.clear()
+        result = await reconcile(client=client, layout=gateway.layout,
+                                 desired=[Programmed(route=route)])
+        assert (result.added, result.deleted) == (1, 1)
+        backend = route.backend
+        assert client.sent.index(f"add server {backend}/{route.server}") < client.sent.index(
+            f"set server {backend}/{old[('pod-a', 8000)].server}"), client.sent
+        assert (await get(gateway.url(route.port))).status_code == 200
+        assert moved.connections >= 1
+        assert [s.name for s in await gateway.client.servers()
+                if s.backend == backend] == [route.server]
+    finally:
+        moved.close()
+
+
 async def test_edge_with_a_certificate_for_another_name_is_refused(
         lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
     gateway, edge_server, _ = lab

@@ -71,13 +71,15 @@ async def reconcile(*, client: RuntimeClient, layout: GatewayLayout,
             if backend in serving and uid and port.isdigit():
                 result.kept[(uid, int(port))] = int(backend[2:])
     have: dict[str, list[str]] = {}
+    stale: list[tuple[str, str]] = []  # replaced servers: deleted once the new one serves
     for s in live:
         have.setdefault(s.backend, []).append(s.name)
         target = want.get(s.backend)
-        if (target is None and prune) or (target is not None
-                                           and target.route.server != s.name):
+        if target is None and prune:
             await client.delete_server(backend=s.backend, server=s.name)
             result.deleted += 1
+        elif target is not None and target.route.server != s.name:
+            stale.append((s.backend, s.name))
         elif s.in_maintenance:
             await client.set_ready(backend=s.backend, server=s.name)
             result.readied += 1
@@ -95,6 +97,9 @@ async def reconcile(*, client: RuntimeClient, layout: GatewayLayout,
                                           host=edge.dial_host, port=edge.dial_port)
         await client.set_ready(backend=backend, server=p.route.server)
         result.added += 1
+    for backend, name in stale:  # make before break: the listener is never without a server
+        await client.delete_server(backend=backend, server=name)
+        result.deleted += 1
     # maps after servers: a Host/key entry for a listener with no server does no harm
     result.map_writes += await _sync_map(
         client, layout.hosts_map,
