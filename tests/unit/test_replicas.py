@@ -192,3 +192,12 @@ def test_under_traffic_gateway_probes_go_to_the_edge_the_gateway_sends_traffic_t
     r.running(uid="u2", pod=pod(), provider="mock", instance=ip_only)
     _, target2, _ = prober.tracked["u2"]
     assert target2(8000) == ("198.18.0.2", 30001, None)
+    # a cloud that lists the edge first: the IP:port still takes the traffic (and the probes)
+    # unless the gateway fronts the replica through the edge
+    edge_first = Instance(id="i-3", name="n", provider="mock", state=InstanceState.RUNNING,
+                          published=tuple(reversed(instance().published)))
+    r.running(uid="u3", pod=pod(), provider="mock", instance=edge_first)
+    _, target3, _ = prober.tracked["u3"]
+    assert target3(8000) == ("198.18.0.1", 30000, None)
+    gateway["u3"] = True
+    assert target3(8000) == ("x.example", 443, "https")

@@ -75,9 +75,10 @@ def _preferred(published: Sequence[PublishedPort]) -> dict[int, PublishedPort]:
     return out
 
 
-def _edges(published: Sequence[PublishedPort]) -> dict[int, PublishedPort]:
-    """Per container port, the first hostname edge (RunPod's HTTPS proxy beside a public IP)."""
-    return _preferred([p for p in published if p.kind == "hostname"])
+def _of_kind(published: Sequence[PublishedPort], kind: str) -> dict[int, PublishedPort]:
+    """Per container port, the first entry of ``kind``: an ``ip`` one (what a slice publishes
+    directly) or a ``hostname`` edge (RunPod's HTTPS proxy beside a public IP)."""
+    return _preferred([p for p in published if p.kind == kind])
 
 
 def container_ports(pod: Body) -> list[tuple[str, str | None, int, str]]:
@@ -174,7 +175,7 @@ class Replicas:
         if self._prober is None or not any(c.any for c in tracked.probes):
             return
         by_port = _preferred(tracked.published)
-        edges = _edges(tracked.published)
+        edges, ips = _of_kind(tracked.published, "hostname"), _of_kind(tracked.published, "ip")
 
         provider = tracked.instance[0]
 
@@ -183,8 +184,11 @@ class Replicas:
             p = by_port.get(port)
             if p is None:
                 return None
-            if p.kind == "ip" and port in edges and self.via_edge(uid):
-                p = edges[port]  # where the gateway sends its traffic: probe the same edge
+            # probe where the traffic goes (node/slicebodies.py): the IP:port where there is
+            # one, in whatever order the cloud lists it, unless the gateway fronts it through
+            # the cloud's TLS edge
+            if port in edges and port in ips:
+                p = edges[port] if self.via_edge(uid) else ips[port]
             if p.edge_auth:  # an edge that wants the cloud's key (SaladCloud auth): the prober
                 return (p.host, p.port, p.scheme, (p.edge_auth, provider))  # adds it
             return (p.host, p.port, p.scheme)
