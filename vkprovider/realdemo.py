@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vkprovider.errors import one_line
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import ConflictError, NotFoundError
 from vkprovider.testing.cluster import LocalCluster
@@ -54,7 +55,14 @@ from vkprovider.testing.harness import (
     service_account_kubeconfig,
 )
 from vkprovider.testing.netspace import InstanceSpaces
-from vkprovider.testing.realnode import BUSYBOX_IMAGE, TOLERATION, RealNode, find_kubectl
+from vkprovider.testing.realnode import (
+    BUSYBOX_IMAGE,
+    TOLERATION,
+    RealNode,
+    RealNodeError,
+    find_kubectl,
+    preflight,
+)
 from vkprovider.testing.waiting import eventually
 
 GPU = "nvidia.com/gpu"
@@ -567,8 +575,10 @@ async def run_real_demo(*, keep: bool = False, kueue: bool | None = None) -> int
                 sys.stderr.write(f"vkprovider demo --real-node: error: --kueue: {exc}\n")
                 return 1
             sys.stdout.write(f"Kueue not found ({exc}): the way out by plain preemption\n")
-    if os.geteuid() != 0:
-        sys.stderr.write("vkprovider demo --real-node: error: the real node needs root\n")
+    try:
+        bins = await asyncio.to_thread(preflight)
+    except RealNodeError as exc:
+        sys.stderr.write(f"vkprovider demo --real-node: error: {one_line(str(exc))}\n")
         return 1
 
     def say(text: str) -> None:
@@ -582,7 +592,7 @@ async def run_real_demo(*, keep: bool = False, kueue: bool | None = None) -> int
     try:
         await cluster.start()
         say("control plane up; starting a real node (kubelet, containerd, kube-proxy)")
-        node = RealNode(cluster=cluster)
+        node = RealNode(cluster=cluster, bin_dir=bins)
         await node.start()
         say(f"real node {node.name} Ready in {node.timings['ready']:.1f}s")
         if home is not None:
