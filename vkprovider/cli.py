@@ -49,7 +49,7 @@ def _dev_up(args: argparse.Namespace) -> int:
         raise ConfigError(f"--kubeconfig-out {args.kubeconfig_out}: is a directory")
     options = DevOptions(gpu_nodes=args.gpu_nodes, gpus_per_node=args.gpus,
                          cluster_only=args.cluster_only, kubeconfig_out=out, inventory=inventory,
-                         kueue=args.kueue)
+                         kueue=args.kueue, real_node=args.real_node)
     return asyncio.run(run_dev_up(options=options))
 
 
@@ -553,6 +553,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--kueue", action="store_true",
                     help="also run real Kueue v0.17.0 (its CRDs, the manager, its webhooks on "
                          "loopback); needs VKP_KUEUE_BIN=$(bash tools/kueue/build.sh)")
+    up.add_argument("--real-node", action="store_true",
+                    help="also join a real worker node (containerd, kubelet, kube-proxy in a "
+                         "network namespace of its own; as root), to run real pods beside the "
+                         "virtual node; Ctrl-C removes it too")
     up.set_defaults(func=_dev_up)
     curl = dev_sub.add_parser(
         "curl", parents=[with_kube],

@@ -12,7 +12,12 @@ progress on stdout:
    kubelet API trusts the cluster CA, so ``kubectl logs`` works on cloud pods) and the companion
    (``vkprovider descheduler``, with its own ServiceAccount's token);
 
-then prints what to export and what to try. ``--cluster-only`` stops after step 2, for running
+then prints what to export and what to try. ``--real-node`` (as root) also joins a real worker
+node to the control plane, :class:`~vkprovider.testing.realnode.RealNode` (containerd, kubelet,
+kube-proxy in a network namespace of their own, no route off the machine), so ``kubectl run``
+starts a real container beside the virtual node; Ctrl-C removes it with everything else (no
+process, mount, network namespace, route or iptables rule of it is left).
+``--cluster-only`` stops after step 2, for running
 the provider yourself. ``--kubeconfig-out PATH`` also writes the admin kubeconfig to ``PATH``, once
 everything is ready, so a script (or another terminal) can wait for that file. Ctrl-C or SIGTERM
 stops every process, removes the kubeconfig copy and the temporary files, and exits 0; a process
@@ -45,7 +50,7 @@ from typing import Any
 
 import yaml
 
-from vkprovider.errors import VKError
+from vkprovider.errors import VKError, one_line
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
 from vkprovider.logs import kv
@@ -60,12 +65,14 @@ from vkprovider.testing.harness import (
     install_provider_rbac,
     service_account_kubeconfig,
 )
+from vkprovider.testing.realnode import BUSYBOX_IMAGE, TAINT, RealNode, RealNodeError, preflight
 
 log = logging.getLogger(__name__)
 
 NODE = "vk-gpu-burst"
 CLOUD = "mock"  # the mock cloud's name and its GPUProvider's
 NAMESPACE = "vkprovider-system"
+REAL_NODE = "real-node"  # --real-node: the real worker node's name
 DEFAULT_INVENTORY = "H100:us-east:8:2.49,H100:eu-west:8:2.19,A100:us-east:8:1.29"
 EXAMPLE_POLICY = REPO_ROOT / "manifests" / "examples" / "overflowpolicy-dev-mock.yaml"
 ADDRESS_MAP_EXT = "vkprovider.io/address-map"  # in --kubeconfig-out: where dev curl dials
@@ -86,6 +93,7 @@ class DevOptions:
     kubeconfig_out: Path | None = None
     inventory: str = DEFAULT_INVENTORY
     kueue: bool = False  # also real Kueue (vkprovider.testing.kueue; VKP_KUEUE_BIN)
+    real_node: bool = False  # also a real worker node (vkprovider.testing.realnode; root)
 
 
 def shown_path(path: Path, *, cwd: Path | None = None) -> str:
@@ -126,12 +134,25 @@ spec:
 """
 
 
+def real_pod_command(*, name: str = "hello") -> str:
+    """``kubectl run`` of a busybox pod on the real node: the image imported into its
+    containerd (never pulled), placed by name (the node's taint keeps the scheduler's pods off
+    it, and the fake kubelet's GPU nodes would take them)."""
+    return (f"kubectl run {name} --image={BUSYBOX_IMAGE} --image-pull-policy=Never "
+            f"""--overrides='{{"spec": {{"nodeName": "{REAL_NODE}"}}}}' --command -- sleep 3600""")
+
+
 def try_it(*, kubeconfig: str, options: DevOptions, deployment: str, policy: str) -> str:
     """The closing text: what to export and what to try; every command runs as printed, in
     order (docs/quickstart.md walks through the same commands)."""
     internal = options.gpu_nodes * options.gpus_per_node
     lines = ["", "In another terminal:", "", f"    export KUBECONFIG={kubeconfig}",
              "    kubectl get nodes"]
+    if options.real_node:
+        lines += [f"    {real_pod_command()}   # a real container on {REAL_NODE}",
+                  "    kubectl wait --for=condition=Ready pod/hello --timeout=60s",
+                  "    kubectl exec hello -- uname -n",
+                  "    kubectl delete pod hello --wait=false"]
     if options.cluster_only:
         lines += ["", "No cloud, provider or companion runs (--cluster-only): run "
                   "`vkprovider mock-cloud` and `vkprovider run` yourself (docs/quickstart.md)."]
@@ -172,6 +193,7 @@ class DevEnv:
         self.cloud: MockCloudProcess | None = None
         self.provider: ProviderProcess | None = None
         self.companion: CompanionProcess | None = None
+        self.node: RealNode | None = None
         self.deployment_file = self.work / "try" / "llm-deployment.yaml"
         self.wrote_kubeconfig = False
 
@@ -185,6 +207,12 @@ class DevEnv:
 
     async def _start(self) -> None:
         opts = self.options
+        bins: Path | None = None
+        if opts.real_node:  # root, the host tools, the node binaries: before anything starts
+            try:
+                bins = await asyncio.to_thread(preflight)
+            except RealNodeError as exc:
+                raise DevEnvError(f"--real-node: {one_line(str(exc))}") from exc
         if opts.kubeconfig_out is not None:  # it appears again only once everything is ready
             with contextlib.suppress(FileNotFoundError):
                 opts.kubeconfig_out.unlink()
@@ -201,6 +229,8 @@ class DevEnv:
             await create_gpu_nodes(kube=kube, names=names, gpus=opts.gpus_per_node)
             self.n.say(f"{opts.gpu_nodes} simulated internal GPU nodes x {opts.gpus_per_node} "
                        f"nvidia.com/gpu{': ' + ', '.join(names) if names else ''}")
+            if bins is not None:
+                await self._start_real_node(bins)
             crds = await install_crds(kube)
             provider_config = await install_provider_rbac(
                 kube=kube, cluster=self.cluster, path=self.work / "provider.kubeconfig")
@@ -222,6 +252,19 @@ class DevEnv:
                           text=with_address_map(self.cluster.kubeconfig.read_text(),
                                                 address_map=self.network))
             self.wrote_kubeconfig = True
+
+    async def _start_real_node(self, bins: Path) -> None:
+        """A real worker node joined to the control plane (stopped by :meth:`stop`)."""
+        self.n.say("starting a real worker node: containerd, kubelet and kube-proxy in a network "
+                   "namespace of their own, with no route off the machine ...")
+        node = self.node = RealNode(cluster=self.cluster, name=REAL_NODE, bin_dir=bins)
+        await node.start()  # stops what it started if it fails
+        self.n.say(f"real node {node.name} Ready in {node.timings['ready']:.1f}s: network "
+                   f"namespace {node.netns} (link {node.host_if}, pods {node.pod_cidr}), "
+                   f"cgroups under {node.cgroup_root}, its files in {node.work_dir}; images "
+                   f"imported offline ({BUSYBOX_IMAGE}); "
+                   f"tainted {TAINT['key']}={TAINT['value']}:{TAINT['effect']}, so a pod goes "
+                   "there by name")
 
     # ---- the lab network: every process that serves or dials a replica shares one map -------
 
@@ -303,6 +346,8 @@ class DevEnv:
         named = [(c.name, c) for c in self.cluster.components.values()]
         named += [(p.component.name, p.component)
                   for p in (self.cloud, self.provider, self.companion) if p is not None]
+        if self.node is not None:
+            named += [(f"{self.node.name}'s {c.name}", c) for c in self.node.components.values()]
         for name, comp in named:
             if comp.process is not None and not comp.alive():
                 raise DevEnvError(f"{name} exited with status {comp.process.returncode}; its "
@@ -324,6 +369,8 @@ class DevEnv:
                 except Exception as exc:  # keep stopping the rest
                     log.warning("stopping a process failed",
                                 extra=kv(process=proc.component.name, error=str(exc)))
+        if self.node is not None:  # before the control plane: it unpublishes its API slice
+            self.node.stop()
         self.cluster.stop()
         if self.wrote_kubeconfig and self.options.kubeconfig_out is not None:
             with contextlib.suppress(FileNotFoundError):

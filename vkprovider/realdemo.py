@@ -17,8 +17,10 @@ the mock cloud and the provider get none, the replicas have no probe (Ready when
 
 :func:`play_real_story` is the story (the e2e test ``tests/e2e/test_real_story.py`` judges it),
 with the provider, companion and mock cloud as local processes, or (:class:`InstalledChart`) the
-pods of a ``helm install`` of the chart on the node, from the project's image;
-:func:`run_real_demo` brings up the cluster and the node around it, as root.
+pods of a ``helm install`` of the chart on the node, from the project's image, and optionally a
+chapter of the caller's (:class:`CloudChapter`: the installed chart's ``helm upgrade``) played
+while the cloud replicas serve; :func:`run_real_demo` brings up the cluster and the node around
+it, as root.
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vkprovider.errors import one_line
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import ConflictError, NotFoundError
 from vkprovider.testing.cluster import LocalCluster
@@ -52,7 +55,14 @@ from vkprovider.testing.harness import (
     service_account_kubeconfig,
 )
 from vkprovider.testing.netspace import InstanceSpaces
-from vkprovider.testing.realnode import BUSYBOX_IMAGE, TOLERATION, RealNode, find_kubectl
+from vkprovider.testing.realnode import (
+    BUSYBOX_IMAGE,
+    TOLERATION,
+    RealNode,
+    RealNodeError,
+    find_kubectl,
+    preflight,
+)
 from vkprovider.testing.waiting import eventually
 
 GPU = "nvidia.com/gpu"
@@ -117,10 +127,10 @@ def inference_deployment(*, pool: str, priority_class: str) -> dict[str, Any]:
                 "containers": [httpd_container()]}}}}
 
 
-def training_job(*, node: str, priority_class: str, queue: str | None = None
-                 ) -> dict[str, Any]:
-    """A gang as wide as the node's GPUs, running ``TRAINING_SECONDS`` there. With ``queue``,
-    a Kueue batch Job: created suspended in that LocalQueue, unsuspended when Kueue admits it."""
+def training_job(*, node: str, priority_class: str, queue: str | None = None,
+                 seconds: int = TRAINING_SECONDS) -> dict[str, Any]:
+    """A gang as wide as the node's GPUs, running ``seconds`` there. With ``queue``, a Kueue
+    batch Job: created suspended in that LocalQueue, unsuspended when Kueue admits it."""
     meta: dict[str, Any] = {"name": "training"}
     if queue is not None:
         meta["labels"] = {f"{KUEUE_GROUP}/queue-name": queue}
@@ -136,7 +146,7 @@ def training_job(*, node: str, priority_class: str, queue: str | None = None
                      "automountServiceAccountToken": False,
                      "containers": [{"name": "t", "image": BUSYBOX_IMAGE,
                                      "imagePullPolicy": "Never",
-                                     "command": ["sleep", str(TRAINING_SECONDS)],
+                                     "command": ["sleep", str(seconds)],
                                      "resources": {"limits": {GPU: "1"}}}]}}}}
 
 
@@ -189,6 +199,24 @@ class InstalledChart:
     virtual_node: str
     cloud: MockCloudAPI
     provider: str = "mock"
+
+
+@dataclass(frozen=True)
+class CloudChapter:
+    """A chapter of its own, played while inference serves from the cloud under the client's
+    load (e.g. ``helm upgrade`` of the installed chart), its row judged like every other.
+
+    ``run`` is awaited after the chapter "on the cloud"; then the client sends
+    :data:`CHAPTER_REQUESTS` more before the chapter ends. Training holds the node's GPUs until
+    ``run`` returns, and the story ends it then (deletes the Job): the way back cannot begin
+    during the chapter, however long ``run`` takes."""
+
+    name: str
+    run: Callable[[], Awaitable[None]]
+
+
+#: with a CloudChapter, training sleeps this long: until the story ends it, in effect
+TRAINING_HELD_SECONDS = 3600
 
 
 @dataclass
@@ -337,13 +365,15 @@ async def play_real_story(*, kube: KubeClient, cluster: LocalCluster, node: Real
                           companion_kubeconfig: Path | None = None,
                           installed: InstalledChart | None = None,
                           say: Callable[[str], None] = lambda _: None,
-                          prewarm: bool = False) -> RealStory:
+                          prewarm: bool = False,
+                          on_the_cloud: CloudChapter | None = None) -> RealStory:
     """The story in ``namespace`` (which exists), with the node, a mock cloud, the provider
     and the companion: started here as local processes (with their kubeconfigs), or, with
     ``installed``, the pods of a release of the chart. Everything it starts or changes is
     undone before it returns. With ``prewarm`` the gang goes through Kueue (running beside
     ``cluster``) and the pre-warm AdmissionCheck: inference surges onto the cloud before the
-    gang is admitted."""
+    gang is admitted. With ``on_the_cloud``, its chapter follows "on the cloud" (see
+    :class:`CloudChapter`)."""
     if installed is None and (provider_kubeconfig is None or companion_kubeconfig is None):
         raise ValueError("without an installed chart the story needs the provider's and the "
                          "companion's kubeconfigs")
@@ -457,7 +487,9 @@ async def play_real_story(*, kube: KubeClient, cluster: LocalCluster, node: Real
         await log.mark("way out")
         await kube.create(f"/apis/batch/v1/namespaces/{namespace}/jobs",
                           training_job(node=node.name, priority_class=high,
-                                       queue="training" if prewarm else None))
+                                       queue="training" if prewarm else None,
+                                       seconds=TRAINING_HELD_SECONDS if on_the_cloud
+                                       else TRAINING_SECONDS))
         await eventually(lambda: _inference(kube, namespace), timeout=120,
                          until=lambda ps: _all_ready_on(ps, virtual),
                          what="inference Ready on the cloud")
@@ -479,9 +511,22 @@ async def play_real_story(*, kube: KubeClient, cluster: LocalCluster, node: Real
         await log.mark("on the cloud")
         await log.wait_requests(CHAPTER_REQUESTS, what="load on the cloud")
 
-        say(f"the way back: training ends after {TRAINING_SECONDS}s, the companion brings "
-            "inference home make-before-break")
-        await log.mark("way back")
+        if on_the_cloud is not None:
+            say(f"{on_the_cloud.name}, while inference serves from the cloud")
+            await log.mark(on_the_cloud.name)
+            t1 = time.monotonic()
+            await on_the_cloud.run()
+            story.timings[on_the_cloud.name] = time.monotonic() - t1
+            await log.wait_requests(CHAPTER_REQUESTS, what=f"load after {on_the_cloud.name}")
+            say("the way back: training ends (its Job deleted), the companion brings "
+                "inference home make-before-break")
+            await log.mark("way back")
+            await kube.delete(f"/apis/batch/v1/namespaces/{namespace}/jobs/training",
+                              propagation="Background")
+        else:
+            say(f"the way back: training ends after {TRAINING_SECONDS}s, the companion brings "
+                "inference home make-before-break")
+            await log.mark("way back")
         await eventually(lambda: _inference(kube, namespace), timeout=180, interval=0.5,
                          until=lambda ps: _all_ready_on(ps, node.name),
                          what="every replica back on the real node and Ready")
@@ -530,8 +575,10 @@ async def run_real_demo(*, keep: bool = False, kueue: bool | None = None) -> int
                 sys.stderr.write(f"vkprovider demo --real-node: error: --kueue: {exc}\n")
                 return 1
             sys.stdout.write(f"Kueue not found ({exc}): the way out by plain preemption\n")
-    if os.geteuid() != 0:
-        sys.stderr.write("vkprovider demo --real-node: error: the real node needs root\n")
+    try:
+        bins = await asyncio.to_thread(preflight)
+    except RealNodeError as exc:
+        sys.stderr.write(f"vkprovider demo --real-node: error: {one_line(str(exc))}\n")
         return 1
 
     def say(text: str) -> None:
@@ -545,7 +592,7 @@ async def run_real_demo(*, keep: bool = False, kueue: bool | None = None) -> int
     try:
         await cluster.start()
         say("control plane up; starting a real node (kubelet, containerd, kube-proxy)")
-        node = RealNode(cluster=cluster)
+        node = RealNode(cluster=cluster, bin_dir=bins)
         await node.start()
         say(f"real node {node.name} Ready in {node.timings['ready']:.1f}s")
         if home is not None:

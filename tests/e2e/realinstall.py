@@ -24,6 +24,7 @@ from vkprovider.kube.errors import NotFoundError
 from vkprovider.testing.cluster import LocalCluster
 from vkprovider.testing.harness import MockCloudAPI
 from vkprovider.testing.realnode import TOLERATION, RealNode, find_image_archive, find_kubectl
+from vkprovider.testing.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "vkprovider"
@@ -89,6 +90,38 @@ async def lease_holder(kube: KubeClient, namespace: str, lease: str) -> str | No
 
 def component(name: str) -> str:
     return f"app.kubernetes.io/component={name}"
+
+
+async def upgrade_with_a_new_leader(kube: KubeClient, cluster: LocalCluster, *, release: str,
+                                    namespace: str, virtual_node: str,
+                                    sets: list[str]) -> tuple[list[Obj], list[Obj]]:
+    """``helm upgrade --reuse-values`` with ``sets`` (``--set`` each; a changed setting of each
+    process's config rolls both Deployments by their checksum/config), then: two new provider
+    pods Ready, no companion pod of before, a new provider pod holding the Lease (the hand-over),
+    the virtual node Ready. Returns the new provider and companion pods."""
+    before = [*await pods(kube, namespace, component("virtual-kubelet")),
+              *await pods(kube, namespace, component("companion"))]
+    old = {p["metadata"]["name"] for p in before}
+    lease = f"vkprovider-{virtual_node}"
+    leader = await lease_holder(kube, namespace, lease)
+    assert leader in old, (leader, old)
+    done = await helm(cluster, "upgrade", release, str(CHART), "--namespace", namespace,
+                      "--reuse-values", *(a for s in sets for a in ("--set", s)),
+                      "--wait", "--timeout", "8m")
+    assert done.returncode == 0, done.stdout + done.stderr
+    providers = await eventually(
+        lambda: pods(kube, namespace, component("virtual-kubelet")),
+        until=lambda ps: len(ps) == 2 and all(ready(p) for p in ps)
+        and not {p["metadata"]["name"] for p in ps} & old, timeout=180,
+        what="two new provider pods Ready")
+    companions = await pods(kube, namespace, component("companion"))
+    assert companions and not {p["metadata"]["name"] for p in companions} & old, companions
+    names = {p["metadata"]["name"] for p in providers}
+    await eventually(lambda: lease_holder(kube, namespace, lease), until=lambda h: h in names,
+                     timeout=120, what="a new provider pod leads")
+    await eventually(lambda: node_ready(kube, virtual_node), timeout=120,
+                     what=f"{virtual_node} Ready after the hand-over")
+    return providers, companions
 
 
 async def import_project_image(real_node: RealNode, timings: dict[str, float]) -> str:

@@ -54,6 +54,7 @@ from .realinstall import (
     print_release,
     ready,
     real_node_values,
+    upgrade_with_a_new_leader,
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1200)]
@@ -158,30 +159,16 @@ async def test_helm_install_on_a_real_node_bursts_to_the_mock_cloud_and_uninstal
         checksums = {p["metadata"]["annotations"]["checksum/config"]
                      for p in [*providers, *companions]}
         t3 = time.monotonic()
-        done = await helm(local_cluster, "upgrade", release, str(CHART), "--namespace",
-                          namespace, "--reuse-values", "--set", "companion.intervalSeconds=3",
-                          "--set", "provider.settings.pods.workers=32", "--wait",
-                          "--timeout", "8m")
-        assert done.returncode == 0, done.stdout + done.stderr
-        new_providers = await eventually(
-            lambda: pods(kube, namespace, component("virtual-kubelet")),
-            until=lambda ps: len(ps) == 2 and all(ready(p) for p in ps)
-            and not {p["metadata"]["name"] for p in ps} & old, timeout=180,
-            what="two new provider pods Ready")
-        new_companions = await pods(kube, namespace, component("companion"))
-        assert not {p["metadata"]["name"] for p in new_companions} & old
+        new_providers, new_companions = await upgrade_with_a_new_leader(
+            kube, local_cluster, release=release, namespace=namespace, virtual_node=vnode,
+            sets=["companion.intervalSeconds=3", "provider.settings.pods.workers=32"])
+        assert not {p["metadata"]["name"] for p in [*new_providers, *new_companions]} & old
         for pod in [*new_providers, *new_companions]:
             assert pod["metadata"]["annotations"]["checksum/config"] not in checksums
         assert [p["metadata"]["name"] for p in await pods(kube, namespace,
                                                           component("mock-cloud"))] == [
             clouds[0]["metadata"]["name"]]
-        names = {p["metadata"]["name"] for p in new_providers}
-        await eventually(lambda: lease_holder(kube, namespace, f"vkprovider-{vnode}"),
-                         until=lambda h: h in names, timeout=120,
-                         what="a new provider pod leads")
         timings["helm upgrade to new leader"] = time.monotonic() - t3
-        await eventually(lambda: node_ready(kube, vnode), timeout=120,
-                         what=f"{vnode} Ready after the hand-over")
         after = await pods(kube, namespace, "app=burst")
         assert [(p["metadata"]["name"], p["status"].get("phase")) for p in after] == [
             (burst_name, "Running")]

@@ -10,7 +10,10 @@ address table anywhere.
 Played twice with local processes (the provider, companion and mock cloud started by the story),
 and once with the installed chart: ``helm install`` on the real node from the project's image
 (:mod:`.realinstall`), the provider (2 replicas, leader election), the companion (2) and the
-mock cloud as pods, the way out through real Kueue with the pre-warm check. The host asks the
+mock cloud as pods, the way out through real Kueue with the pre-warm check, and, while the cloud
+replicas serve, ``helm upgrade`` of a changed config of both processes: both Deployments roll, a
+new provider pod takes the lead, and the client's requests in that chapter fail none. The host
+asks the
 mock cloud pod for its instances at its pod IP (the host routes the node's pod range); the
 provider pod reaches the mock cloud by its Service's name and the API server through the
 ``kubernetes`` Service, as in the install test.
@@ -27,7 +30,14 @@ import pytest
 
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError
-from vkprovider.realdemo import MEASURED, REPLICAS, InstalledChart, RealStory, play_real_story
+from vkprovider.realdemo import (
+    MEASURED,
+    REPLICAS,
+    CloudChapter,
+    InstalledChart,
+    RealStory,
+    play_real_story,
+)
 from vkprovider.testing.cluster import LocalCluster
 from vkprovider.testing.kueue import KueueManager
 from vkprovider.testing.realnode import RealNode
@@ -41,6 +51,7 @@ from .realinstall import (
     node_ready,
     print_release,
     real_node_values,
+    upgrade_with_a_new_leader,
 )
 
 pytestmark = pytest.mark.cluster
@@ -50,16 +61,19 @@ async def play(*, prewarm: bool, real_node: RealNode, local_cluster: LocalCluste
                kube: KubeClient, namespace: str, tmp_path: Path,
                provider_kubeconfig: Path | None = None,
                companion_kubeconfig: Path | None = None,
-               installed: InstalledChart | None = None) -> RealStory:
+               installed: InstalledChart | None = None,
+               on_the_cloud: CloudChapter | None = None) -> RealStory:
     story = await play_real_story(kube=kube, cluster=local_cluster, node=real_node,
                                   namespace=namespace, provider_kubeconfig=provider_kubeconfig,
                                   companion_kubeconfig=companion_kubeconfig, work_dir=tmp_path,
-                                  installed=installed, say=print, prewarm=prewarm)
+                                  installed=installed, say=print, prewarm=prewarm,
+                                  on_the_cloud=on_the_cloud)
     print(f"\nthe story over kube-proxy{' (Kueue pre-warm)' if prewarm else ''}"
           f"{' with the installed chart' if installed else ''}, the client "
           f"pod's counts:\n{story.table()}\ntimings {story.timings}")
-    assert [r.chapter for r in story.rows] == ["inside", "way out", "on the cloud",
-                                               "way back", "home"]
+    assert [r.chapter for r in story.rows] == [
+        "inside", "way out", "on the cloud", *([on_the_cloud.name] if on_the_cloud else []),
+        "way back", "home"]
     # the client failed nothing in any chapter; by plain preemption the way out is measured,
     # not judged (the replicas may go before their cloud replacements serve)
     assert all(r.failed == 0 for r in story.rows if prewarm or r.chapter != MEASURED), \
@@ -103,7 +117,10 @@ async def test_the_story_with_the_installed_chart_fails_no_request(
         kube: KubeClient, namespace: str, tmp_path: Path) -> None:
     """``helm install`` of the chart on the real node (the project's image), then overflow, the
     Kueue pre-warm way out and move-back played by the release's pods: every chapter judged,
-    the cloud replicas counted by their servers, and the mock cloud pod left with no instance."""
+    the cloud replicas counted by their servers, and the mock cloud pod left with no instance.
+    While the cloud replicas serve, ``helm upgrade`` (a changed setting of each process's
+    config, ``--wait``) rolls both Deployments and hands the provider's lead to a new pod: the
+    client's requests in that chapter fail none, and only the cloud replicas answer them."""
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     image = await import_project_image(real_node, timings)
@@ -130,11 +147,26 @@ async def test_the_story_with_the_installed_chart_fails_no_request(
                          what=f"virtual node {vnode} Ready")
         timings["install to virtual node Ready"] = time.monotonic() - t1
         cloud = await mock_cloud_api(kube, real_node, namespace)
+
+        async def upgrade() -> None:
+            """``helm upgrade`` of a changed setting of each process: both Deployments roll,
+            a new provider pod takes the lead, the virtual node stays Ready."""
+            await upgrade_with_a_new_leader(
+                kube, local_cluster, release=release, namespace=namespace, virtual_node=vnode,
+                sets=["companion.moveBackIntervalSeconds=2", "provider.settings.pods.workers=32"])
+
         t2 = time.monotonic()
         story = await play(prewarm=True, real_node=real_node, local_cluster=local_cluster,
                            kube=kube, namespace=namespace, tmp_path=tmp_path,
-                           installed=InstalledChart(virtual_node=vnode, cloud=cloud))
+                           installed=InstalledChart(virtual_node=vnode, cloud=cloud),
+                           on_the_cloud=CloudChapter(name="helm upgrade", run=upgrade))
         timings["the story"] = time.monotonic() - t2
+        timings["helm upgrade to new leader"] = story.timings["helm upgrade"]
+        # the upgrade's chapter: the client's load ran across it (failing none, judged in
+        # play) and only the cloud replicas answered it
+        during = story.row("helm upgrade")
+        assert during.failed == 0 and during.by_replica, story.table()
+        assert set(during.by_replica) <= set(story.served), story.table()
         # the mock cloud pod's own word: an instance for each cloud replica that served (the
         # pre-warm surge, which stayed), every one deleted
         ledger = await cloud.ledger()

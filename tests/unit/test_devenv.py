@@ -28,18 +28,21 @@ from vkprovider.config import Settings, load_settings
 from vkprovider.devenv import (
     DEFAULT_INVENTORY,
     NODE,
+    REAL_NODE,
     DevEnv,
     DevEnvError,
     DevOptions,
     example_deployment,
     offers,
+    real_pod_command,
     run_dev_up,
     shown_path,
     try_it,
     write_private,
 )
 from vkprovider.storyreport import Narrator
-from vkprovider.testing.cluster import REPO_ROOT
+from vkprovider.testing import realnode
+from vkprovider.testing.cluster import REPO_ROOT, Component
 from vkprovider.testing.harness import MockCloudProcess
 
 PAGE = (REPO_ROOT / "docs" / "quickstart.md").read_text()
@@ -139,6 +142,43 @@ def test_bad_dev_up_flags_are_one_line_before_anything_starts(
         assert word in err, err
 
 
+def test_real_node_flag_and_the_real_pod_it_offers() -> None:
+    assert cli.build_parser().parse_args(["dev", "up", "--real-node"]).real_node is True
+    assert cli.build_parser().parse_args(["dev", "up"]).real_node is False
+    plain = try_it(kubeconfig="k", options=DevOptions(), deployment="d.yaml", policy="p.yaml")
+    assert "kubectl run" not in plain
+    text = try_it(kubeconfig="k", options=DevOptions(real_node=True, cluster_only=True),
+                  deployment="d.yaml", policy="p.yaml")
+    assert printed_commands(text) == [
+        "export KUBECONFIG=k", "kubectl get nodes", real_pod_command(),
+        "kubectl wait --for=condition=Ready pod/hello --timeout=60s",
+        "kubectl exec hello -- uname -n", "kubectl delete pod hello --wait=false"]
+    # the imported image, never pulled, on the real node by name
+    assert f"--image={realnode.BUSYBOX_IMAGE} --image-pull-policy=Never" in real_pod_command()
+    assert f'"nodeName": "{REAL_NODE}"' in real_pod_command()
+
+
+@pytest.mark.parametrize(("root", "words"), [
+    (False, ["needs root", "sudo"]),
+    (True, ["lacks kubelet, kube-proxy, pause"]),
+])
+async def test_dev_up_real_node_without_root_or_a_piece_is_one_line_before_anything_starts(
+        root: bool, words: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(realnode.os, "geteuid", lambda: 0 if root else 1000)
+    monkeypatch.setattr(realnode, "_missing_host_tools", lambda: [])
+    monkeypatch.setenv("VKP_NODE_BIN", str(tmp_path))  # an empty folder: no node binaries
+    code = await run_dev_up(options=DevOptions(real_node=True), signals=())
+    assert code == 1
+    captured = capsys.readouterr()
+    assert captured.err.startswith("vkprovider dev up: error: --real-node: ")
+    assert captured.err.count("\n") == 1, captured.err
+    for word in words:
+        assert word in captured.err, captured.err
+    assert "control plane" not in captured.out  # nothing started
+    assert captured.out.splitlines()[-1] == "stopped; nothing left running."
+
+
 # ---- a start that fails, a process that dies ----------------------------------------------------
 
 
@@ -157,20 +197,36 @@ async def test_a_failed_start_says_why_leaves_nothing_and_exits_1(
     assert not out.exists()
 
 
-def test_a_process_that_dies_while_up_is_reported_with_its_log(tmp_path: Path) -> None:
-    env = DevEnv(options=DevOptions(), narrator=Narrator(quiet=True))
+def died(comp: Component, *, last_words: str) -> None:
+    """``comp`` as a process that logged ``last_words`` and exited with status 3."""
+    comp.log_path.write_text(f"{last_words}\n")
+    comp.process = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    comp.process.wait()
+
+
+@pytest.mark.parametrize("which", ["mock cloud", "real node's kubelet"])
+def test_a_process_that_dies_while_up_is_reported_with_its_log(which: str,
+                                                                tmp_path: Path) -> None:
+    env = DevEnv(options=DevOptions(real_node=which != "mock cloud"),
+                 narrator=Narrator(quiet=True))
+    node = None
     try:
-        cloud = MockCloudProcess(work_dir=tmp_path, name="mock")
-        cloud.component.log_path.write_text("boom: the last words\n")
-        cloud.component.process = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
-        cloud.component.process.wait()
-        env.cloud = cloud
-        with pytest.raises(DevEnvError, match=r"mock-cloud-mock exited with status 3"
+        if which == "mock cloud":
+            cloud = env.cloud = MockCloudProcess(work_dir=tmp_path, name="mock")
+            comp, name = cloud.component, "mock-cloud-mock"
+        else:
+            node = env.node = realnode.RealNode(cluster=env.cluster, name=REAL_NODE)  # not started
+            comp = node.components["kubelet"] = Component(
+                name="node-kubelet", argv=["kubelet"], log_path=tmp_path / "kubelet.log")
+            name = f"{REAL_NODE}'s node-kubelet"
+        died(comp, last_words="boom: the last words")
+        with pytest.raises(DevEnvError, match=rf"{re.escape(name)} exited with status 3"
                                               r"(?s:.*)boom: the last words"):
             env.check()
     finally:
         env.stop()
     assert not env.work.exists()
+    assert node is None or not node.work_dir.exists()
 
 
 # ---- the lab network: one address map for the fake kubelet, the mock cloud and the provider ----

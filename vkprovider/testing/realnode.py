@@ -151,6 +151,22 @@ def find_node_binaries() -> Path:
     return folder
 
 
+def preflight(*, bin_dir: Path | None = None) -> Path:
+    """Whether this process can start a real node, before anything starts: root (containerd,
+    network namespaces, cgroups), the host tools (installed when missing) and the node
+    binaries (``bin_dir``, else built or cached); returns the binaries' folder. A
+    :class:`RealNodeError` of one line says what is missing."""
+    if os.geteuid() != 0:
+        raise RealNodeError("a real node needs root (containerd, network namespaces, cgroups): "
+                            "run it with sudo")
+    ensure_host_tools()
+    folder = bin_dir or find_node_binaries()
+    missing = [b for b in NODE_BINARIES if not (folder / b).is_file()]
+    if missing:
+        raise RealNodeError(f"{folder} lacks {', '.join(missing)}")
+    return folder
+
+
 def find_kubectl() -> Path:
     """kubectl of the control plane's version: ``VKP_KUBECTL_BIN``'s, else tools/kubectl's build."""
     folder = os.environ.get("VKP_KUBECTL_BIN")
