@@ -89,6 +89,7 @@ from vkprovider.testing.harness import (
 TOLERATION = {"key": "virtual-kubelet.io/provider", "operator": "Equal", "value": "vkprovider",
               "effect": "NoSchedule"}
 WRITE_VERBS = {"POST", "PUT", "PATCH", "DELETE", "APPLY"}
+READ_VERBS = {"GET", "LIST", "WATCH"}
 CREATE_CONCURRENCY = 32
 WORKERS = PodSettings().workers  # the provider's default; the Go node gets as many
 WARM_UP_PODS = 1000  # created and deleted before anything is measured (warm_up)
@@ -99,8 +100,18 @@ Writes = dict[tuple[str, str, str], float]
 
 async def write_counts(kube: KubeClient) -> tuple[Writes, float]:
     """API server writes by (verb, resource, subresource), and how many of all were not 2xx."""
+    writes, _, failed = await request_counts(kube)
+    return writes, failed
+
+
+async def request_counts(kube: KubeClient) -> tuple[Writes, Writes, float]:
+    """API server writes and reads (GET, LIST, WATCH) by (verb, resource, subresource), and how
+    many writes were not 2xx. Reads are counted too: a system that reads more (a LIST per pod,
+    a watch re-opened) loads the API server and etcd, and the watch delivery to every client
+    with them, without writing more."""
     text = (await kube.request("GET", "/metrics"))["text"]
     out: Writes = {}
+    reads: Writes = {}
     failed = 0.0
     for family in text_string_to_metric_families(text):
         if family.name != "apiserver_request":
@@ -109,13 +120,15 @@ async def write_counts(kube: KubeClient) -> tuple[Writes, float]:
             if not sample.name.endswith("_total"):
                 continue
             verb = sample.labels.get("verb", "")
-            if verb not in WRITE_VERBS:
-                continue
             key = (verb, sample.labels.get("resource", ""), sample.labels.get("subresource", ""))
+            if verb not in WRITE_VERBS:
+                if verb in READ_VERBS:
+                    reads[key] = reads.get(key, 0.0) + sample.value
+                continue
             out[key] = out.get(key, 0.0) + sample.value
             if not sample.labels.get("code", "").startswith("2"):
                 failed += sample.value
-    return out, failed
+    return out, reads, failed
 
 
 async def apiserver_writes(kube: KubeClient) -> Writes:
@@ -473,17 +486,19 @@ class Reading:
     control_plane_cpu: float
     bench_cpu: float
     writes: Writes
+    reads: Writes
     failed_writes: float
 
 
 async def reading(*, kube: KubeClient, system: System,
                   control_plane: tuple[int, ...] = ()) -> Reading:
-    writes, failed = await write_counts(kube)
+    writes, reads, failed = await request_counts(kube)
     helper = system.helper_pid()
     return Reading(at=time.time(), cpu=proc_usage(system.pid())[1],
                    helper_cpu=0.0 if helper is None else proc_usage(helper)[1],
                    control_plane_cpu=sum(proc_usage(pid)[1] for pid in control_plane),
-                   bench_cpu=time.process_time(), writes=writes, failed_writes=failed)
+                   bench_cpu=time.process_time(), writes=writes, reads=reads,
+                   failed_writes=failed)
 
 
 async def burst_phase(*, kube: KubeClient, system: System, ns: str, n: int, watch: PodWatch,
@@ -541,6 +556,11 @@ def result_row(*, system: System, n: int, watch: PodWatch, start: Reading, at_ru
         "non_2xx_writes_lifecycle": end.failed_writes - start.failed_writes,
         "apiserver_writes_by_kind_to_running": by_kind_running,
         "apiserver_writes_by_kind_lifecycle": by_kind,
+        # every client's reads (the bench's own watch and metric scrapes among them)
+        "apiserver_reads_by_kind_to_running": {
+            f"{v} {r}{'/' + s if s else ''}": c for (v, r, s), c in sorted(
+                (k, at_running.reads[k] - start.reads.get(k, 0.0)) for k in at_running.reads)
+            if c > 0},
     }
 
 
@@ -764,6 +784,9 @@ def render(*, info: dict[str, Any], results: list[dict[str, Any]], load: tuple[f
         lines.append(f"{r['system']}, {r['pods']} pods: writes by kind over the lifecycle: "
                      f"{r['apiserver_writes_by_kind_lifecycle']}, of which not 2xx (mostly 404 on "
                      f"pods already gone): {r['non_2xx_writes_lifecycle']:g}")
+    for r in results:
+        lines.append(f"{r['system']}, {r['pods']} pods: reads by kind to all Running (every "
+                     f"client): {r.get('apiserver_reads_by_kind_to_running', {})}")
     if len({(r["system"], r["pods"]) for r in results}) < len(results):
         lines += ["", "medians over the repeated runs (each round alternates which system goes "
                   "first):", medians(results)]

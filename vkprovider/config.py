@@ -314,6 +314,8 @@ class GatewaySettings(_Frozen):
     map_dir: str = "/var/lib/haproxy/maps"
     auth_headers: tuple[str, ...] = ("Salad-Api-Key",)
     reconcile_seconds: float = Field(default=1.0, gt=0)
+    # how long one Runtime API command may take before the gateway pod counts as unreachable
+    runtime_timeout_seconds: float = Field(default=5.0, gt=0)
     runtime_tls: GatewayRuntimeTLSSettings | None = None
     pods: GatewayPodsSettings | None = None  # discovered gateway pods (besides instances)
 

@@ -251,6 +251,10 @@ async def _serve(*, settings: Settings, client: KubeClient, providers: dict[str,
         gateway.edge_key = edge_keys
         gateway.traffic_of = lambda uid: _traffic(controller, uid, source)
         gateway.on_change = slices.refresh
+        gateway.on_programmed = slices.resync  # endpoints turn ready once served (no polling)
+        # traffic: gateway sends an IP:port replica's traffic to its cloud's TLS edge where it
+        # has one (node/slicebodies.py): its probes go there too
+        controller.replicas.via_edge = lambda uid: gateway.traffic_of(uid) == "gateway"
         # a policy's traffic changed: its replicas are re-routed now (docs/traffic.md)
         controller.on_policy_change = traffic_watch(
             modes=lambda: {n: p.spec.traffic for n, p in controller.gate.parsed().items()},

@@ -90,8 +90,10 @@ async def objects(cluster_objects: Cluster) -> Cluster:
     return cluster_objects
 
 
-def moveback_policy(name: str, namespace: str, **move_back: Any) -> dict[str, Any]:
-    body = policy(name, namespace=namespace, app="inference", providers=["cloud0", "cloud1"])
+def moveback_policy(name: str, namespace: str, *,
+                    providers: Sequence[str] = ("cloud0", "cloud1"),
+                    **move_back: Any) -> dict[str, Any]:
+    body = policy(name, namespace=namespace, app="inference", providers=list(providers))
     body["spec"]["moveBack"] = {"enabled": True, "stableFor": "2s", "maxConcurrent": 2,
                                 "cooldown": "5s", "timeout": "60s", **move_back}
     return body
@@ -104,16 +106,25 @@ async def overflow_then_free(
     before_preemption: Callable[[], Awaitable[None]] | None = None,
     overflow_after: str = "0s", companion_args: Sequence[str] = (),
     crash_after_write: int = 0,
+    start: Callable[[], Awaitable[None]] | None = None, providers: Sequence[str] = (),
+    template: dict[str, Any] | None = None,
+    before_freeing: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[list[str], ReadyWatcher]:
     """Inference inside; training preempts it onto the clouds; returns once all serve there and
     the watcher is armed, and only then ends the training (its pods Succeeded, the GPUs free):
     no move can start before the watcher samples, however slow the machine (a fixed training
     time was either idle waiting or, on a loaded machine, a move the watcher partly missed).
 
-    ``container`` adds to the inference container (ports, probes, env); ``before_preemption``
-    runs once inference is Running inside, before the training Job is created."""
+    ``container`` adds to the inference container (ports, probes, env) and ``template`` to its
+    pod spec; ``before_preemption`` runs once inference is Running inside, before the training
+    Job is created; ``before_freeing`` once it serves from the clouds (the watcher armed), before
+    the training ends. ``start`` starts the provider and its clouds (``providers``, the policy's)
+    instead of two plain mock clouds; its virtual node must carry the pool label."""
     internal = await gpu_nodes.create(count=1, gpus=replicas)
-    await system.start(clouds=2, node_labels={"vkprovider.io/pool": namespace})
+    if start is not None:
+        await start()
+    else:
+        await system.start(clouds=2, node_labels={"vkprovider.io/pool": namespace})
     assert system.provider is not None
     from vkprovider.testing.harness import CompanionProcess
 
@@ -131,12 +142,14 @@ async def overflow_then_free(
         await objects.create(PRIORITY, {"apiVersion": "scheduling.k8s.io/v1",
                                         "kind": "PriorityClass", "metadata": {"name": name},
                                         "value": value})
-    body = moveback_policy(f"mb-{tag}", namespace)
+    body = moveback_policy(f"mb-{tag}", namespace, **({"providers": providers} if providers
+                                                       else {}))
     body["spec"]["overflowAfter"] = overflow_after
     await objects.create(POLICIES, body)
     deployment = gpu_deployment("inference", replicas=replicas, pool=namespace,
                                 priority_class=low)
     deployment["spec"]["template"]["spec"]["containers"][0].update(container or {})
+    deployment["spec"]["template"]["spec"].update(template or {})
     await kube.create(f"/apis/apps/v1/namespaces/{namespace}/deployments", deployment)
     if hpa:
         await kube.create(f"/apis/autoscaling/v2/namespaces/{namespace}/horizontalpodautoscalers", {
@@ -178,6 +191,8 @@ async def overflow_then_free(
     watcher = ReadyWatcher(kube, dep_path)
     watcher.start()
     await watcher.fresh()
+    if before_freeing is not None:
+        await before_freeing()
     assert INTENT not in ((await kube.get(dep_path))["metadata"].get("annotations") or {}), \
         "a move started before the training ended"
     training = await eventually(lambda: pods(kube, namespace, "training"), timeout=60,

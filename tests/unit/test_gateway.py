@@ -11,6 +11,7 @@ restarted HAProxy, and refuses an edge whose certificate does not match.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import ssl
 from collections.abc import AsyncIterator
@@ -230,6 +231,50 @@ async def test_reconcile_removes_unplanned_and_reprograms_a_restarted_haproxy(
     assert routes_map == {a.backend: "pod-a/8000"}
 
 
+class _Recording(RuntimeClient):
+    """The real Runtime API client, remembering the commands it sent (their first words)."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(address=address)
+        self.sent: list[str] = []
+
+    async def command(self, line: str) -> str:
+        self.sent.append(" ".join(line.split()[:3]))
+        return await super().command(line)
+
+
+async def test_a_replaced_server_is_deleted_only_once_its_successor_serves(
+        tmp_path: Path, lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
+    """An edge that moved (its name resolves elsewhere now) gets a new server: the listener is
+    never without one, so no request in between gets HAProxy's 503."""
+    gateway, edge_server, ca = lab
+    pair = ca.issue(stem="moved", common_name="*.edge.example.com", server=True,
+                    hosts=("*.edge.example.com",))
+    moved = Edge(cert=pair.cert, key=pair.key)
+    await moved.start()
+    try:
+        client = _Recording(str(gateway.layout.socket))
+        planner = Planner(first_port=gateway.layout.first_port, count=gateway.layout.count)
+        old, _ = planner.plan([edge("pod-a", dial_port=edge_server.port)])
+        await reconcile(client=client, layout=gateway.layout,
+                        desired=[Programmed(route=r) for r in old.values()])
+        new, _ = planner.plan([edge("pod-a", dial_port=moved.port)])
+        (route,) = new.values()
+        client.sent.clear()
+        result = await reconcile(client=client, layout=gateway.layout,
+                                 desired=[Programmed(route=route)])
+        assert (result.added, result.deleted) == (1, 1)
+        backend = route.backend
+        assert client.sent.index(f"add server {backend}/{route.server}") < client.sent.index(
+            f"set server {backend}/{old[('pod-a', 8000)].server}"), client.sent
+        assert (await get(gateway.url(route.port))).status_code == 200
+        assert moved.connections >= 1
+        assert [s.name for s in await gateway.client.servers()
+                if s.backend == backend] == [route.server]
+    finally:
+        moved.close()
+
+
 async def test_edge_with_a_certificate_for_another_name_is_refused(
         lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
     gateway, edge_server, _ = lab
@@ -291,21 +336,127 @@ SERVICE = {"metadata": {"name": "web", "namespace": "ns", "uid": "svc"},
 
 @pytest.mark.parametrize("mode", ["auto", "gateway"])
 def test_a_hostname_only_replica_is_the_gateway_pods_address_and_port(mode: str) -> None:
+    """The route is allocated at once, but no pass has programmed it yet (this router's
+    gateway is never reached): the endpoint is there, neither ready nor serving, even for a
+    Service that publishes not-ready addresses (the gateway's listener would answer 503)."""
     from vkprovider.node.endpointslices import build_slices
     router = _router(mode)
-    slices, unroutable = build_slices(service=SERVICE, node="vk", pods=[_hostname_pod()],
-                                      gateway=router)
-    assert unroutable == []
-    (body,) = slices.values()
-    assert body["addressType"] == "IPv4"
-    assert body["ports"] == [{"name": "http", "protocol": "TCP", "port": 20000}]
-    (endpoint,) = body["endpoints"]
-    assert endpoint["addresses"] == ["10.0.9.1"]
-    assert endpoint["conditions"] == {"ready": True, "serving": True, "terminating": False}
+    for publish_not_ready in (False, True):
+        service = {**SERVICE, "spec": {**SERVICE["spec"],
+                                       "publishNotReadyAddresses": publish_not_ready}}
+        slices, unroutable = build_slices(service=service, node="vk", pods=[_hostname_pod()],
+                                          gateway=router)
+        assert unroutable == []
+        (body,) = slices.values()
+        assert body["addressType"] == "IPv4"
+        assert body["ports"] == [{"name": "http", "protocol": "TCP", "port": 20000}]
+        (endpoint,) = body["endpoints"]
+        assert endpoint["addresses"] == ["10.0.9.1"]
+        assert endpoint["conditions"] == {"ready": False, "serving": False,
+                                          "terminating": False}
     assert endpoint["targetRef"]["uid"] == "p1"
     route = router._routes[("p1", 8080)]
     assert (route.edge.host, route.edge.port, route.edge.auth_header) == (
         "p1-8080.edge.example.com", 443, "Salad-Api-Key")
+
+
+def _drain_queue(ctl: Any) -> Any:
+    """Reconcile every Service the EndpointSlice controller has queued (its workers' job)."""
+
+    async def run() -> None:
+        while len(ctl.queue):
+            key = await ctl.queue.get()
+            try:
+                await ctl.reconcile(key)
+            finally:
+                ctl.queue.done(key)
+
+    return run()
+
+
+async def test_a_gateway_endpoint_turns_ready_only_once_a_pass_programmed_its_route(
+        lab: tuple[HAProxyProcess, Edge, CertificateAuthority],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 38's gateway must lose no request to a route it has not programmed: the slice
+    holds the replica's gateway endpoint not ready (HAProxy answers 503 there) until a pass has
+    programmed exactly that route into that gateway pod; the pass then tells the EndpointSlice
+    controller, which re-syncs that replica's Service with no other event (no polling). A
+    restarted gateway keeps its endpoints while the next pass re-programs it (no slice churn)."""
+    from test_endpointslices import FakeAPI
+
+    from vkprovider.gateway.controller import GatewayController, GatewayInstance
+    from vkprovider.node.endpointslices import EndpointSliceController
+
+    gateway, edge_server, _ = lab
+
+    async def dial(host: str, port: int) -> tuple[str, int]:
+        return "127.0.0.1", edge_server.port
+
+    router = GatewayController(layout=gateway.layout, dial=dial, instances=[
+        GatewayInstance(address="10.0.9.1", client=gateway.client)])
+    router.mark_synced()
+    await router.reconcile_once()  # a healthy gateway pod, nothing to serve yet
+    api = FakeAPI()
+    slices = EndpointSliceController(client=api, node="vk",  # type: ignore[arg-type]
+                                     gateway=router, batch_seconds=0)
+    slices.running = True
+    told: list[frozenset[str]] = []
+    router.on_programmed = lambda uids: (told.append(uids), slices.resync(uids))[-1]
+    slices.services.store["ns/web"] = SERVICE
+    slices._on_service("ADDED", SERVICE)
+    pod = _hostname_pod("p1")
+    slices.set_pod(namespace=pod.namespace, name=pod.name, uid=pod.uid, labels=pod.label_map,
+                   container_ports=pod.container_ports, endpoints=pod.endpoints)
+    await _drain_queue(slices)
+
+    def endpoint() -> tuple[str, int, dict[str, Any]]:
+        [stored] = api.objects.values()
+        [ep] = stored["endpoints"]
+        return ep["addresses"][0], stored["ports"][0]["port"], ep["conditions"]
+
+    address, port, conditions = endpoint()
+    assert address == "10.0.9.1"
+    assert (conditions["ready"], conditions["serving"]) == (False, False)
+    assert (await get(gateway.url(port))).status_code == 503, "not programmed: why not ready"
+
+    await router.reconcile_once()  # programs the route, then tells the slices
+    assert told == [frozenset({"p1"})]
+    assert len(slices.queue) == 1, "the pass queued the replica's Service"
+    await _drain_queue(slices)
+    assert endpoint() == (address, port, {"ready": True, "serving": True,
+                                          "terminating": False})
+    assert (await get(gateway.url(port))).status_code == 200
+
+    # a restarted gateway (empty memory): its endpoints stay published, and the next pass
+    # (at most gateway.reconcile_seconds later) re-programs it; no slice write either way
+    writes = len(api.log)
+    await gateway.restart()
+    assert (await get(gateway.url(port))).status_code == 503
+    with caplog.at_level("WARNING", logger="vkprovider.gateway.controller"):
+        await router.reconcile_once()
+    assert "gateway pod had lost routes it served; re-programmed" in caplog.messages
+    assert (await get(gateway.url(port))).status_code == 200
+    assert told == [frozenset({"p1"})] and len(slices.queue) == 0 and len(api.log) == writes
+
+
+def test_a_rehomed_replica_is_ready_at_once_at_a_home_that_already_serves_its_route() -> None:
+    """Every pass programs every route into every gateway pod, so when a replica's gateway pod
+    goes unready its new home already serves the route: the endpoint moves there ready. A
+    route changed since the last pass (another edge) is not served as planned anywhere yet."""
+    router = _router(instances=2)
+    pods = [_hostname_pod(f"p{i}") for i in range(8)]
+    routes = {p.uid: router.route(pod_uid=p.uid, target=p.endpoints[0]) for p in pods}
+    # what a successful pass over both gateway pods records (this router reaches none)
+    router._programmed = {i.address: dict(router._routes) for i in router.instances}
+    moved = next(p for p in pods if routes[p.uid][0] == "10.0.9.1")
+    router.set_instances([router.instances[1]])  # 10.0.9.1 is no longer Ready
+    home = router.route(pod_uid=moved.uid, target=moved.endpoints[0])
+    assert home == ("10.0.9.2", routes[moved.uid][1])
+    assert router.is_programmed(pod_uid=moved.uid, container_port=8080, at=home)
+    assert "10.0.9.1" not in router._programmed  # a pod back at that address starts empty
+    other = dataclasses.replace(moved.endpoints[0], host="moved.edge.example.com")
+    assert router.route(pod_uid=moved.uid, target=other) == home
+    assert not router.is_programmed(pod_uid=moved.uid, container_port=8080, at=home)
 
 
 def test_traffic_direct_keeps_the_not_routable_warning() -> None:
@@ -369,6 +520,49 @@ async def test_a_restarted_provider_keeps_the_live_gateway_and_its_ports(
     await second.reconcile_once()
     assert (await get(gateway.url(ports["a"][1]))).status_code == 503  # pruned once synced
     assert (await get(gateway.url(ports["b"][1]))).status_code == 200
+
+
+async def test_a_restarted_provider_counts_the_routes_a_live_gateway_serves_as_programmed(
+        lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
+    """A new provider process must not turn the live gateway's endpoints not ready while it
+    learns the routes again: its first pass (before any replica is told) records the routes the
+    gateway serves (a server in service, a routes map entry), so a replica told afterwards at
+    its adopted port is programmed at once; the next pass that plans it confirms it. A route
+    the gateway does not serve is not."""
+    from vkprovider.gateway.controller import GatewayController, GatewayInstance
+
+    gateway, edge_server, _ = lab
+
+    async def dial(host: str, port: int) -> tuple[str, int]:
+        return "127.0.0.1", edge_server.port
+
+    def controller() -> GatewayController:
+        return GatewayController(layout=gateway.layout, dial=dial, instances=[
+            GatewayInstance(address="10.0.9.1", client=gateway.client)])
+
+    first = controller()
+    first.mark_synced()
+    ports = {uid: first.route(pod_uid=uid, target=_Told(EDGE_NAME, 443)) for uid in ("a", "b")}
+    await first.reconcile_once()
+
+    second = controller()  # the provider restarted: nothing told yet, not synced
+    assert not second.first_pass.is_set()
+    await second.reconcile_once()
+    assert second.first_pass.is_set()
+    for uid in ("b", "a"):
+        routed = second.route(pod_uid=uid, target=_Told(EDGE_NAME, 443))
+        assert routed == ports[uid]
+        assert second.is_programmed(pod_uid=uid, container_port=8000, at=routed)
+    new = second.route(pod_uid="c", target=_Told(EDGE_NAME, 443))
+    assert new is not None and not second.is_programmed(pod_uid="c", container_port=8000,
+                                                        at=new)
+    second.mark_synced()
+    await second.reconcile_once()
+    for uid in ("a", "b", "c"):
+        routed = second.route(pod_uid=uid, target=_Told(EDGE_NAME, 443))
+        assert routed is not None
+        assert second.is_programmed(pod_uid=uid, container_port=8000, at=routed)
+        assert (await get(gateway.url(routed[1]))).status_code == 200
 
 
 async def test_an_unreachable_gateway_pod_is_unhealthy_counted_and_its_replicas_rehomed(
@@ -639,7 +833,9 @@ async def test_a_grpc_unary_call_passes_through_to_an_http2_edge(
 
 # ---- drain: a terminating replica keeps its gateway route until the drain ends ------------------
 
-LONG_EVENTS, LONG_EVERY = 30, 1.0  # a 30 s streamed response (issue 38's acceptance)
+# a 6 s streamed response: the drain's mechanics with a real HAProxy; the acceptance's 30 s
+# stream runs through a real move-back in tests/e2e/test_gateway.py (one 30 s wait in the suite)
+LONG_EVENTS, LONG_EVERY = 12, 0.5
 
 
 class _SliceSink:
@@ -651,25 +847,36 @@ class _SliceSink:
     def __init__(self, router: Any) -> None:
         self.router = router
         self.endpoints: dict[str, list[Any]] = {}
+        self.records: dict[str, Any] = {}
+        router.on_programmed = self.resync  # as the provider wires it (vkprovider/service.py)
 
     def set_pod(self, *, namespace: str, name: str, uid: str, labels: Any,
                 container_ports: Any, endpoints: Any) -> None:
-        from vkprovider.node.endpointslices import PodRecord, endpoints_for
-        record = PodRecord(namespace=namespace, name=name, uid=uid,
-                           labels=tuple(sorted(labels.items())),
-                           container_ports=tuple(container_ports), endpoints=tuple(endpoints))
+        from vkprovider.node.endpointslices import PodRecord
+        self.records[uid] = PodRecord(namespace=namespace, name=name, uid=uid,
+                                      labels=tuple(sorted(labels.items())),
+                                      container_ports=tuple(container_ports),
+                                      endpoints=tuple(endpoints))
+        self.resync([uid])
+
+    def resync(self, uids: Any) -> None:
+        from vkprovider.node.endpointslices import endpoints_for
         service = {**SERVICE, "spec": {**SERVICE["spec"],
                                        "ports": [{"name": "http", "port": 80,
                                                   "targetPort": 8000}]}}
-        self.endpoints[uid], unroutable = endpoints_for(service, record, gateway=self.router)
-        assert unroutable == []
+        for uid in uids:
+            if uid in self.records:
+                self.endpoints[uid], unroutable = endpoints_for(
+                    service, self.records[uid], gateway=self.router)
+                assert unroutable == []
 
     def remove_pod(self, *, uid: str) -> None:
         self.endpoints.pop(uid, None)
+        self.records.pop(uid, None)
         self.router.forget(uid)
 
 
-async def test_a_30s_stream_finishes_through_the_gateway_while_its_replica_drains(
+async def test_a_stream_finishes_through_the_gateway_while_its_replica_drains(
         lab: tuple[HAProxyProcess, Edge, CertificateAuthority]) -> None:
     """The provider's drain path (node/replicas.py) with a real HAProxy: when the pod is
     deleted its gateway endpoint turns terminating (kube-proxy stops choosing it while others

@@ -168,3 +168,36 @@ def test_a_new_process_keeps_a_ready_replica_ready_until_its_probes_say_otherwis
     r2, prober2, _, _ = make()
     r2.running(uid="u1", pod=ready_pod, provider="mock", instance=instance(iid="i-9"))
     assert prober2.assumed is False, "another instance: its probes start from zero"
+
+
+def test_under_traffic_gateway_probes_go_to_the_edge_the_gateway_sends_traffic_to() -> None:
+    """Issue 38, item 5: a replica whose policy says ``traffic: gateway`` and whose cloud
+    offers a TLS edge beside its IP:port (RunPod's proxy) is served through that edge
+    (node/slicebodies.py), so it is probed there too, not at the IP:port no traffic uses; the
+    mode is asked at every probe, so a policy edit moves the probes with the traffic."""
+    r, prober, _, _ = make()
+    gateway = {"u1": True}
+    r.via_edge = lambda uid: gateway.get(uid, False)
+    r.running(uid="u1", pod=pod(), provider="mock", instance=instance())
+    _, target, _ = prober.tracked["u1"]
+    assert target(8000) == ("x.example", 443, "https")
+    gateway["u1"] = False  # the policy says auto again: the IP:port, as the traffic
+    assert target(8000) == ("198.18.0.1", 30000, None)
+    # an IP:port replica with no edge is probed at its IP:port whatever the mode (the gateway
+    # dials that IP:port too)
+    gateway["u2"] = True
+    ip_only = Instance(id="i-2", name="n", provider="mock", state=InstanceState.RUNNING,
+                       published=(PublishedPort(container_port=8000, host="198.18.0.2",
+                                                port=30001, kind="ip"),))
+    r.running(uid="u2", pod=pod(), provider="mock", instance=ip_only)
+    _, target2, _ = prober.tracked["u2"]
+    assert target2(8000) == ("198.18.0.2", 30001, None)
+    # a cloud that lists the edge first: the IP:port still takes the traffic (and the probes)
+    # unless the gateway fronts the replica through the edge
+    edge_first = Instance(id="i-3", name="n", provider="mock", state=InstanceState.RUNNING,
+                          published=tuple(reversed(instance().published)))
+    r.running(uid="u3", pod=pod(), provider="mock", instance=edge_first)
+    _, target3, _ = prober.tracked["u3"]
+    assert target3(8000) == ("198.18.0.1", 30000, None)
+    gateway["u3"] = True
+    assert target3(8000) == ("x.example", 443, "https")

@@ -10,6 +10,13 @@ inside the cluster) and reconciles every gateway pod to the plan:
 the provider's state is the source of truth, and a restarted gateway is re-programmed on the next
 pass (``gateway.reconcile_seconds``). Edge API keys come from ``edge_key`` (the provider's own
 key for its cloud) and are handed to HAProxy only, never logged.
+
+An allocated route is not yet a served one: until a pass has programmed it into the chosen
+gateway pod, that pod's listener answers 503. So the EndpointSlice controller publishes a gateway
+endpoint as ready only when :meth:`GatewayController.is_programmed` says the home's last
+successful pass programmed exactly that route, and each pass ends by telling it
+(``on_programmed``) which replicas' routes were programmed or lost, so it re-syncs just those
+(docs/traffic.md, "When a gateway endpoint turns ready").
 """
 
 from __future__ import annotations
@@ -94,6 +101,9 @@ class GatewayController:
         self.metrics = metrics
         self.planner = Planner(first_port=layout.first_port, count=layout.count)
         self.on_change: Callable[[], None] = lambda: None  # re-homing: slices must be rewritten
+        # after a pass: the pod UIDs whose routes a gateway pod now serves or no longer serves
+        # as planned (their endpoints' readiness may have changed)
+        self.on_programmed: Callable[[frozenset[str]], None] = lambda _uids: None
         # discovery (gateway/discovery.py) calls this with the Ready gateway pods' IPs
         self.discovered: Callable[[list[str]], None] = lambda _addresses: None
         self._edges: dict[RouteKey, EdgeTarget] = {}
@@ -102,10 +112,16 @@ class GatewayController:
         self._dirty = asyncio.Event()
         self._adopted = False
         self.passes = 0
-        # per gateway pod address, the routes its last successful pass programmed (what a
-        # port-forward may dial now), and a pulse at the end of every pass
-        self._programmed: dict[str, dict[RouteKey, int]] = {}
+        # per gateway pod address, the routes (as planned) its last successful pass programmed:
+        # what a slice may publish as ready and a port-forward may dial now (a bare port: a
+        # route a previous provider programmed, found live and left alone until it is told
+        # again after a restart); and a pulse at the end of every pass
+        self._programmed: dict[str, dict[RouteKey, GatewayRoute | int]] = {}
         self._pass_done = asyncio.Event()
+        # Set after the first pass: what the gateway pods serve is known. The EndpointSlice
+        # controller waits for it after a restart, so it does not write not-ready the endpoints
+        # of routes a live gateway serves.
+        self.first_pass = asyncio.Event()
         # Set once the EndpointSlice controller has asked for every route it needs after a
         # start: until then a pass adds and fixes but removes nothing, so a restarted provider
         # does not empty a gateway that serves replicas it has not been told of yet.
@@ -148,6 +164,19 @@ class GatewayController:
             return None
         return instance.address, route.port
 
+    def is_programmed(self, *, pod_uid: str, container_port: int,
+                      at: tuple[str, int]) -> bool:
+        """Whether gateway pod ``at[0]``'s last successful pass programmed this replica port's
+        route exactly as planned now (its port ``at[1]``, the same edge, TLS and auth header):
+        only then does a request to ``at`` reach the replica rather than HAProxy's 503."""
+        key = (pod_uid, container_port)
+        route = self._routes.get(key)
+        if route is None or route.port != at[1]:
+            return False
+        have = self._programmed.get(at[0], {}).get(key)
+        # a bare port: live since before this process, and not planned by a pass since
+        return have == route or (isinstance(have, int) and have == route.port)
+
     async def serve(self, *, pod_uid: str, target: EdgeRequest,
                     timeout: float) -> tuple[str, int] | None:
         """As :meth:`route`, then wait until a pass has programmed that route into the chosen
@@ -161,7 +190,7 @@ class GatewayController:
             routed = self.route(pod_uid=pod_uid, target=target)
             if routed is None:
                 return None
-            if self._programmed.get(routed[0], {}).get(key) == routed[1]:
+            if self.is_programmed(pod_uid=pod_uid, container_port=key[1], at=routed):
                 return routed
             self._dirty.set()
             async with asyncio.timeout_at(deadline):
@@ -197,9 +226,13 @@ class GatewayController:
         for i in instances:
             if i.address not in by_address:
                 i.healthy = False  # a home for replicas once a pass has programmed it
+                self._programmed.pop(i.address, None)  # a new pod at an old address: empty
             new.append(by_address.get(i.address, i))
         if [i.address for i in new] == [i.address for i in self.instances]:
             return
+        kept = {i.address for i in new}
+        for address in [a for a in self._programmed if a not in kept]:
+            del self._programmed[address]
         self.instances = new
         self._dirty.set()
         self.on_change()
@@ -234,18 +267,28 @@ class GatewayController:
     async def reconcile_once(self) -> None:
         if not self._adopted:
             await self._adopt()
-        desired = await self._desired()
+        planned = dict(self._routes)  # the plan this pass programs (it may change meanwhile)
+        desired = await self._desired(planned)
         changed = False
-        served = {p.route.edge.key: p.route.port for p in desired}
+        served = {p.route.edge.key: planned[p.route.edge.key] for p in desired}
+        moved: set[str] = set()  # pod UIDs whose routes some gateway pod serves differently now
         for instance in self.instances:
+            before = self._programmed.get(instance.address, {})
             try:
-                await reconcile(client=instance.client, layout=self.layout, desired=desired,
-                                prune=self.synced.is_set())
+                result = await reconcile(client=instance.client, layout=self.layout,
+                                         desired=desired, prune=self.synced.is_set())
                 ok, error = True, None
-                self._programmed[instance.address] = served
+                self._programmed[instance.address] = {**result.kept, **served}
+                lost = [k for k in result.filled if before.get(k) == served.get(k)]
+                if lost:  # it served them at its last pass: its memory is gone (restarted)
+                    log.warning("gateway pod had lost routes it served; re-programmed",
+                                extra=kv(gateway=instance.address, routes=len(lost)))
             except GatewayError as exc:
                 ok, error = False, str(exc)
                 self._programmed.pop(instance.address, None)
+            after = self._programmed.get(instance.address, {})
+            moved.update(k[0] for k in before.keys() | after.keys()
+                         if before.get(k) != after.get(k))
             if ok != instance.healthy:
                 changed = True
                 log.log(logging.INFO if ok else logging.WARNING,
@@ -259,6 +302,9 @@ class GatewayController:
             self.metrics.gateway_pods_healthy.set(sum(i.healthy for i in self.instances))
         if changed:
             self.on_change()
+        if moved:
+            self.on_programmed(frozenset(moved))
+        self.first_pass.set()
         done, self._pass_done = self._pass_done, asyncio.Event()
         done.set()
 
@@ -280,9 +326,9 @@ class GatewayController:
                 self._replan()
             return
 
-    async def _desired(self) -> list[Programmed]:
+    async def _desired(self, routes: dict[RouteKey, GatewayRoute]) -> list[Programmed]:
         out: list[Programmed] = []
-        for key, route in sorted(self._routes.items()):
+        for key, route in sorted(routes.items()):
             edge = route.edge
             try:
                 dial_host, dial_port = await self.dial(edge.host, edge.port)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vkprovider.gateway.haproxycfg import GatewayLayout
-from vkprovider.gateway.plan import GatewayRoute, backend_name
+from vkprovider.gateway.plan import GatewayRoute, RouteKey, backend_name
 from vkprovider.gateway.runtime import RuntimeClient
 from vkprovider.logs import kv
 
@@ -38,6 +38,12 @@ class ReconcileResult:
     deleted: int = 0
     readied: int = 0
     map_writes: int = 0
+    #: the routes whose listener had no server at all before this pass (new, or lost with the
+    #: gateway's memory), not those whose stale server was replaced
+    filled: list[RouteKey] = field(default_factory=list)
+    #: without ``prune``: the routes left as they were that the gateway serves (a server in
+    #: service and a routes map entry), by gateway port: a previous provider's, not told yet
+    kept: dict[RouteKey, int] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
@@ -58,20 +64,30 @@ async def reconcile(*, client: RuntimeClient, layout: GatewayLayout,
     ours = {backend_name(p) for p in range(layout.first_port, layout.first_port + layout.count)}
     want = {p.route.backend: p for p in desired}
     live = [s for s in await client.servers() if s.backend in ours]
+    if not prune:
+        serving = {s.backend for s in live if s.backend not in want and not s.in_maintenance}
+        for backend, value in (await client.show_map(layout.routes_map)).items():
+            uid, _, port = value.rpartition("/")
+            if backend in serving and uid and port.isdigit():
+                result.kept[(uid, int(port))] = int(backend[2:])
     have: dict[str, list[str]] = {}
+    stale: list[tuple[str, str]] = []  # replaced servers: deleted once the new one serves
     for s in live:
         have.setdefault(s.backend, []).append(s.name)
         target = want.get(s.backend)
-        if (target is None and prune) or (target is not None
-                                           and target.route.server != s.name):
+        if target is None and prune:
             await client.delete_server(backend=s.backend, server=s.name)
             result.deleted += 1
+        elif target is not None and target.route.server != s.name:
+            stale.append((s.backend, s.name))
         elif s.in_maintenance:
             await client.set_ready(backend=s.backend, server=s.name)
             result.readied += 1
     for backend, p in sorted(want.items()):
         if p.route.server in have.get(backend, ()):
             continue
+        if backend not in have:
+            result.filled.append(p.route.edge.key)
         edge = p.route.edge
         if edge.tls:
             await client.add_server(backend=backend, server=p.route.server, host=edge.dial_host,
@@ -81,6 +97,9 @@ async def reconcile(*, client: RuntimeClient, layout: GatewayLayout,
                                           host=edge.dial_host, port=edge.dial_port)
         await client.set_ready(backend=backend, server=p.route.server)
         result.added += 1
+    for backend, name in stale:  # make before break: the listener is never without a server
+        await client.delete_server(backend=backend, server=name)
+        result.deleted += 1
     # maps after servers: a Host/key entry for a listener with no server does no harm
     result.map_writes += await _sync_map(
         client, layout.hosts_map,

@@ -92,7 +92,8 @@ def build_gateway(*, settings: Settings, dialer: Dialer | None, policy: AddressP
 
     def instance(address: str, runtime: str) -> GatewayInstance:
         return GatewayInstance(address=address, client=RuntimeClient(
-            address=runtime, tls=tls, server_name=server_name, resolve=resolve))
+            address=runtime, tls=tls, server_name=server_name, resolve=resolve,
+            timeout=g.runtime_timeout_seconds))
 
     instances = [instance(i.address, i.runtime) for i in g.instances]
 

@@ -42,8 +42,11 @@ and told once with a Warning Event ``EndpointNotRoutable`` on the Service, point
 traffic gateway (``vkprovider/gateway``) serves them: then the endpoint is the gateway pod's
 address and the port it allocated for that replica port (a :class:`GatewayRouter` says which;
 ``traffic: direct`` keeps the warning; a replica the gateway is meant to serve but has no route
-for yet gets no endpoint and no warning: the gateway logs why). Under ``traffic: gateway`` an
-IP:port replica is fronted by the gateway too and never published directly. Addresses the
+for yet gets no endpoint and no warning: the gateway logs why). Such an endpoint is ready only
+once a gateway pass has programmed its route into that gateway pod; the gateway tells
+:meth:`EndpointSliceController.resync` after each pass which replicas that changed for.
+Under ``traffic: gateway`` an IP:port replica is fronted by the gateway too and never published
+directly. Addresses the
 API server refuses (loopback, link-local, unspecified) are skipped the same way, and so is any
 address the filter of ``providers/addresses.py`` refuses (private, CGNAT, metadata, the cluster's
 own ranges, ...): the pod controller screens instances before telling them here, and
@@ -57,7 +60,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from providers.addresses import DEFAULT_POLICY, AddressPolicy
@@ -231,6 +234,12 @@ class EndpointSliceController:
             for key in sorted(self._services_by_ns.get(ns, ())):
                 self._enqueue(key)
 
+    def resync(self, uids: Iterable[str]) -> None:
+        """Re-reconcile the Services that select these pods (a gateway pass programmed their
+        routes, or a gateway pod lost them: their endpoints' readiness changed)."""
+        for uid in sorted(set(uids)):
+            self._touch_services(self.pods.get(uid))
+
     def mark_pods_synced(self) -> None:
         """Every pod of the node has been told once (or held): reconciling may start (and
         delete what no told or held pod backs)."""
@@ -276,6 +285,15 @@ class EndpointSliceController:
                     log.warning("pods not marked synced; reconciling EndpointSlices anyway, "
                                 "keeping the endpoints of pods not told yet",
                                 extra=kv(node=self.node, pods=len(self.pods)))
+            if self.gateway is not None and not self.gateway.first_pass.is_set():
+                # what the gateway pods serve now decides which gateway endpoints are ready:
+                # without it a restarted provider would turn every one not ready for a pass
+                try:
+                    async with asyncio.timeout(self.pods_sync_timeout):
+                        await self.gateway.first_pass.wait()
+                except TimeoutError:
+                    log.warning("no gateway pass yet; reconciling EndpointSlices anyway",
+                                extra=kv(node=self.node))
             self.running = True
             keys = set(self._slices_by_service)
             for ns in self._pods_by_ns:

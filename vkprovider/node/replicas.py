@@ -9,8 +9,10 @@ does not (:meth:`Replicas.stopped`), the pod is terminating (:meth:`Replicas.dra
 pod is gone (:meth:`Replicas.forget`).
 
 * Probes run in a shared :class:`~vkprovider.probing.prober.Prober` against the instance's
-  published address for the probed container port; a restart (a new instance id or a higher
-  restart count) starts them afresh. A change nudges the pod's reconcile.
+  published address for the probed container port (the cloud's TLS edge for that port instead
+  of its IP:port where the replica's ``traffic: gateway`` sends its traffic there:
+  :attr:`Replicas.via_edge`); a restart (a new instance id or a higher restart count) starts
+  them afresh. A change nudges the pod's reconcile.
 * Endpoints go to an :class:`EndpointSink` (the provider-managed EndpointSlices): one target per
   published container port, ``ready``/``serving`` from the probes, ``terminating`` once the pod
   is being deleted.
@@ -73,6 +75,12 @@ def _preferred(published: Sequence[PublishedPort]) -> dict[int, PublishedPort]:
     return out
 
 
+def _of_kind(published: Sequence[PublishedPort], kind: str) -> dict[int, PublishedPort]:
+    """Per container port, the first entry of ``kind``: an ``ip`` one (what a slice publishes
+    directly) or a ``hostname`` edge (RunPod's HTTPS proxy beside a public IP)."""
+    return _preferred([p for p in published if p.kind == kind])
+
+
 def container_ports(pod: Body) -> list[tuple[str, str | None, int, str]]:
     """(container name, port name, container port, protocol) for every declared port."""
     out: list[tuple[str, str | None, int, str]] = []
@@ -110,6 +118,11 @@ class Replicas:
         self._draining: dict[str, float] = {}  # uid -> clock() when endpoints went terminating
         self._published: set[str] = set()  # uids the sink knows
         self._held: set[str] = set()  # uids whose endpoints the sink keeps as they are
+        # Whether a replica's traffic goes through the gateway even where it has an IP:port
+        # (its policy's ``traffic: gateway``): the gateway then dials the cloud's TLS edge for
+        # that port where there is one, and so do its probes (asked at every probe, so a
+        # policy edit moves them too). Set by the service when a gateway is configured.
+        self.via_edge: Callable[[str], bool] = lambda _uid: False
 
     def hold(self, uid: str) -> None:
         """Its instance is unknown for now (its cloud not listed since a restart): the sink
@@ -162,6 +175,7 @@ class Replicas:
         if self._prober is None or not any(c.any for c in tracked.probes):
             return
         by_port = _preferred(tracked.published)
+        edges, ips = _of_kind(tracked.published, "hostname"), _of_kind(tracked.published, "ip")
 
         provider = tracked.instance[0]
 
@@ -170,6 +184,11 @@ class Replicas:
             p = by_port.get(port)
             if p is None:
                 return None
+            # probe where the traffic goes (node/slicebodies.py): the IP:port where there is
+            # one, in whatever order the cloud lists it, unless the gateway fronts it through
+            # the cloud's TLS edge
+            if port in edges and port in ips:
+                p = edges[port] if self.via_edge(uid) else ips[port]
             if p.edge_auth:  # an edge that wants the cloud's key (SaladCloud auth): the prober
                 return (p.host, p.port, p.scheme, (p.edge_auth, provider))  # adds it
             return (p.host, p.port, p.scheme)

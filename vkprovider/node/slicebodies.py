@@ -9,6 +9,7 @@ Keeping the rules here keeps them testable without a cluster, and the controller
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import ipaddress
 import json
@@ -75,12 +76,20 @@ class EndpointTarget:
 class GatewayRouter(Protocol):
     """Where the traffic gateway serves a hostname-only replica port (vkprovider/gateway)."""
 
+    #: set once the gateway's first pass is done (what its pods serve is known)
+    first_pass: asyncio.Event
+
     def route(self, *, pod_uid: str, target: EndpointTarget) -> tuple[str, int] | None:
         """``(gateway address, gateway port)``, or None when the gateway does not serve it."""
         ...
 
     def wants(self, *, pod_uid: str, target: EndpointTarget) -> bool:
         """Whether the gateway is meant to serve it (by the pod's policy's ``traffic``)."""
+        ...
+
+    def is_programmed(self, *, pod_uid: str, container_port: int,
+                      at: tuple[str, int]) -> bool:
+        """Whether the gateway pod at ``at`` serves that route now (a pass programmed it)."""
         ...
 
     def forget(self, pod_uid: str) -> None: ...
@@ -232,11 +241,14 @@ def endpoints_for(service: Body, pod: PodRecord, *, policy: AddressPolicy = DEFA
     An address ``policy`` refuses (``providers/addresses.py``) is never an endpoint. The pod
     controller screens instances before they get here; this is the last line, for any caller.
     A hostname-only port is the ``gateway``'s address and port when it serves it (the gateway's
-    address is the cluster's own, so the cloud filter does not apply to it).
+    address is the cluster's own, so the cloud filter does not apply to it); until a pass has
+    programmed that route into that gateway pod, the endpoint is neither ready nor serving
+    (whatever ``publishNotReadyAddresses`` says: the address answers 503 until then).
     """
     spec = service.get("spec") or {}
     publish_not_ready = bool(spec.get("publishNotReadyAddresses"))
     by_address: dict[tuple[str, Family], list[tuple[SlicePort | None, EndpointTarget]]] = {}
+    unprogrammed: set[tuple[str, Family]] = set()  # gateway routes no pass programmed yet
     unroutable: list[Unroutable] = []
     service_ports = spec.get("ports") or []
     for sp in service_ports:
@@ -269,6 +281,9 @@ def endpoints_for(service: Body, pod: PodRecord, *, policy: AddressPolicy = DEFA
             gw_addr = address_family(routed[0]) if routed is not None else None
             if routed is not None and gw_addr is not None:
                 chosen = (replace(via, port=routed[1]), gw_addr)
+                if not gateway.is_programmed(pod_uid=pod.uid, container_port=via.container_port,
+                                             at=routed):
+                    unprogrammed.add(gw_addr)
             elif gateway.wants(pod_uid=pod.uid, target=via):
                 chosen, pending = None, True  # traffic: gateway is never a direct endpoint
         if chosen is None:
@@ -294,9 +309,12 @@ def endpoints_for(service: Body, pod: PodRecord, *, policy: AddressPolicy = DEFA
         ports = tuple(sorted({p for p, _ in items if p is not None}))
         terminating = any(t.terminating for _, t in items)
         ready = publish_not_ready or (all(t.ready for _, t in items) and not terminating)
+        serving = all(t.serving for _, t in items)
+        if (address, family) in unprogrammed:
+            ready = serving = False
         out.append(DesiredEndpoint(
             address=address, family=family, ports=ports, ready=ready,
-            serving=all(t.serving for _, t in items), terminating=terminating,
+            serving=serving, terminating=terminating,
             pod_namespace=pod.namespace, pod_name=pod.name, pod_uid=pod.uid))
     return out, unroutable
 
