@@ -12,6 +12,10 @@
 #                                               LABELs), an OCI image layout as a tar named
 #                                               <chart's image.repository>:VERSION: `docker load`,
 #                                               `ctr images import`, or `skopeo copy oci-archive:`
+#   vkprovider-gateway-image-VERSION-ARCH.oci.tar
+#                                               the traffic gateway's image (tools/image/gateway.sh
+#                                               --gzip: Debian's HAProxy 2.6, USER 99), named
+#                                               <chart's gateway.image.repository>:VERSION
 #   SHA256SUMS
 #
 # It refuses to build when the versions disagree: pyproject.toml's version, Chart.yaml's version
@@ -40,7 +44,8 @@ grep -q "^## \[$version\]" CHANGELOG.md || die "CHANGELOG.md has no '## [$versio
 say "version $version (pyproject.toml, Chart.yaml version and appVersion, Dockerfile, CHANGELOG.md agree)"
 
 rm -f "$dist"/vkprovider-"$version"* "$dist"/vkprovider-rootfs-"$version"-* \
-  "$dist"/vkprovider-image-"$version"-* "$dist/SHA256SUMS"
+  "$dist"/vkprovider-image-"$version"-* "$dist"/vkprovider-gateway-image-"$version"-* \
+  "$dist/SHA256SUMS"
 say "chart: helm lint + helm package"
 "$VKP_HELM_BIN/helm" lint charts/vkprovider >&2
 "$VKP_HELM_BIN/helm" package charts/vkprovider --destination "$dist" >&2
@@ -60,8 +65,13 @@ say "the image as an OCI archive (tools/image/oci.sh --gzip) -> $(basename "$ima
 built=$(VKP_ROOTFS="$VKP_ROOTFS" bash tools/image/oci.sh --gzip) || die "tools/image/oci.sh failed (above)"
 cp "$built" "$image_tar"
 
+gateway_tar="$dist/vkprovider-gateway-image-$version-$arch.oci.tar"
+say "the traffic gateway's image (tools/image/gateway.sh --gzip) -> $(basename "$gateway_tar")"
+built=$(bash tools/image/gateway.sh --gzip) || die "tools/image/gateway.sh failed (above)"
+cp "$built" "$gateway_tar"
+
 artefacts=(vkprovider-"$version".tgz vkprovider-"$version"-py3-none-any.whl
-           "$(basename "$rootfs_tar")" "$(basename "$image_tar")")
+           "$(basename "$rootfs_tar")" "$(basename "$image_tar")" "$(basename "$gateway_tar")")
 (cd "$dist" && sha256sum -- "${artefacts[@]}" >SHA256SUMS)
 say "done; in $dist:"
 (cd "$dist" && ls -l -- "${artefacts[@]}" SHA256SUMS) >&2

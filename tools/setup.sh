@@ -23,9 +23,12 @@
 #   image         the image as an OCI archive, built from that root filesystem and the
 #                 Dockerfile's config without Docker (tools/image/oci.sh; tests/image, the
 #                 real-node install e2e)
+#   gateway-image the traffic gateway's image (Debian's HAProxy 2.6 + CA certificates) as an OCI
+#                 archive (tools/image/gateway.sh, as root with mmdebstrap; cached; the real-node
+#                 gateway e2e installs the chart's gateway Deployment from it)
 #
 # stdout: only `export NAME=VALUE` lines (VKP_CONTROLPLANE_BIN, VKP_KUBECTL_BIN, VKP_HELM_BIN,
-# VKP_KUEUE_BIN, VKP_NODE_BIN, VKP_ROOTFS, VKP_IMAGE_ARCHIVE), for `eval "$(bash tools/setup.sh)"`;
+# VKP_KUEUE_BIN, VKP_NODE_BIN, VKP_ROOTFS, VKP_IMAGE_ARCHIVE, VKP_GATEWAY_IMAGE_ARCHIVE), for `eval "$(bash tools/setup.sh)"`;
 # the Makefile does exactly that.
 # stderr: what is being done. A cold Go build is narrated (what, roughly how long, and every 20 s
 # how long so far, how many modules were downloaded and which package is being compiled), so
@@ -36,7 +39,7 @@ cd "$repo"
 t0=$(date +%s)
 say() { printf 'setup: %s\n' "$*" >&2; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
-ALL=(system venv controlplane kubectl helm kueue node rootfs image)
+ALL=(system venv controlplane kubectl helm kueue node rootfs image gateway-image)
 steps=("$@")
 [ "${#steps[@]}" -gt 0 ] || steps=("${ALL[@]}")
 for s in "${steps[@]}"; do
@@ -70,7 +73,7 @@ system() {
   python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
     || die "Python >= 3.11 is required as python3"
   for cmd in "${!PKG[@]}"; do
-    want rootfs || want image || [ "$cmd" != mmdebstrap ] || continue
+    want rootfs || want image || want gateway-image || [ "$cmd" != mmdebstrap ] || continue
     command -v "$cmd" >/dev/null || missing+=("$cmd")
   done
   if ! [ -x .venv/bin/python ] && ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
@@ -196,5 +199,12 @@ if want image; then
   VKP_IMAGE_ARCHIVE=$(VKP_ROOTFS="$own_rootfs" bash tools/image/oci.sh) \
     || die "tools/image/oci.sh failed (its output is above)"
   emit VKP_IMAGE_ARCHIVE "$VKP_IMAGE_ARCHIVE"
+fi
+if want gateway-image; then
+  [ -x .venv/bin/python ] || die "the gateway image needs .venv: run 'make venv' (or add the venv step)"
+  say "the traffic gateway's image as an OCI archive (tools/image/gateway.sh: ~30 s the first time, as root, with mmdebstrap and the Debian mirrors; cached)"
+  VKP_GATEWAY_IMAGE_ARCHIVE=$(bash tools/image/gateway.sh) \
+    || die "tools/image/gateway.sh failed (its output is above)"
+  emit VKP_GATEWAY_IMAGE_ARCHIVE "$VKP_GATEWAY_IMAGE_ARCHIVE"
 fi
 say "ready in $(( $(date +%s) - t0 ))s"

@@ -24,6 +24,10 @@ pytestmark = pytest.mark.timeout(900)  # a cold build of helm
 ON = ("gateway.enabled=true", "gateway.runtimeTLSSecret=gw-runtime-tls")
 
 
+def chart_version() -> str:
+    return str(yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"])
+
+
 def test_gateway_is_off_by_default_and_needs_its_runtime_secret() -> None:
     assert not [o for o in template()
                 if o["metadata"].get("labels", {}).get("app.kubernetes.io/component")
@@ -52,6 +56,10 @@ def test_gateway_deployment_pdb_probes_restricted_and_found_by_the_provider(
         assert sc["capabilities"] == {"drop": ["ALL"]}
         assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
     assert spec["automountServiceAccountToken"] is False
+    # a deleted gateway pod serves on (preStop sleep) while its replicas are re-homed
+    assert haproxy["lifecycle"]["preStop"] == {"sleep": {"seconds": 10}}
+    assert spec["terminationGracePeriodSeconds"] > 10
+    assert haproxy["image"] == "ghcr.io/vkprovider/vkprovider-gateway:" + chart_version()
 
     settings, _ = settings_files(objs, tmp_path)
     g = settings.gateway

@@ -8,8 +8,9 @@ answer A with the address and AAAA with an empty NOERROR, and an unknown one NXD
 from __future__ import annotations
 
 import ipaddress
+from pathlib import Path
 
-from vkprovider.testing.realnode import dns_answer, dns_name
+from vkprovider.testing.realnode import dns_answer, dns_name, zone_lookup
 
 
 def query(name: str, qtype: int, qid: int = 0x1234) -> bytes:
@@ -48,3 +49,17 @@ def test_what_is_not_one_query_gets_no_answer() -> None:
     assert dns_answer(q[:11], NAMES.get) is None
     assert dns_answer(q[:2] + (0x8100).to_bytes(2) + q[4:], NAMES.get) is None  # a reply
     assert dns_answer(q[:-6], NAMES.get) is None  # truncated
+
+
+def test_zone_names_exact_and_wildcard_the_file_read_at_each_lookup(tmp_path: Path) -> None:
+    zone = tmp_path / "zone"
+    assert zone_lookup(zone, "a-8000.edge.mock.test") is None  # no file yet: nothing
+    zone.write_text("*.edge.mock.test 198.19.7.1\nexact.example.test 198.19.7.2\n")
+    assert zone_lookup(zone, "a-8000.edge.mock.test") == "198.19.7.1"
+    assert zone_lookup(zone, "exact.example.test") == "198.19.7.2"
+    assert zone_lookup(zone, "edge.mock.test") is None  # a wildcard is for names under it
+    assert zone_lookup(zone, "x.notedge.mock.test") is None
+    assert zone_lookup(zone, "other.example.test") is None
+    assert zone_lookup(None, "exact.example.test") is None
+    zone.write_text("")
+    assert zone_lookup(zone, "a-8000.edge.mock.test") is None

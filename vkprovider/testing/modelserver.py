@@ -16,6 +16,8 @@ Answers:
 Counters (:attr:`ModelServer.counters`): a request whose ``User-Agent`` starts with
 ``kube-probe/`` (what the kubelet and vkprovider's prober send) is a probe; a connection that
 closes without any request (a ``tcpSocket`` probe) is a probe too; everything else is traffic.
+:attr:`ModelServer.hosts` counts the ``Host`` header of each traffic request: behind a TLS edge
+(``start(ssl=...)``, a cloud's HTTPS edge by name), which name the client asked for.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ import asyncio
 import contextlib
 import json
 import socket
+import ssl as _ssl
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +64,7 @@ class ModelServer:
         self.host = host
         self.live_path = live_path
         self.counters = ServerCounters()
+        self.hosts: Counter[str] = Counter()  # the Host header of each traffic request
         self._want_port = port
         self._clock = clock
         self._started = clock()
@@ -75,14 +80,16 @@ class ModelServer:
         """The container restarted: the model loads again from now."""
         self._started = self._clock()
 
-    async def start(self, *, sock: socket.socket | None = None) -> int:
+    async def start(self, *, sock: socket.socket | None = None,
+                    ssl: _ssl.SSLContext | None = None) -> int:
         """Listen on ``host:port``, or on ``sock`` (bound already: one made inside a network
-        namespace, see vkprovider.testing.netspace); returns the port."""
+        namespace, see vkprovider.testing.netspace); with ``ssl``, HTTPS. Returns the port."""
         self._started = self._clock()
         if sock is not None:
-            self._server = await asyncio.start_server(self._serve, sock=sock)
+            self._server = await asyncio.start_server(self._serve, sock=sock, ssl=ssl)
         else:
-            self._server = await asyncio.start_server(self._serve, self.host, self._want_port)
+            self._server = await asyncio.start_server(self._serve, self.host, self._want_port,
+                                                      ssl=ssl)
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port
 
@@ -111,6 +118,8 @@ class ModelServer:
                 status, body = self._answer(path)
                 probe = headers.get("user-agent", "").startswith("kube-probe/")
                 self._count(probe=probe, status=status)
+                if not probe:
+                    self.hosts[headers.get("host", "")] += 1
                 head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n"
                         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
                         f"Connection: {'keep-alive' if keep_alive else 'close'}\r\n\r\n")

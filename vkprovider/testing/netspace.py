@@ -25,6 +25,7 @@ import contextlib
 import ipaddress
 import logging
 import socket
+import ssl
 import subprocess
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -115,8 +116,10 @@ class AddressSpace:
                                                  addresses=",".join(self.addresses)))
 
     async def serve(self, *, address: str, port: int, identity: Mapping[str, Any],
-                    load_seconds: float = 0.0) -> ModelServer:
-        """A model server on ``address:port`` inside this namespace (one of its addresses)."""
+                    load_seconds: float = 0.0, tls: ssl.SSLContext | None = None
+                    ) -> ModelServer:
+        """A model server on ``address:port`` inside this namespace (one of its addresses);
+        with ``tls``, HTTPS (a cloud's TLS edge)."""
         if address not in self.addresses:
             raise RealNodeError(f"{address} is not an address of {self.netns}")
         sock = in_netns(self.netns_path,
@@ -124,7 +127,7 @@ class AddressSpace:
         server = ModelServer(identity=identity, load_seconds=load_seconds, host=address,
                              port=port)
         try:
-            await server.start(sock=sock)
+            await server.start(sock=sock, ssl=tls)
         except BaseException:
             sock.close()
             raise

@@ -183,15 +183,25 @@ def find_kubectl() -> Path:
 def find_image_archive() -> Path:
     """The project's image as an OCI archive: ``VKP_IMAGE_ARCHIVE``, else tools/image/oci.sh's
     (cached; builds the root filesystem first if that is missing: root, mmdebstrap)."""
-    env = os.environ.get("VKP_IMAGE_ARCHIVE")
+    return _archive("VKP_IMAGE_ARCHIVE", "oci.sh")
+
+
+def find_gateway_image_archive() -> Path:
+    """The traffic gateway's image (Debian's HAProxy) as an OCI archive:
+    ``VKP_GATEWAY_IMAGE_ARCHIVE``, else tools/image/gateway.sh's (cached; root, mmdebstrap)."""
+    return _archive("VKP_GATEWAY_IMAGE_ARCHIVE", "gateway.sh")
+
+
+def _archive(variable: str, builder: str) -> Path:
+    env = os.environ.get(variable)
     if env:
         path = Path(env)
     else:
-        script = REPO_ROOT / "tools" / "image" / "oci.sh"
+        script = REPO_ROOT / "tools" / "image" / builder
         built = _run(["bash", str(script)], what=str(script), timeout=900)
         path = Path(built.strip().splitlines()[-1])
     if not path.is_file():
-        raise RealNodeError(f"no image archive at {path} (tools/image/oci.sh builds one)")
+        raise RealNodeError(f"no image archive at {path} (tools/image/{builder} builds one)")
     return path
 
 
@@ -343,10 +353,30 @@ def dns_answer(query: bytes, lookup: Callable[[str], str | None]) -> bytes | Non
             + (1 if answers else 0).to_bytes(2) + bytes(4) + question + answers)
 
 
+def zone_lookup(zone: Path | None, name: str) -> str | None:
+    """The address ``zone`` (lines ``NAME ADDRESS``; ``*.suffix`` matches every name under
+    ``suffix``) gives ``name``, or None; read at each query (a test rewrites it as it goes)."""
+    if zone is None:
+        return None
+    try:
+        lines = zone.read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    for line in lines:
+        pattern, _, address = line.strip().partition(" ")
+        pattern = pattern.lower()
+        if pattern == name or (pattern.startswith("*.") and name.endswith(pattern[1:])
+                               and len(name) > len(pattern) - 1):
+            return address.strip() or None
+    return None
+
+
 async def dns(*, netns: str, host: str, port: int, kubeconfig: str,
-              domain: str = CLUSTER_DOMAIN) -> None:
+              domain: str = CLUSTER_DOMAIN, zone: Path | None = None) -> None:
     """Answers ``<service>.<namespace>.svc.<domain>`` with the Service's ClusterIP, from a UDP
-    socket on ``host`` in ``netns``; asks the API server (``kubeconfig``) at each query.
+    socket on ``host`` in ``netns``; asks the API server (``kubeconfig``) at each query. Names
+    in ``zone`` (:func:`zone_lookup`) get its addresses: the public names a test gives a cloud's
+    edges (their addresses live in an address space beside the node), as public DNS would.
 
     Bound to the one address pods ask (not 0.0.0.0): a reply must come from the address the
     query went to, or resolvers drop it (from 0.0.0.0 it would leave from the pod bridge's).
@@ -378,7 +408,7 @@ async def dns(*, netns: str, host: str, port: int, kubeconfig: str,
             found: dict[str, str | None] = {}
             name = dns_name(data)
             if name is not None:
-                found[name] = await cluster_ip(name)
+                found[name] = zone_lookup(zone, name) or await cluster_ip(name)
             reply = dns_answer(data, lambda n: found.get(n))
             if reply is not None:
                 await loop.sock_sendto(sock, reply, peer)
@@ -418,6 +448,8 @@ class RealNode:
         self.bin_dir = bin_dir
         self.kube_proxy = kube_proxy
         self.work_dir = Path(tempfile.mkdtemp(prefix="vkp-node-"))
+        #: public names the node's DNS answers (:meth:`publish_names`)
+        self.dns_zone = self.work_dir / "dns-zone"
         self.log_dir = cluster.log_dir
         self.netns = f"vkpn-{suffix}"
         self.netns_path = f"/run/netns/{self.netns}"
@@ -464,7 +496,7 @@ class RealNode:
                                   f"--target-port={self.cluster.api_port}"], netns=False)
             self._start("dns", [sys.executable, "-m", "vkprovider.testing.realnode", "dns",
                                 f"--netns={self.netns_path}", f"--host={self.node_ip}",
-                                f"--port={DNS_PORT}",
+                                f"--port={DNS_PORT}", f"--zone={self.dns_zone}",
                                 f"--kubeconfig={self.cluster.kubeconfig}"], netns=False)
             self._start("containerd",
                         ["containerd", f"--config={self.work_dir / 'containerd.toml'}"])
@@ -752,6 +784,15 @@ class RealNode:
         for tar in (pause, busybox):
             self._ctr("images", "import", "--no-unpack=false", str(tar))
 
+    def publish_names(self, names: dict[str, str]) -> None:
+        """The public names (``NAME`` or ``*.suffix`` -> an IPv4 address) the node's DNS
+        answers from now on, instead of the previous ones (``{}``: none). Written whole and
+        renamed, so a query never reads half a file."""
+        lines = "".join(f"{name} {ipaddress.IPv4Address(addr)}\n" for name, addr in names.items())
+        tmp = self.dns_zone.with_suffix(".tmp")
+        tmp.write_text(lines)
+        tmp.replace(self.dns_zone)
+
     def import_image(self, archive: Path) -> str:
         """Imports an OCI archive into this node's containerd (``ctr -n k8s.io images import``,
         unpacked for the kubelet's snapshotter) and returns the image's reference."""
@@ -943,6 +984,7 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - run as a c
     dn.add_argument("--host", required=True)
     dn.add_argument("--port", type=int, default=DNS_PORT)
     dn.add_argument("--kubeconfig", required=True)
+    dn.add_argument("--zone", type=Path, help="a file of 'NAME ADDRESS' lines (public names)")
     args = parser.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
         if args.command == "relay":
@@ -950,7 +992,7 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - run as a c
                               target_port=args.target_port, listen_host=args.listen_host))
         else:
             asyncio.run(dns(netns=args.netns, host=args.host, port=args.port,
-                            kubeconfig=args.kubeconfig))
+                            kubeconfig=args.kubeconfig, zone=args.zone))
     return 0
 
 
