@@ -60,21 +60,21 @@ def test_make_test_and_demo_set_up_through_setup_sh() -> None:
 
 def test_every_step_the_tests_need_is_a_default_step() -> None:
     """Every prebuilt thing the code reads from the environment (``VKP_<X>_BIN``, ``VKP_ROOTFS``,
-    ``VKP_IMAGE_ARCHIVE``)
-    is exported by a default step: a new one that only CI or a developer's shell set would leave
+    ``VKP_IMAGE_ARCHIVE``, ``VKP_GATEWAY_IMAGE_ARCHIVE``) is exported by a default step: a new one that only CI or a developer's shell set would leave
     a fresh clone's `make test` building it inside a test (or failing)."""
     script = SETUP.read_text()
     steps = re.search(r"^ALL=\((.*)\)$", script, re.M)
     assert steps
     assert steps.group(1).split() == ["system", "venv", "controlplane", "kubectl", "helm",
-                                      "kueue", "node", "rootfs", "image"]
+                                      "kueue", "node", "rootfs", "image", "gateway-image"]
     read = set()
     for tree in ("vkprovider", "tests"):
         for path in (ROOT / tree).rglob("*.py"):
             read |= set(re.findall(
-                r'environ(?:\.get\(|\[)"(VKP_(?:[A-Z]+_BIN|ROOTFS|IMAGE_ARCHIVE))"',
+                r'(?:environ(?:\.get\(|\[)|_archive\()"(VKP_(?:[A-Z]+_BIN|ROOTFS|[A-Z_]*IMAGE_ARCHIVE))"',
                 path.read_text()))
-    assert {"VKP_CONTROLPLANE_BIN", "VKP_NODE_BIN", "VKP_ROOTFS", "VKP_IMAGE_ARCHIVE"} <= read, read
+    assert {"VKP_CONTROLPLANE_BIN", "VKP_NODE_BIN", "VKP_ROOTFS", "VKP_IMAGE_ARCHIVE",
+            "VKP_GATEWAY_IMAGE_ARCHIVE"} <= read, read
     for var in sorted(read | {"VKP_HELM_BIN"}):
         assert f"emit {var} " in script, f"setup.sh does not export {var}"
 
