@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from vkprovider.kube import KubeClient
+from vkprovider.kube import KubeClient, NotFoundError
 from vkprovider.testing.plugin import GPUNodeFactory
 from vkprovider.testing.waiting import eventually
 
@@ -109,6 +109,7 @@ async def overflow_then_free(
     start: Callable[[], Awaitable[None]] | None = None, providers: Sequence[str] = (),
     template: dict[str, Any] | None = None,
     before_freeing: Callable[[], Awaitable[None]] | None = None,
+    move_back: dict[str, Any] | None = None,
 ) -> tuple[list[str], ReadyWatcher]:
     """Inference inside; training preempts it onto the clouds; returns once all serve there and
     the watcher is armed, and only then ends the training (its pods Succeeded, the GPUs free):
@@ -118,8 +119,9 @@ async def overflow_then_free(
     ``container`` adds to the inference container (ports, probes, env) and ``template`` to its
     pod spec; ``before_preemption`` runs once inference is Running inside, before the training
     Job is created; ``before_freeing`` once it serves from the clouds (the watcher armed), before
-    the training ends. ``start`` starts the provider and its clouds (``providers``, the policy's)
-    instead of two plain mock clouds; its virtual node must carry the pool label."""
+    the training ends; ``move_back`` adds to the policy's ``moveBack``. ``start`` starts the
+    provider and its clouds (``providers``, the policy's) instead of two plain mock clouds; its
+    virtual node must carry the pool label."""
     internal = await gpu_nodes.create(count=1, gpus=replicas)
     if start is not None:
         await start()
@@ -143,7 +145,7 @@ async def overflow_then_free(
                                         "kind": "PriorityClass", "metadata": {"name": name},
                                         "value": value})
     body = moveback_policy(f"mb-{tag}", namespace, **({"providers": providers} if providers
-                                                       else {}))
+                                                       else {}), **(move_back or {}))
     body["spec"]["overflowAfter"] = overflow_after
     await objects.create(POLICIES, body)
     deployment = gpu_deployment("inference", replicas=replicas, pool=namespace,
@@ -453,3 +455,132 @@ async def test_a_recorded_move_with_no_live_task_is_finished_keeping_a_scale_mad
     assert failed and kept["name"] in failed[0]["message"], events  # the pod stayed: rolled back
     pod = await kube.get(f"/api/v1/namespaces/{namespace}/pods/{kept['name']}")
     assert pod["metadata"]["uid"] == kept["uid"] and not pod["metadata"].get("deletionTimestamp")
+
+
+START_DELAY = "vkprovider.io/fake-start-delay"  # testing/fakekubelet.py: a pod's start, held
+
+
+async def scale_during_a_live_move(
+    *, kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory, system: System,
+    companion_kubeconfig: Path, objects: Cluster, to: int,
+    move_back: dict[str, Any] | None = None,
+) -> tuple[list[str], ReadyWatcher, dict[str, Any]]:
+    """Four replicas overflowed to the clouds come home; while the first move is live (its
+    intent recorded, the surge 4 -> 5 written, the surge pod held not Ready by a start delay on
+    the internal node for 20 s) the user scales the Deployment to ``to`` through the scale
+    subresource, as ``kubectl scale`` does. Returns the internal nodes, the armed watcher and
+    that move's intent.
+    """
+    dep_path = f"/apis/apps/v1/namespaces/{namespace}/deployments/inference"
+    internal: list[str] = []
+
+    async def before_freeing() -> None:  # the GPUs are not free yet: no move has started
+        internal.extend(gpu_nodes.created)
+        await kube.patch(f"/api/v1/nodes/{internal[0]}",
+                         {"metadata": {"annotations": {START_DELAY: "20"}}})
+
+    _, watcher = await overflow_then_free(
+        kube=kube, namespace=namespace, gpu_nodes=gpu_nodes, system=system,
+        companion_kubeconfig=companion_kubeconfig, objects=objects, replicas=4,
+        before_freeing=before_freeing, move_back=move_back)
+    try:
+        dep = await eventually(
+            lambda: kube.get(dep_path), timeout=120, interval=0.1,
+            until=lambda d: INTENT in (d["metadata"].get("annotations") or {})
+            and d["spec"]["replicas"] == 5, what="a live move: its intent and the surge 4 -> 5")
+        intent = json.loads(dep["metadata"]["annotations"][INTENT])
+        assert intent["replicas"] == 4, intent
+        surge_pods = [p for p in await pods(kube, namespace, "inference")
+                      if p["spec"].get("nodeName") in internal]
+        assert not any(c["type"] == "Ready" and c["status"] == "True"
+                       for p in surge_pods for c in p["status"].get("conditions") or []), \
+            "the surge pod is still held not Ready: the move is live"
+        # kubectl scale --replicas=N: a merge patch of the scale subresource, no precondition
+        await kube.patch(f"{dep_path}/scale", {"spec": {"replicas": to}})
+        await kube.patch(f"/api/v1/nodes/{internal[0]}",  # the later moves need no window
+                         {"metadata": {"annotations": {START_DELAY: None}}})
+    except BaseException:
+        await watcher.stop()
+        raise
+    return internal, watcher, intent
+
+
+async def settled_home(kube: KubeClient, namespace: str, *, virtual: str,
+                       ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The Deployment once every move is over and each of its replicas runs inside."""
+    dep_path = f"/apis/apps/v1/namespaces/{namespace}/deployments/inference"
+
+    async def read() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        ps = await pods(kube, namespace, "inference")
+        return await kube.get(dep_path), ps
+
+    return await eventually(
+        read, timeout=240, interval=0.5, what="no move left and every replica home",
+        until=lambda r: INTENT not in (r[0]["metadata"].get("annotations") or {})
+        and len(r[1]) == r[0]["spec"]["replicas"] and all(
+            p["spec"].get("nodeName") not in (None, virtual)
+            and p["status"].get("phase") == "Running" for p in r[1]))
+
+
+async def assert_moved_pod_gone(kube: KubeClient, namespace: str,
+                                intent: dict[str, Any]) -> None:
+    try:
+        pod = await kube.get(f"/api/v1/namespaces/{namespace}/pods/{intent['pod']}")
+    except NotFoundError:
+        return
+    assert pod["metadata"]["uid"] != intent["pod_uid"] or pod["metadata"].get(
+        "deletionTimestamp"), f"the moved cloud pod {intent['pod']} is still there"
+
+
+async def test_kubectl_scale_up_during_a_live_move_is_kept(
+    kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory, system: System,
+    companion_kubeconfig: Path, objects: Cluster,
+) -> None:
+    """Issue 36: the scale-back used to write the recorded N (4) over a ``kubectl scale`` made
+    while the move was live. The user adds two replicas to what they read (the surged 5 -> 7,
+    4 -> 6 in their own count): the move takes back only its surge replica, and 6 stay."""
+    _, watcher, intent = await scale_during_a_live_move(
+        kube=kube, namespace=namespace, gpu_nodes=gpu_nodes, system=system,
+        companion_kubeconfig=companion_kubeconfig, objects=objects, to=7)
+    try:
+        # Room inside for all six, so every replica, the moved one among them, comes home.
+        await gpu_nodes.create(count=1, gpus=2)
+        dep, home = await settled_home(kube, namespace, virtual=system.node_name)
+        await watcher.fresh()
+    finally:
+        await watcher.stop()
+    assert dep["spec"]["replicas"] == 6, \
+        f"the user's two replicas were taken back: {dep['spec']['replicas']} left, not 6"
+    assert len(home) == 6
+    await assert_moved_pod_gone(kube, namespace, intent)
+    assert watcher.minimum is not None and watcher.minimum >= 4, \
+        f"ready replicas dipped to {watcher.minimum}"
+    await eventually(lambda: live_instances(system), until=lambda n: n == 0, timeout=60,
+                     what="every cloud instance deleted")
+
+
+async def test_kubectl_scale_down_during_a_live_move_is_kept(
+    kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory, system: System,
+    companion_kubeconfig: Path, objects: Cluster,
+) -> None:
+    """Issue 36: a ``kubectl scale`` down to 3 while a move of a 4-replica Deployment is live
+    (surged to 5) stays 3: the scale-back finds nothing of its own left to take back, instead of
+    writing 4. The ReplicaSet drops the not-ready surge pod and the marked cloud pod; the move
+    ends at its timeout (short here) with the cloud pod gone."""
+    _, watcher, intent = await scale_during_a_live_move(
+        kube=kube, namespace=namespace, gpu_nodes=gpu_nodes, system=system,
+        companion_kubeconfig=companion_kubeconfig, objects=objects, to=3,
+        move_back={"timeout": "20s"})
+    try:
+        dep, home = await settled_home(kube, namespace, virtual=system.node_name)
+        await watcher.fresh()
+    finally:
+        await watcher.stop()
+    assert dep["spec"]["replicas"] == 3, \
+        f"the user's scale-down was reverted: {dep['spec']['replicas']} replicas, not 3"
+    assert len(home) == 3
+    await assert_moved_pod_gone(kube, namespace, intent)
+    assert watcher.minimum is not None and watcher.minimum >= 3, \
+        f"ready replicas dipped to {watcher.minimum} under the user's 3"
+    await eventually(lambda: live_instances(system), until=lambda n: n == 0, timeout=60,
+                     what="every cloud instance deleted")

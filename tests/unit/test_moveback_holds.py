@@ -22,7 +22,13 @@ from vkprovider.descheduler.fit import (
 )
 from vkprovider.descheduler.kueue_demand import upcoming_claims
 from vkprovider.descheduler.prewarm_plan import GangPod, displacement
-from vkprovider.descheduler.surge import floor_to_restore, hpa_surge_floor, pod_gone, scale_back
+from vkprovider.descheduler.surge import (
+    floor_to_restore,
+    hpa_surge_floor,
+    outcome_reason,
+    pod_gone,
+    scale_back,
+)
 
 GPU = "nvidia.com/gpu"
 HEALTH = tuple(parse_health_taint(t) for t in DEFAULT_HEALTH_TAINTS)
@@ -331,6 +337,25 @@ def test_the_replaced_pod_is_judged_from_one_read_of_it() -> None:
     assert pod_gone({"metadata": {"uid": "u1", "deletionTimestamp": "2026-01-01T00:00:00Z"}},
                     uid="u1")
     assert not pod_gone({"metadata": {"uid": "u1", "deletionTimestamp": None}}, uid="u1")
+
+
+def test_a_rollback_with_the_internal_replica_ready_says_why_the_cloud_one_stayed() -> None:
+    """Seen in the e2e of a kubectl scale 5 -> 7 during a move of 4: the surge replica was ready,
+    the scale-back 7 -> 6 made the ReplicaSet remove one of the new replicas still starting, and
+    the Warning read "Rolled back ...: the internal replica is ready"."""
+    said = outcome_reason(reason="the internal replica is ready", ready=True, gone=False,
+                          recorded=4, back=6)
+    assert said.startswith("the internal replica is ready, but the ReplicaSet took back a "
+                           "replica that was not ready yet instead of the cloud one")
+    assert "scaled from 4 to 6 meanwhile" in said
+    assert "scaled" not in outcome_reason(reason="r", ready=True, gone=False, recorded=4,
+                                          back=4)
+    assert outcome_reason(reason="timed out", ready=False, gone=True, recorded=4, back=4) == \
+        "timed out; the ReplicaSet removed the cloud replica all the same"
+    for ready in (True, None):  # a move that worked, or a recorded one finished after the fact
+        assert outcome_reason(reason="r", ready=ready, gone=True, recorded=4, back=4) == "r"
+    assert outcome_reason(reason="r", ready=None, gone=False, recorded=4, back=4) == "r"
+    assert outcome_reason(reason="r", ready=False, gone=False, recorded=4, back=4) == "r"
 
 
 # -- the guarded writes of a surge and of taking it back (move-back and hot swap alike) -----

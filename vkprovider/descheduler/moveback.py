@@ -92,6 +92,7 @@ from vkprovider.descheduler.scoped import TaskScope
 from vkprovider.descheduler.surge import (
     floor_to_restore,
     hpa_surge_floor,
+    outcome_reason,
     pod_gone,
     scale_back_body,
     surge_body,
@@ -661,8 +662,8 @@ class MoveBack:
             current = None
         virtual_gone = pod_gone(current, uid=intent.pod_uid)
         moved = virtual_gone
-        if moved and ok is False:
-            reason = f"{reason}; the ReplicaSet removed the cloud replica all the same"
+        reason = outcome_reason(reason=reason, ready=ok, gone=moved, recorded=n,
+                                back=back)
         if not virtual_gone:
             with contextlib.suppress(NotFoundError):  # it stays: unmark it
                 await self.client.patch(f"/api/v1/namespaces/{ns}/pods/{intent.pod}",

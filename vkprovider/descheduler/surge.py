@@ -11,6 +11,7 @@ loop takes the same one:
 * :func:`hpa_surge_floor`: the HPA floor a surge needs, or None when the HPA has no room;
 * :func:`floor_to_restore`: whether an HPA's ``minReplicas`` is still the one we set;
 * :func:`pod_gone`: whether the replaced pod is gone, judged from one read of it;
+* :func:`outcome_reason`: why a move ended as it did, when the wait and the ReplicaSet disagree;
 * :func:`surge_body` and :func:`scale_back_body`: the guarded Deployment writes of a surge and of
   taking it back, for any intent recorded as an annotation (move-back's, the hot swap's).
 """
@@ -105,3 +106,26 @@ def pod_gone(pod: Mapping[str, Any] | None, *, uid: str) -> bool:
         return True
     meta = pod.get("metadata") or {}
     return meta.get("uid") != uid or bool(meta.get("deletionTimestamp"))
+
+
+def outcome_reason(*, reason: str, ready: bool | None, gone: bool, recorded: int,
+                   back: int) -> str:
+    """Why a move ended as it did, for its Event and log line.
+
+    ``reason`` is why the wait ended, ``ready`` whether the internal replica was ready then
+    (None: not known, a recorded move finished after the fact), ``gone`` whether the replaced pod
+    is gone, ``recorded`` N before the surge and ``back`` the count the surge was taken back to.
+    The ReplicaSet, not the companion, picks the replica the scale-back removes, and it takes a
+    not-ready one before any Ready one: when the Deployment was scaled up meanwhile, a new
+    replica still starting goes instead of the marked cloud one. That move did not happen, but
+    "rolled back: the internal replica is ready" would read as a contradiction, so the reason
+    says what happened."""
+    if gone and ready is False:
+        return f"{reason}; the ReplicaSet removed the cloud replica all the same"
+    if ready is True and not gone:
+        scaled = f"; the Deployment was scaled from {recorded} to {back} meanwhile" \
+            if back != recorded else ""
+        return (f"{reason}, but the ReplicaSet took back a replica that was not ready yet "
+                f"instead of the cloud one{scaled}; the cloud replica stays and is moved "
+                f"again later")
+    return reason
