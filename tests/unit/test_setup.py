@@ -60,8 +60,9 @@ def test_make_test_and_demo_set_up_through_setup_sh() -> None:
 
 def test_every_step_the_tests_need_is_a_default_step() -> None:
     """Every prebuilt thing the code reads from the environment (``VKP_<X>_BIN``, ``VKP_ROOTFS``,
-    ``VKP_IMAGE_ARCHIVE``, ``VKP_GATEWAY_IMAGE_ARCHIVE``) is exported by a default step: a new one that only CI or a developer's shell set would leave
-    a fresh clone's `make test` building it inside a test (or failing)."""
+    ``VKP_IMAGE_ARCHIVE``, ``VKP_GATEWAY_IMAGE_ARCHIVE``) is exported by a default step: a new
+    one that only CI or a developer's shell set would leave a fresh clone's `make test`
+    building it inside a test (or failing)."""
     script = SETUP.read_text()
     steps = re.search(r"^ALL=\((.*)\)$", script, re.M)
     assert steps
