@@ -49,21 +49,28 @@ from vkprovider.cliflags import (
 from vkprovider.demo import run_story
 from vkprovider.storyreport import KUEUE, PREEMPTION, PREWARM, StoryResult
 
-#: run name -> (demo mode, preemption fast path)
-RUNS: dict[str, tuple[str, bool]] = {
-    "prewarm": (PREWARM, True),
-    "kueue": (KUEUE, True),
-    "preemption": (PREEMPTION, True),
-    "preemption-no-fast-path": (PREEMPTION, False),
+#: the policy's limits.maxPricePerHour in every run but "prewarm-no-cap" (the demo's)
+PRICE_CAP = 100.0
+#: run name -> (demo mode, preemption fast path, price cap)
+RUNS: dict[str, tuple[str, bool, float | None]] = {
+    "prewarm": (PREWARM, True, PRICE_CAP),
+    "prewarm-no-cap": (PREWARM, True, None),
+    "kueue": (KUEUE, True, PRICE_CAP),
+    "preemption": (PREEMPTION, True, PRICE_CAP),
+    "preemption-no-fast-path": (PREEMPTION, False, PRICE_CAP),
 }
+#: what the default run list leaves out (add it with --runs)
+EXTRA_RUNS = ("prewarm-no-cap",)
 TITLES = {
     "prewarm": "Kueue + pre-warm check",
+    "prewarm-no-cap": "Kueue + pre-warm, no price cap",
     "kueue": "Kueue, no check",
     "preemption": "no Kueue, fast path",
     "preemption-no-fast-path": "no Kueue, no fast path",
 }
 HEADER = ["way out", "failed / sent", "longest no-endpoint (s)", "below desired (s)",
-          "fewest ready", "gang admitted after (s)", "gang running after (s)",
+          "fewest ready", "gang admitted after (s)", "QuotaReserved->Admitted (s)",
+          "gang running after (s)",
           "most replicas", "instances", "cloud $"]
 
 
@@ -76,8 +83,9 @@ def _replicas(text: str) -> int:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="way-out benchmark (issue 14)")
-    parser.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS),
-                        help="which ways out to measure (default: all four)")
+    parser.add_argument("--runs", nargs="+", choices=list(RUNS),
+                        default=[r for r in RUNS if r not in EXTRA_RUNS],
+                        help="which ways out to measure (default: all but prewarm-no-cap)")
     parser.add_argument("--replicas", type=_replicas, default=4,
                         help="inference replicas = internal GPUs = gang pods (default 4)")
     parser.add_argument("--rate", type=positive_number, default=25.0,
@@ -103,7 +111,9 @@ def row(name: str, r: StoryResult) -> dict[str, Any]:
         "rate": r.rate, "sent": w.sent, "failed": w.failed,
         "longest_no_endpoint_s": w.longest_no_endpoint,
         "seconds_below_desired": w.seconds_below_desired, "min_ready": w.min_ready,
-        "gang_admission_s": w.gang_admission_seconds, "gang_start_s": w.gang_start_seconds,
+        "gang_admission_s": w.gang_admission_seconds,
+        "gang_reserved_to_admitted_s": w.gang_reserved_to_admitted_seconds,
+        "gang_start_s": w.gang_start_seconds,
         "max_replicas": w.max_replicas, "check_messages": list(w.check_messages),
         "instances_created": r.instances_created, "leaks": r.leaks, "dollars": r.dollars,
         "failed_elsewhere": r.failed_where_none_may if w.mode != PREWARM else sum(
@@ -120,7 +130,8 @@ def render(rows: Sequence[dict[str, Any]]) -> str:
     body = [[TITLES.get(x["run"], x["run"]), f"{x['failed']} / {x['sent']}",
              f"{x['longest_no_endpoint_s']:.1f}", f"{x['seconds_below_desired']:.1f}",
              f"{x['min_ready']} of {x['replicas']}", _s(x["gang_admission_s"]),
-             _s(x["gang_start_s"]), str(x["max_replicas"]),
+             _s(x.get("gang_reserved_to_admitted_s")), _s(x["gang_start_s"]),
+             str(x["max_replicas"]),
              f"{x['instances_created']} ({x['leaks']} leaked)", f"{x['dollars']:.4f}"]
             for x in rows]
     return table(HEADER, body)
@@ -132,7 +143,8 @@ def describe(info: dict[str, Any], args: argparse.Namespace) -> str:
             f"settings: {args.replicas} inference replicas x 1 GPU filling 2 internal nodes, a "
             f"gang of {args.replicas} x 1 GPU at higher priority, {args.rate:g} req/s, weight "
             f"load {args.load_seconds:g} s, cloud boot 1.0 s (cloud-a) / 1.5 s (cloud-b), "
-            f"overflowAfter {args.overflow_after}, training {args.training_seconds:g} s; "
+            f"overflowAfter {args.overflow_after}, training {args.training_seconds:g} s, "
+            f"maxPricePerHour ${PRICE_CAP:g} (but where a run says no price cap); "
             f"Kueue v0.17.0; samples every 200 ms\n")
 
 
@@ -170,13 +182,14 @@ async def main(args: argparse.Namespace) -> int:
             return 2
     rows, stories, errors = [], [], []
     for name in args.runs:
-        mode, fast = RUNS[name]
+        mode, fast, cap = RUNS[name]
         sys.stderr.write(f"way out: {TITLES[name]} ...\n")
         try:
             result = await run_story(replicas=args.replicas, narrate=False, rate=args.rate,
                                      load_seconds=args.load_seconds,
                                      training_seconds=args.training_seconds, mode=mode,
-                                     fast_path=fast, overflow_after=args.overflow_after)
+                                     fast_path=fast, overflow_after=args.overflow_after,
+                                     max_price_per_hour=cap)
         except (TimeoutError, RuntimeError) as exc:  # one run that does not finish is reported
             errors.append({"run": name, "error": f"{type(exc).__name__}: {exc}"})
             continue

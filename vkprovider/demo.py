@@ -194,12 +194,14 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
                     load_seconds: float = 3.0, mode: str = PREEMPTION, fast_path: bool = True,
                     overflow_after: str | None = None,
                     kueue_home: Path | None = None,
-                    hostname_only_cloud: bool = False) -> StoryResult:
+                    hostname_only_cloud: bool = False,
+                    max_price_per_hour: float | None = 100.0) -> StoryResult:
     """The story, ``rate`` requests per second through it; inference loads for
     ``load_seconds`` (Running, not Ready, meanwhile) wherever a replica starts. ``mode`` says how
     the way out plays (:data:`MODES`; the Kueue ones need ``VKP_KUEUE_BIN`` or ``kueue_home``);
     ``fast_path=False`` runs the companion with ``--no-preemption-fast-path``;
-    ``overflow_after`` sets the policy's ``overflowAfter``. ``hostname_only_cloud`` makes
+    ``overflow_after`` sets the policy's ``overflowAfter``; ``max_price_per_hour`` its
+    ``limits.maxPricePerHour`` (None: no price cap). ``hostname_only_cloud`` makes
     cloud-b publish its replicas by hostname only (an HTTPS edge per replica port with a test
     CA's certificate, wanting the cloud's API key in ``Salad-Api-Key``, as SaladCloud) and runs
     a real HAProxy as the traffic gateway the provider programs; the Service reaches cloud-b's
@@ -329,7 +331,9 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
                 "selector": {"namespaces": [NS],
                              "podSelector": {"matchLabels": {"app": "inference"}}},
                 "providers": ["cloud-a", "cloud-b"],
-                "limits": {"maxGPUs": replicas * 2, "maxPricePerHour": 100},
+                "limits": {"maxGPUs": replicas * 2, **(
+                    {} if max_price_per_hour is None
+                    else {"maxPricePerHour": max_price_per_hour})},
                 "moveBack": {"enabled": True, "stableFor": "5s", "maxConcurrent": 2,
                              "cooldown": "30s"},
                 "prewarm": {"enabled": True, "timeout": "120s"}}
@@ -338,8 +342,10 @@ async def run_story(*, replicas: int = 8, narrate: bool = True, keep: bool = Fal
             await kube.create("/apis/vkprovider.io/v1alpha1/overflowpolicies", {
                 "apiVersion": "vkprovider.io/v1alpha1", "kind": "OverflowPolicy",
                 "metadata": {"name": "inference-burst"}, "spec": spec})
+            cap = ("no price cap" if max_price_per_hour is None
+                   else f"up to ${max_price_per_hour:g}/h")
             n.say("OverflowPolicy inference-burst: app=inference in namespace serving may burst "
-                  "to cloud-a then cloud-b, up to $100/h; move back after 5 s of fit"
+                  f"to cloud-a then cloud-b, {cap}; move back after 5 s of fit"
                   + ("; pre-warm before a Kueue gang displaces it (timeout 120 s)"
                      if mode == PREWARM else "")
                   + (f"; overflow after {overflow_after}" if overflow_after else ""))

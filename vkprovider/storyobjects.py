@@ -160,6 +160,7 @@ class WayOutWatch:
         self.gang_pods, self.kueue = gang_pods, kueue
         self.created = time.monotonic()
         self.workload_seen: float | None = None
+        self.quota_reserved: float | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def _sample(self, last: float) -> float:
@@ -179,8 +180,12 @@ class WayOutWatch:
             seen = f"{state}: {message}"
             if wl is not None and message and seen not in out.check_messages:
                 out.check_messages.append(seen)
+            if self.quota_reserved is None and condition_status(wl, "QuotaReserved") == "True":
+                self.quota_reserved = now
             if self.workload_seen is not None and condition_status(wl, "Admitted") == "True":
                 out.gang_admission_seconds = round(now - self.workload_seen, 2)
+                if self.quota_reserved is not None:
+                    out.gang_reserved_to_admitted_seconds = round(now - self.quota_reserved, 2)
         if out.gang_start_seconds is None:
             ps = await app_pods(self.kube, "training")
             if sum(1 for p in ps if p.get("status", {}).get("phase") in (

@@ -118,6 +118,8 @@ class WayOut:
     seconds_below_desired: float = 0.0  # with readyReplicas below the desired count
     max_replicas: int = 0  # the Deployment's most spec.replicas (desired + surge)
     gang_admission_seconds: float | None = None  # Workload seen -> Admitted (Kueue only)
+    #: QuotaReserved first seen True -> Admitted: the wait the pre-warm check adds (Kueue only)
+    gang_reserved_to_admitted_seconds: float | None = None
     gang_start_seconds: float | None = None  # Job created -> every gang pod Running
     check_messages: list[str] = field(default_factory=list)  # "State: message", as they came
 

@@ -9,6 +9,7 @@ import pytest
 
 from bench.wayout import (
     HEADER,
+    PRICE_CAP,
     RUNS,
     describe,
     needs_kueue,
@@ -64,7 +65,11 @@ def test_defaults_fit_a_two_core_machine_and_every_run_is_known(tmp_path: Path) 
     for bad in (["--runs", "nope"], ["--rate", "0"], ["--replicas", "1"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
-    assert RUNS["preemption-no-fast-path"] == (PREEMPTION, False)
+    assert RUNS["preemption-no-fast-path"] == (PREEMPTION, False, PRICE_CAP)
+    # the pre-warm without a price cap is asked for by name (issue 36 item 10's comparison)
+    assert RUNS["prewarm-no-cap"] == (PREWARM, True, None)
+    assert parse_args(["--runs", "prewarm", "prewarm-no-cap"]).runs == ["prewarm",
+                                                                       "prewarm-no-cap"]
     assert needs_kueue(["preemption", "kueue"]) and not needs_kueue(["preemption"])
 
 
