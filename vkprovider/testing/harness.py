@@ -224,6 +224,24 @@ class MockCloudProcess(MockCloudAPI, _Process):
                 await asyncio.sleep(0.1)
 
 
+#: a checkout whose ``vkprovider`` and ``providers`` the e2e harness's provider processes run
+#: instead of this tree's (everything else, the tests, the mock cloud and the harness, stays
+#: this tree's): how a new e2e is shown to fail on an older provider (docs/testing.md)
+PROVIDER_SOURCE_VAR = "VKP_E2E_PROVIDER_SOURCE"
+
+
+def provider_source_env() -> dict[str, str]:
+    """The environment that makes a provider process import another checkout's code, or none.
+    ``PYTHONSAFEPATH`` keeps the working directory (this tree) off the front of ``sys.path``."""
+    source = os.environ.get(PROVIDER_SOURCE_VAR)
+    if not source:
+        return {}
+    root = Path(source).resolve()
+    if not (root / "vkprovider" / "__init__.py").is_file():
+        raise ValueError(f"{PROVIDER_SOURCE_VAR}={source!r} is not a vkprovider checkout")
+    return {"PYTHONPATH": str(root), "PYTHONSAFEPATH": "1"}
+
+
 class ProviderProcess(_Process):
     """``vkprovider run`` with a generated config, restartable, killable with SIGKILL.
 
@@ -270,7 +288,8 @@ class ProviderProcess(_Process):
         )
 
     def start(self) -> None:
-        self.component.start(env={**os.environ, **self.env} if self.env else None)
+        env = {**(self.env or {}), **provider_source_env()}
+        self.component.start(env={**os.environ, **env} if env else None)
 
     def returncode(self) -> int | None:
         proc = self.component.process
