@@ -202,3 +202,77 @@ async def test_a_restarted_provider_keeps_a_hot_pod_marked_until_its_gpu_reads_c
     events = (await kube.get(f"/api/v1/namespaces/{namespace}/events", params={
         "fieldSelector": "involvedObject.name=hot,reason=GPUTooHot"}))["items"]
     assert sum(int(e.get("count") or 1) for e in events) == 1  # told once, before the restart
+
+
+async def test_kubectl_scale_up_during_a_live_hot_swap_is_kept(
+    kube: KubeClient, namespace: str, system: System, companion_kubeconfig: Path,
+    objects: Cluster,
+) -> None:
+    """Issue 36: a swap's scale-back takes back its own surge relative to the count it finds,
+    so a ``kubectl scale`` made while the swap is live stays. Two replicas serve from the cloud;
+    one GPU runs hot; the companion surges 2 -> 3 and the new instance is held booting (the
+    cloud's boot delay raised to 15 s before it is created); meanwhile the user scales what they
+    read (3) to 4 through the scale subresource. The swap ends with the hot pod gone and 3
+    replicas (the user's +1 kept, only the surge taken back), never fewer than 2 ready."""
+    cloud = await start(system, namespace, companion_kubeconfig)
+    body = policy(f"hot-{uuid.uuid4().hex[:6]}", namespace=namespace, app="inference",
+                  providers=["cloud0"])
+    body["spec"]["gpuHealth"] = {"maxTemperatureCelsius": 82, "sustainedFor": "2s"}
+    body["spec"]["moveBack"] = {"timeout": "90s", "cooldown": "5s"}
+    await objects.create(POLICIES, body)
+    dep_path = f"/apis/apps/v1/namespaces/{namespace}/deployments/inference"
+    await kube.create(f"/apis/apps/v1/namespaces/{namespace}/deployments",
+                      gpu_deployment("inference", replicas=2, pool=namespace))
+    first = await eventually(lambda: pods(kube, namespace, "inference"),
+                             until=lambda ps: len(ps) == 2 and all(
+                                 p["spec"].get("nodeName") == system.node_name
+                                 and p["status"].get("phase") == "Running" for p in ps),
+                             timeout=120, what="both replicas serving from the cloud")
+    await eventually(lambda: kube.get(dep_path), timeout=60,
+                     until=lambda d: int(d.get("status", {}).get("readyReplicas") or 0) == 2,
+                     what="the Deployment reporting 2 ready")
+    hot = first[0]
+    hot_name, hot_uid = hot["metadata"]["name"], hot["metadata"]["uid"]
+    hot_instance = hot["metadata"]["annotations"]["vkprovider.io/instance-id"]
+    await cloud.admin("PATCH", "/admin/config", json={"boot_delay": 15.0})
+    watcher = ReadyWatcher(kube, dep_path)
+    watcher.start()
+    await watcher.fresh()
+    try:
+        await cloud.admin("POST", f"/admin/instances/{hot_instance}/temperature",
+                          json={"celsius": 90})
+        live = await eventually(
+            lambda: kube.get(dep_path), timeout=90, interval=0.1,
+            until=lambda d: INTENT in (d["metadata"].get("annotations") or {})
+            and d["spec"]["replicas"] == 3, what="a live swap: its intent and the surge 2 -> 3")
+        assert int(live.get("status", {}).get("readyReplicas") or 0) <= 2, \
+            "the surge replica is still booting: the swap is live"
+        # kubectl scale --replicas=4: a merge patch of the scale subresource, no precondition
+        await kube.patch(f"{dep_path}/scale", {"spec": {"replicas": 4}})
+        await cloud.admin("PATCH", "/admin/config", json={"boot_delay": 0.3})
+        dep = await eventually(
+            lambda: kube.get(dep_path), timeout=150, interval=0.5,
+            until=lambda d: INTENT not in (d["metadata"].get("annotations") or {})
+            and int(d.get("status", {}).get("readyReplicas") or 0) == d["spec"]["replicas"],
+            what="the swap finished and every replica ready")
+        after = await eventually(
+            lambda: pods(kube, namespace, "inference"),
+            until=lambda ps: len(ps) == dep["spec"]["replicas"]
+            and all(p["status"].get("phase") == "Running" for p in ps),
+            timeout=60, what="the ReplicaSet settled")
+        await watcher.fresh()
+    finally:
+        await watcher.stop()
+    assert dep["spec"]["replicas"] == 3, \
+        f"the user's scale-up was taken back: {dep['spec']['replicas']} replicas, not 3"
+    assert hot_uid not in {p["metadata"]["uid"] for p in after}, \
+        f"the hot pod {hot_name} is still there: the ReplicaSet removed another one"
+    assert watcher.minimum is not None and watcher.minimum >= 2, \
+        f"ready replicas dipped to {watcher.minimum}"
+    reasons = {e["reason"] for e in (await kube.get(
+        f"/api/v1/namespaces/{namespace}/events"))["items"]
+        if e["involvedObject"]["kind"] == "Deployment"}
+    assert "ReplacedHotReplica" in reasons, reasons
+    await kube.delete(dep_path)
+    await eventually(lambda: live_instances(system), until=lambda n: n == 0, timeout=90,
+                     what="every cloud instance deleted")
