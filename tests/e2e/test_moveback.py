@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -105,7 +104,6 @@ async def overflow_then_free(
     hpa: bool = False, hpa_max: int | None = None, container: dict[str, Any] | None = None,
     before_preemption: Callable[[], Awaitable[None]] | None = None,
     overflow_after: str = "0s", companion_args: Sequence[str] = (),
-    crash_after_write: int = 0,
     start: Callable[[], Awaitable[None]] | None = None, providers: Sequence[str] = (),
     template: dict[str, Any] | None = None,
     before_freeing: Callable[[], Awaitable[None]] | None = None,
@@ -133,11 +131,7 @@ async def overflow_then_free(
     system.companion = CompanionProcess(work_dir=system.work_dir, kubeconfig=companion_kubeconfig,
                                         node_name=system.node_name, interval=0.5,
                                         move_back_interval=1.0, extra_args=companion_args)
-    if crash_after_write:  # the crash-point test hook (descheduler/crashpoint.py)
-        system.companion.component.start(env={**os.environ,
-                                              "VKP_CRASH_AFTER_WRITE": str(crash_after_write)})
-    else:
-        system.companion.start()
+    system.companion.start()
     tag = uuid.uuid4().hex[:6]
     low, high = f"inf-{tag}", f"train-{tag}"
     for name, value in ((low, 100), (high, 1000)):

@@ -152,9 +152,11 @@ async def start_story(*, kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFac
                       kueue_paths: list[str], local_cluster: Any, with_check: bool,
                       prewarm: dict[str, Any] | None = None, inventory: str | None = None,
                       load: bool = True, check_parameters: dict[str, str] | None = None,
-                      companion_env: dict[str, str] | None = None) -> Story:
+                      companion_env: dict[str, str] | None = None,
+                      move_back: dict[str, Any] | None = None) -> Story:
     """Inference filling one 4-GPU node under load, Kueue's queues (with the check), the
-    companion (``companion_env`` adds to its environment: the crash-point hook)."""
+    companion (``companion_env`` adds to its environment: the crash-point hook). The policy's
+    ``moveBack`` is off unless ``move_back`` gives it (the move-back crash points' story)."""
     await gpu_nodes.create(count=1, gpus=REPLICAS)
     await system.start(clouds=1, node_labels={"vkprovider.io/pool": namespace},
                        inventories=[inventory] if inventory else None)
@@ -217,7 +219,8 @@ async def start_story(*, kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFac
     # once (its cache not holding the new node yet, on a loaded machine) overflowed, and the
     # story began with inference already on the cloud and nothing to pre-warm.
     body = policy(f"pw-{tag}", namespace=namespace, app="inference", providers=["cloud0"])
-    body["spec"]["moveBack"] = {"enabled": False}  # the way back is test_moveback's story
+    # the way back is test_moveback's story, and the move-back crash points'
+    body["spec"]["moveBack"] = move_back or {"enabled": False}
     body["spec"]["prewarm"] = {"timeout": "60s", **(prewarm or {})}
     await objects.create(POLICIES, body)
     await service(kube, namespace, "inference", "inference")
