@@ -10,8 +10,11 @@ given a map directory (see ``vkprovider.probing.dialing``; ``providers/`` may no
 ``vkprovider``, so the same file format is written here by :func:`write_routes`).
 
 Thousands of instances may run in one process, so a listener is a plain asyncio server with an
-:mod:`h11` protocol (keep-alive, pipelining), no task per connection and no ASGI stack. Answers
-are computed from the instance's record when a request arrives:
+:mod:`h11` protocol (keep-alive, pipelining), no task per connection and no ASGI stack; behind
+the hostname-only edge a connection that negotiated ``h2`` by ALPN is HTTP/2 instead, and a
+WebSocket upgrade to ``/ws`` is echoed (:mod:`providers.mock.edgeproto`). Answers are computed
+from the instance's record when a request arrives (:mod:`providers.mock.exchange`, the same on
+every protocol):
 
 * ``/live``: 200 (500 when the admin ``live`` knob is off), also while loading;
 * while loading (``load_seconds`` after this run started): every other path 503
