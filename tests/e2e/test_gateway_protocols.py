@@ -60,9 +60,11 @@ def _websocket_echo(url: str, **options: Any) -> tuple[Any, ...]:
         ws.ping(b"are you there")
         opcode, frame = ws.recv_data_frame(control_frame=True)
         status = ws.status
+        ws.send_close(websocket.STATUS_NORMAL, b"bye")  # a clean close: the echo answers it
+        closing, close = ws.recv_data_frame(control_frame=True)
     finally:
-        ws.close()
-    return text, data, opcode, frame.data, status
+        ws.shutdown()
+    return text, data, opcode, frame.data, status, closing, close.data[:2]
 
 
 def _websocket_refusal(url: str, **options: Any) -> int:
@@ -102,9 +104,10 @@ async def test_websocket_and_grpc_pass_through_the_gateway_and_the_edge_wants_it
 
         # (a) a WebSocket echo through the gateway (HAProxy relays it over HTTP/1.1 to the
         # edge, which speaks h2 to the gateway for everything else)
-        text, data, opcode, pong, status = await asyncio.to_thread(
+        text, data, opcode, pong, status, closing, code = await asyncio.to_thread(
             _websocket_echo, f"ws://{to_host}:{to_port}/ws")
         assert status == 101
+        assert (closing, code) == (websocket.ABNF.OPCODE_CLOSE, b"\x03\xe8")  # 1000, normal
         assert (text, data) == ("hello over the gateway", b"\x00\x01\x02\xfe\xff")
         assert (opcode, pong) == (websocket.ABNF.OPCODE_PONG, b"are you there")
 

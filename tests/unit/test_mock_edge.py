@@ -320,9 +320,11 @@ async def test_the_edge_echoes_a_websocket_after_an_http11_upgrade(tmp_path: Pat
                 data = ws.recv()
                 ws.ping(b"p1")
                 pong = ws.recv_data_frame(control_frame=True)
+                ws.send_close(websocket.STATUS_NORMAL, b"bye")
+                closing = ws.recv_data_frame(control_frame=True)
             finally:
-                ws.close()
-            return text, data, pong[0], pong[1].data, ws.status
+                ws.shutdown()
+            return text, data, pong[0], pong[1].data, ws.status, closing[0], closing[1].data[:2]
 
         def refused() -> int:
             with pytest.raises(websocket.WebSocketBadStatusException) as exc:
@@ -330,7 +332,8 @@ async def test_the_edge_echoes_a_websocket_after_an_http11_upgrade(tmp_path: Pat
                                             sslopt=ssl_options, timeout=10)
             return int(exc.value.status_code)
 
-        text, data, opcode, pong, status = await asyncio.to_thread(talk)
+        text, data, opcode, pong, status, closing, code = await asyncio.to_thread(talk)
+        assert (closing, code) == (websocket.ABNF.OPCODE_CLOSE, b"\x03\xe8")  # clean, 1000
         assert (text, data) == ("hello", b"\x00\x01\xff")
         assert (opcode, pong) == (websocket.ABNF.OPCODE_PONG, b"p1")
         assert status == 101
