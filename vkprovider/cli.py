@@ -226,9 +226,9 @@ def _mock_edge(args: argparse.Namespace, api_key: str | None) -> Any:
 
     if not args.edge_domain:
         if (args.edge_cert or args.edge_key or args.edge_auth_header
-                or args.edge_timeout is not None):
-            raise ConfigError("--edge-cert/--edge-key/--edge-auth-header/--edge-timeout need "
-                              "--edge-domain")
+                or args.edge_timeout is not None or args.edge_http1_only):
+            raise ConfigError("--edge-cert/--edge-key/--edge-auth-header/--edge-timeout/"
+                              "--edge-http1-only need --edge-domain")
         return None
     if not args.edge_cert or not args.edge_key:
         raise ConfigError("--edge-domain needs --edge-cert and --edge-key (PEM files)")
@@ -238,6 +238,7 @@ def _mock_edge(args: argparse.Namespace, api_key: str | None) -> Any:
         return EdgeSettings(domain=args.edge_domain, cert_file=Path(args.edge_cert),
                             key_file=Path(args.edge_key), auth_header=args.edge_auth_header,
                             api_key=api_key if args.edge_auth_header else None,
+                            http2=not args.edge_http1_only,
                             **({} if args.edge_timeout is None
                                else {"timeout_seconds": args.edge_timeout}))
     except ValueError as exc:
@@ -446,6 +447,9 @@ def build_parser() -> argparse.ArgumentParser:
     mock.add_argument("--edge-timeout", metavar="SECONDS", type=float, default=None,
                       help="the edge answers 524 to a request whose response has not started "
                            "within SECONDS, like RunPod's proxy (default: 100)")
+    mock.add_argument("--edge-http1-only", action="store_true",
+                      help="the edge offers only HTTP/1.1 by ALPN (default: h2 and http/1.1, "
+                           "as a real edge; gRPC needs h2)")
     mock.set_defaults(func=_mock_cloud)
 
     gwc = sub.add_parser("gateway-config", parents=[without_kube],

@@ -12,6 +12,12 @@ address map routes ``<edge host>:443`` to the loopback listener, as for IP mode.
 Like RunPod's HTTP proxy (behind Cloudflare, which cuts a request at ~100 s), the edge gives the
 container ``timeout_seconds`` (default 100) to start its response; a request that gets none in
 time is answered ``524`` by the edge. A streamed response whose headers came in time is not cut.
+
+Like a real edge (Cloudflare, SaladCloud's gateway) it speaks HTTP/1.1 with WebSocket upgrades
+and, offered by ALPN (``http2``, on by default), HTTP/2, where gRPC passes: the provider's
+traffic gateway offers ``h2,http/1.1`` and so talks HTTP/2 to it (providers/mock/edgeproto.py).
+Without the key, the edge answers HTTP 401 on every protocol, gRPC included, as an HTTP proxy
+that knows no gRPC does (a gRPC client reads it as ``UNAUTHENTICATED``).
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ class EdgeSettings:
     api_key: str | None = field(default=None, repr=False)  # the key the edge wants
     #: seconds the container has to start its response before the edge answers 524
     timeout_seconds: float = EDGE_TIMEOUT_SECONDS
+    #: offer HTTP/2 by ALPN beside HTTP/1.1 (a real edge does); False: HTTP/1.1 only
+    http2: bool = True
 
     def __post_init__(self) -> None:
         if not _DOMAIN.match(self.domain):
@@ -64,7 +72,7 @@ class EdgeSettings:
     def context(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ctx.load_cert_chain(self.cert_file, self.key_file)
-        ctx.set_alpn_protocols(["http/1.1"])
+        ctx.set_alpn_protocols(["h2", "http/1.1"] if self.http2 else ["http/1.1"])
         return ctx
 
     def allows(self, headers: list[tuple[bytes, bytes]]) -> bool:

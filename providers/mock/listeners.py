@@ -10,8 +10,11 @@ given a map directory (see ``vkprovider.probing.dialing``; ``providers/`` may no
 ``vkprovider``, so the same file format is written here by :func:`write_routes`).
 
 Thousands of instances may run in one process, so a listener is a plain asyncio server with an
-:mod:`h11` protocol (keep-alive, pipelining), no task per connection and no ASGI stack. Answers
-are computed from the instance's record when a request arrives:
+:mod:`h11` protocol (keep-alive, pipelining), no task per connection and no ASGI stack; behind
+the hostname-only edge a connection that negotiated ``h2`` by ALPN is HTTP/2 instead, and a
+WebSocket upgrade to ``/ws`` is echoed (:mod:`providers.mock.edgeproto`). Answers are computed
+from the instance's record when a request arrives (:mod:`providers.mock.exchange`, the same on
+every protocol):
 
 * ``/live``: 200 (500 when the admin ``live`` knob is off), also while loading;
 * while loading (``load_seconds`` after this run started): every other path 503
@@ -40,7 +43,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import os
 import socket
 import ssl
@@ -53,8 +55,20 @@ from typing import Any, cast
 
 import h11
 
-from providers.base import TAG_NAMESPACE, TAG_POD
 from providers.mock.edge import EDGE_PORT, EdgeSettings
+from providers.mock.edgeproto import H2Session, WebSocketEcho
+from providers.mock.exchange import (
+    PROBE_PATHS,
+    Gone,
+    GrpcEcho,
+    Later,
+    Outcome,
+    Reply,
+    Stream,
+    Upgrade,
+    answer,
+    decide,
+)
 from providers.mock.records import Record
 
 __all__ = ["LISTEN_HOST", "PROBE_PATHS", "Listener", "ListenerSet", "answer", "write_routes"]
@@ -63,16 +77,11 @@ log = logging.getLogger(__name__)
 
 #: Where the listeners bind: loopback only, always.
 LISTEN_HOST = "127.0.0.1"
-#: The paths a probe asks; the rest is traffic.
-PROBE_PATHS = frozenset({"/live", "/ready", "/healthz", "/startup"})
-_PROBE_AGENT = b"kube-probe/"
 #: Route files are rewritten at most this often; a burst of changes is written once.
 _ROUTES_MIN_INTERVAL = 0.05
 #: The ticker checks every listener (not only changed records) once in this many ticks.
 _FULL_SYNC_EVERY = 10
 _MAX_BODY = 1 << 20
-_STREAM_MAX_EVENTS = 600
-_SLOW_MAX_SECONDS = 600.0
 _REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized",
             500: b"Internal Server Error", 503: b"Service Unavailable",
             524: b"A Timeout Occurred"}
@@ -96,30 +105,6 @@ def write_routes(*, directory: Path, owner: str, routes: Iterable[tuple[str, int
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def answer(record: Record, *, container_port: int, path: str, now: float) -> tuple[int, Any]:
-    """The model server's status and JSON body for ``path`` at ``now``."""
-    identity = {
-        "instance": record.id,
-        "name": record.name,
-        "namespace": record.tags.get(TAG_NAMESPACE),
-        "pod": record.tags.get(TAG_POD),
-        "container_port": container_port,
-    }
-    if path == "/live":
-        return (200 if record.live_ok else 500), {"live": record.live_ok, **identity}
-    loaded_at = record.loaded_at()
-    if loaded_at is None or now < loaded_at:
-        left = 0.0 if loaded_at is None else round(loaded_at - now, 3)
-        return 503, {"loading": True, "ready_in_seconds": left, **identity}
-    if path == "/startup":
-        return 200, {"started": True, **identity}
-    if path in ("/ready", "/healthz"):
-        return (200 if record.ready_ok else 503), {"ready": record.ready_ok, **identity}
-    if not record.ready_ok:
-        return 503, {"ready": False, **identity}
-    return 200, identity
 
 
 @dataclass(eq=False, kw_only=True)
@@ -165,7 +150,9 @@ class Listener:
 
 
 class _Connection(asyncio.Protocol):
-    """One HTTP/1.1 connection to a listener (h11, keep-alive); answers as :func:`answer`."""
+    """One connection to a listener: HTTP/1.1 (h11, keep-alive, WebSocket upgrades) or, when
+    the edge negotiated it by ALPN, HTTP/2 (:class:`~providers.mock.edgeproto.H2Session`);
+    every request's answer is :func:`~providers.mock.exchange.decide`'s."""
 
     def __init__(self, listener: Listener, owner: ListenerSet) -> None:
         self._listener = listener
@@ -176,6 +163,8 @@ class _Connection(asyncio.Protocol):
         self._body = 0
         self._requests = 0
         self._aborted = False
+        self._h2: H2Session | None = None
+        self._ws: WebSocketEcho | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # a stream transport; uvloop's TLS transport is not an asyncio.Transport subclass
@@ -184,6 +173,10 @@ class _Connection(asyncio.Protocol):
             self._transport.abort()
             return
         self._listener.connections.add(self)
+        tls = transport.get_extra_info("ssl_object")
+        if tls is not None and tls.selected_alpn_protocol() == "h2":
+            self._h2 = H2Session(transport=self._transport, decide=self._decide_h2,
+                                 gone=self._gone)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._listener.connections.discard(self)
@@ -196,17 +189,42 @@ class _Connection(asyncio.Protocol):
             self._transport.abort()
 
     def data_received(self, data: bytes) -> None:
+        if self._h2 is not None:
+            self._h2.data_received(data)
+            return
+        if self._ws is not None:
+            self._ws.data_received(data)
+            return
         self._h11.receive_data(data)
         self._process()
 
     def eof_received(self) -> bool | None:
-        self._h11.receive_data(b"")
-        self._process()
+        if self._ws is not None:
+            self._ws.data_received(None)
+            return None
+        if self._h2 is None:
+            self._h11.receive_data(b"")
+            self._process()
         return None  # close our side too
+
+    def _decide(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]],
+                body: bytes, *, http2: bool) -> Outcome:
+        self._requests += 1
+        return decide(self._listener, now=self._owner.clock(), edge=self._owner.edge,
+                      method=method, target=target, headers=headers, body=body, http2=http2)
+
+    def _decide_h2(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]],
+                   body: bytes) -> Outcome:
+        return self._decide(method, target, headers, body, http2=True)
+
+    def _gone(self) -> None:
+        """The container is gone: no answer, as from a dead process."""
+        self.abort()
+        self._owner.sync_one(self._listener.record)
 
     def _process(self) -> None:
         transport = self._transport
-        while transport is not None and not transport.is_closing():
+        while (transport is not None and not transport.is_closing() and self._ws is None):
             try:
                 event = self._h11.next_event()
             except h11.RemoteProtocolError:
@@ -237,33 +255,26 @@ class _Connection(asyncio.Protocol):
         transport = self._transport
         if request is None or transport is None:
             return
-        listener = self._listener
-        record = listener.record
-        now = self._owner.clock()
-        record.advance(now=now)
-        if listener.closed or not record.serving or record.restart_count != listener.run:
-            self.abort()  # the container is gone: no answer, as from a dead process
-            self._owner.sync_one(record)
-            return
-        self._requests += 1
-        path = request.target.split(b"?", 1)[0].decode("ascii", "replace")
-        agent = next((v for k, v in request.headers if k == b"user-agent"), b"")
-        edge = self._owner.edge
-        if edge is not None and not edge.allows(list(request.headers)):
-            payload = b'{"error": "unauthorized: the edge wants its API key"}'
-            self._send(401, b"" if request.method == b"HEAD" else payload, length=len(payload))
-            return  # refused at the edge: the container never sees it
-        listener.count(probe=path in PROBE_PATHS or agent.startswith(_PROBE_AGENT))
-        status, body = answer(record, container_port=listener.container_port, path=path, now=now)
-        if path == "/stream" and status == 200 and request.method == b"GET":
-            self._stream(record.id, query=request.target.partition(b"?")[2])
-            return
-        if path == "/slow" and status == 200:
-            self._slow(body, query=request.target.partition(b"?")[2],
-                       head=request.method == b"HEAD")
-            return
-        payload = json.dumps(body).encode()
-        self._send(status, b"" if request.method == b"HEAD" else payload, length=len(payload))
+        headers = list(request.headers)
+        outcome = self._decide(request.method, request.target, headers, b"", http2=False)
+        if isinstance(outcome, Gone):
+            self._gone()
+        elif isinstance(outcome, Reply):
+            self._reply(outcome)
+        elif isinstance(outcome, Stream):
+            self._stream(outcome)
+        elif isinstance(outcome, Later):
+            self._later(outcome)
+        elif isinstance(outcome, Upgrade):
+            pending, _ = self._h11.trailing_data  # bytes the client sent after its request
+            self._ws = WebSocketEcho(transport=transport, headers=headers,
+                                     target=request.target, pending=pending)
+        elif isinstance(outcome, GrpcEcho):  # pragma: no cover - decide() says so on h2 only
+            self._reply(Reply(400, b'{"error": "gRPC needs HTTP/2"}'))
+
+    def _reply(self, reply: Reply) -> None:
+        self._send(reply.status, b"" if reply.head else reply.payload,
+                   length=len(reply.payload))
 
     def _send(self, status: int, payload: bytes, *, length: int) -> None:
         transport = self._transport
@@ -284,17 +295,9 @@ class _Connection(asyncio.Protocol):
         if self._h11.our_state is h11.MUST_CLOSE:
             transport.close()
 
-    def _stream(self, instance: str, *, query: bytes) -> None:
+    def _stream(self, stream: Stream) -> None:
         """SSE over chunked encoding, one event every ``every`` seconds, from the loop's timers
         (no task per stream); stops when the connection goes."""
-        params = dict(kv.partition(b"=")[::2] for kv in query.split(b"&") if kv)
-        try:
-            events = max(1, min(_STREAM_MAX_EVENTS, int(params.get(b"events", b"10"))))
-            every = max(0.05, min(5.0, float(params.get(b"every", b"1"))))
-        except ValueError:
-            bad = b'{"error": "bad stream parameters"}'
-            self._send(400, bad, length=len(bad))
-            return
         transport = self._transport
         assert transport is not None
         try:
@@ -312,9 +315,9 @@ class _Connection(asyncio.Protocol):
                 return
             try:
                 transport.write(self._h11.send(h11.Data(
-                    data=f"data: {instance} {i}\n\n".encode())) or b"")
-                if i + 1 < events:
-                    loop.call_later(every, send, i + 1)
+                    data=f"data: {stream.instance} {i}\n\n".encode())) or b"")
+                if i + 1 < stream.events:
+                    loop.call_later(stream.every, send, i + 1)
                     return
                 transport.write(self._h11.send(h11.EndOfMessage()) or b"")
             except h11.LocalProtocolError:
@@ -327,36 +330,19 @@ class _Connection(asyncio.Protocol):
 
         send(0)
 
-    def _slow(self, body: dict[str, Any], *, query: bytes, head: bool) -> None:
-        """Answer after ``seconds``, from one loop timer; behind the edge, ``524`` at its timeout
-        when the answer would come later (the edge gives up; the container's answer is lost)."""
-        params = dict(kv.partition(b"=")[::2] for kv in query.split(b"&") if kv)
-        try:
-            seconds = float(params.get(b"seconds", b"1"))
-        except ValueError:
-            seconds = math.nan
-        if not math.isfinite(seconds) or not 0 <= seconds <= _SLOW_MAX_SECONDS:
-            bad = b'{"error": "bad slow parameters"}'
-            self._send(400, bad, length=len(bad))
-            return
-        edge = self._owner.edge
-        if edge is not None and seconds > edge.timeout_seconds:
-            late = {"error": "a timeout occurred: the container sent no response in time",
-                    "timeout_seconds": edge.timeout_seconds}
-            when, status, out = edge.timeout_seconds, 524, late
-        else:
-            when, status, out = seconds, 200, {**body, "waited_seconds": seconds}
-        payload = json.dumps(out).encode()
+    def _later(self, later: Later) -> None:
+        """Answer after ``seconds``, from one loop timer (a slow generation, or the edge's 524
+        at its timeout: the container's answer is lost)."""
         transport = self._transport
 
         def send() -> None:
             if transport is None or transport.is_closing():
                 return  # the client or the container went meanwhile
-            self._send(status, b"" if head else payload, length=len(payload))
+            self._reply(later.reply)
             if not transport.is_closing():
                 self._process()  # a request pipelined behind this one
 
-        asyncio.get_running_loop().call_later(when, send)
+        asyncio.get_running_loop().call_later(later.seconds, send)
 
     def _bad_request(self) -> None:
         transport = self._transport
