@@ -18,7 +18,10 @@ status says where its kubelet API listens. This module keeps that Node object tr
 * **Capacity.** ``nvidia.com/gpu`` comes from the ``capacity`` callable, refreshed every
   ``capacity_refresh_seconds`` and on ``notify_changed()``, in its own task so a slow cloud never
   delays a heartbeat. When it fails, the last known figure stays; before the first success the
-  Node reports ``0`` GPUs, never a made-up number.
+  Node reports ``0`` GPUs, never a made-up number. The same read gives the GPU products offered
+  and what the offers cost per GPU-hour, which ride the status patch as the Node annotations
+  ``vkprovider.io/gpu-products`` and ``vkprovider.io/offer-prices`` (the companion's estimate
+  under a $/h cap, :mod:`vkprovider.placement.offerprices`).
 * **Heartbeat.** The full status is patched whenever it changes and at least every
   ``status_interval_seconds``; the Lease (see ``lease.py``) is the fast heartbeat. When the
   ``healthy`` gate says False, neither is written (as virtual-kubelet does after a failed ping),
