@@ -3,8 +3,9 @@
 The admission decision of one pass, with the watches' stores filled by hand (unit test: the API
 is a recording stand-in that accepts every write). The cap used to admit one pod, then wait
 until the cloud priced it: a pre-warm surge of 12 replicas came up one per cloud round trip.
-Now a pod not priced yet counts at the price per GPU the policy's cloud pods pay; only with no
-price known does the companion admit one and wait.
+Now a pod not priced yet counts at the price per GPU the policy's cloud pods pay, or at the
+dearest offer the policy could take as the provider publishes it on its Node, whichever is
+higher; only with no price known at all does the companion admit one and wait.
 """
 
 from __future__ import annotations

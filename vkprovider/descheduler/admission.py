@@ -23,12 +23,16 @@ one change there, never a moment in neither of two watches, so a pass cannot adm
 its patch on, before the watch shows it. A cloud pod counts until its object is gone, terminating
 or not (the provider deletes it only after the instance, which bills until then).
 A price is known once a cloud accepted a pod (the provider writes ``vkprovider.io/price-per-hour``).
-Under a $/h limit, a pod not priced yet counts at the price per GPU the policy's cloud pods pay
-(or paid, when this process last saw one), so a surge (a pre-warm's, say) is admitted at once,
-as far as the cap allows, instead of one pod per cloud round trip. Only while no price of the
-policy is known does the companion admit one pod and wait until it is priced. The provider checks
-each pod at the price of the offer it is about to take (its last gate), so an estimate that
-proves low makes a pod wait on the node, never overshoots the cap.
+Under a $/h limit, a pod not priced yet counts at the dearest $/GPU-h among the offers its policy
+could take, as the providers publish them on their Nodes (``vkprovider.io/offer-prices``,
+:mod:`vkprovider.placement.offerprices`), or at the price per GPU the policy's cloud pods pay (or
+paid, when this process last saw one) if that is higher. So a surge (a pre-warm's, say) is
+admitted at once, as far as the cap allows, before any pod is priced, instead of one pod per
+cloud round trip; the dearest offer, so the estimate is never below what a pod may cost. Only
+while no price is known at all (a node the policy may use publishes none) does the companion
+admit one pod and wait until it is priced. The provider checks each pod at the price of the
+offer it is about to take (its last gate), so an estimate that proves low makes a pod wait on
+the node, never overshoots the cap.
 
 Policy status (``/status``, patched only when it changed): usage, the last ``MAX_DECISIONS``
 decisions (admission's and move-back's, which records through
