@@ -4,11 +4,16 @@ what the companion accepts, and the conservative estimate of one GPU of a policy
 from __future__ import annotations
 
 import json
+from typing import Any, cast
 
 import pytest
 
-from providers.base import Offer
+from providers.base import Offer, Provider
+from vkprovider.config import Settings
+from vkprovider.kube import KubeClient
+from vkprovider.metrics import Metrics
 from vkprovider.node.nodebody import NodeCapacity, metadata_annotations
+from vkprovider.node.pods import PodController
 from vkprovider.placement.offerprices import (
     ANY_TYPE,
     MAX_ANNOTATION_BYTES,
@@ -112,3 +117,28 @@ def test_the_node_patch_sets_changes_and_removes_the_annotation() -> None:
     assert metadata_annotations(same, cap) == {}
     assert metadata_annotations(same, NodeCapacity(gpus=4, gpu_products=("H100",))) == {
         OFFER_PRICES_ANNOTATION: None}
+
+
+class OffersOnly:
+    """A cloud adapter that only answers the capacity call (the node's capacity refresh)."""
+
+    def __init__(self, offers: list[Offer]) -> None:
+        self.offers = offers
+
+    async def capacity(self) -> list[Offer]:
+        return self.offers
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_the_capacity_refresh_prices_what_the_node_sells_not_a_draining_account() -> None:
+    clouds = {"a": OffersOnly([offer("a", "H100", 2.49), offer("a", "H100", 2.19, region="eu")]),
+              "old": OffersOnly([offer("old", "H100", 9.0)])}
+    ctl = PodController(client=cast(KubeClient, object()), settings=Settings(),
+                        providers={n: cast(Provider, p) for n, p in clouds.items()},
+                        events=cast(Any, object()), refs=cast(Any, object()), metrics=Metrics())
+    ctl.set_draining("old", True)  # creates nothing: its offers are not the node's to sell
+    capacity = await ctl.node_capacity()
+    assert capacity.offer_prices is not None
+    assert decode(capacity.offer_prices) == {"a": {"H100": PriceRange(min=2.19, max=2.49)}}
