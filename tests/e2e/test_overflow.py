@@ -199,7 +199,8 @@ async def test_budget_cap_keeps_further_pods_pending_and_lowers_allocatable(
                               timeout=30, what="an OverflowRefused event")
     refused = next(e for e in events if e["reason"] == "OverflowRefused")
     assert "maxPricePerHour" in refused["message"] and name in refused["message"]
-    # the policy says so too: $4/h outside, one more GPU at $2/h would pass $5/h
+    # the policy says so too: $4/h outside, one more GPU at up to $3/h (the dearest offer)
+    # would pass $5/h
     obj = await eventually(lambda: kube.get(f"{POLICIES}/{name}"), timeout=30,
                            until=lambda o: condition(o, "BudgetExhausted").get("status") == "True",
                            what="BudgetExhausted=True")

@@ -23,12 +23,16 @@ one change there, never a moment in neither of two watches, so a pass cannot adm
 its patch on, before the watch shows it. A cloud pod counts until its object is gone, terminating
 or not (the provider deletes it only after the instance, which bills until then).
 A price is known once a cloud accepted a pod (the provider writes ``vkprovider.io/price-per-hour``).
-Under a $/h limit, a pod not priced yet counts at the price per GPU the policy's cloud pods pay
-(or paid, when this process last saw one), so a surge (a pre-warm's, say) is admitted at once,
-as far as the cap allows, instead of one pod per cloud round trip. Only while no price of the
-policy is known does the companion admit one pod and wait until it is priced. The provider checks
-each pod at the price of the offer it is about to take (its last gate), so an estimate that
-proves low makes a pod wait on the node, never overshoots the cap.
+Under a $/h limit, a pod not priced yet counts at the dearest $/GPU-h among the offers its policy
+could take, as the providers publish them on their Nodes (``vkprovider.io/offer-prices``,
+:mod:`vkprovider.placement.offerprices`), or at the price per GPU the policy's cloud pods pay (or
+paid, when this process last saw one) if that is higher. So a surge (a pre-warm's, say) is
+admitted at once, as far as the cap allows, before any pod is priced, instead of one pod per
+cloud round trip; the dearest offer, so the estimate is never below what a pod may cost. Only
+while no price is known at all (a node the policy may use publishes none) does the companion
+admit one pod and wait until it is priced. The provider checks each pod at the price of the
+offer it is about to take (its last gate), so an estimate that proves low makes a pod wait on
+the node, never overshoots the cap.
 
 Policy status (``/status``, patched only when it changed): usage, the last ``MAX_DECISIONS``
 decisions (admission's and move-back's, which records through
@@ -64,6 +68,7 @@ from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
 from vkprovider.kube.events import EventRecorder
 from vkprovider.kube.watching import Informer
 from vkprovider.logs import kv
+from vkprovider.placement import offerprices
 from vkprovider.placement import policy as pol
 from vkprovider.placement.budget import (
     POLICY_ANNOTATION,
@@ -123,10 +128,32 @@ def virtual_taint(node: Mapping[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _slim_node_taints(obj: Body) -> Body:
+def _slim_node(obj: Body) -> Body:
+    """A virtual Node as admission needs it: its taints, and the offers' prices its provider
+    publishes (``offerPrices``: parsed, or None when absent or refused, which is logged)."""
     meta = obj.get("metadata") or {}
     return {"metadata": {"name": meta.get("name"), "uid": meta.get("uid")},
-            "spec": {"taints": (obj.get("spec") or {}).get("taints") or []}}
+            "spec": {"taints": (obj.get("spec") or {}).get("taints") or []},
+            "offerPrices": node_offer_prices(obj)}
+
+
+def node_offer_prices(node: Mapping[str, Any]) -> offerprices.OfferPrices | None:
+    """The offers' $/GPU-h a virtual Node publishes (``vkprovider.io/offer-prices``), or None.
+
+    The annotation is input (anyone who may patch Nodes can write it): a value that does not
+    parse is ignored with a warning, and admission under a $/h cap admits one pod first there.
+    """
+    meta = node.get("metadata") or {}
+    text = (meta.get("annotations") or {}).get(offerprices.OFFER_PRICES_ANNOTATION)
+    if text is None:
+        return None
+    try:
+        return offerprices.decode(str(text))
+    except offerprices.OfferPricesError as exc:
+        log.warning("ignoring the node's offer prices", extra=kv(
+            node=meta.get("name"), annotation=offerprices.OFFER_PRICES_ANNOTATION,
+            error=str(exc)))
+        return None
 
 
 def unschedulable_since(pod: Mapping[str, Any]) -> float | None:
@@ -198,6 +225,15 @@ def committed_usage(usage: Mapping[str, Usage], *, unpriced_gpus: Mapping[str, i
     return out
 
 
+def higher_of(*tables: Mapping[str, float]) -> dict[str, float]:
+    """Per key, the highest value any of ``tables`` has for it."""
+    out: dict[str, float] = {}
+    for table in tables:
+        for key, value in table.items():
+            out[key] = max(value, out.get(key, value))
+    return out
+
+
 def slim_replicaset(obj: Body) -> Body:
     """A ReplicaSet as the companion needs it: who owns it, how many replicas it wants."""
     meta = obj.get("metadata") or {}
@@ -243,7 +279,7 @@ class OverflowAdmission:
                                     name="replicasets", transform=slim_replicaset)
         self.virtual_nodes = Informer(client=client, path="/api/v1/nodes",
                                       params={"labelSelector": "type=virtual-kubelet"},
-                                      name="virtual-nodes", transform=_slim_node_taints)
+                                      name="virtual-nodes", transform=_slim_node)
         self.policies = Informer(client=client, path=POLICIES_PATH, name="policies",
                                  handler=self._poke)
         self.namespaces = Informer(client=client, path="/api/v1/namespaces", name="namespaces")
@@ -397,7 +433,10 @@ class OverflowAdmission:
                                   for o in p["metadata"].get("ownerReferences") or [])
                       and self._prewarm_role(p) != "hold"]
         usage = self.budget_usage()
-        per_gpu = self._price_per_gpu()
+        # what one unpriced GPU is counted at: the dearest offer the policy could take, as the
+        # providers publish them, or what its pods paid, whichever is higher (a paid average
+        # can be below the offer the next pod takes); one of them alone when only it is known
+        per_gpu = higher_of(self._offer_estimates(policies), self._price_per_gpu())
         unpriced = self._unpriced_gpus()
         self._unpriced = set(unpriced)
         # what the decisions count: the prices known, and each pod not priced yet at the price
@@ -443,6 +482,24 @@ class OverflowAdmission:
                 if intent is not None:
                     intents[key] = intent
         return prewarm_plan.admission_role(pod, intents)
+
+    def _offer_estimates(self, policies: Iterable[pol.OverflowPolicy]) -> dict[str, float]:
+        """Per policy with a $/h cap, the dearest $/GPU-h among the offers it could take, as
+        the providers of the nodes it may use publish them (:mod:`~vkprovider.placement.
+        offerprices`). Absent: some node published none (or junk), or no offer is known; then
+        a capped policy with no priced pod admits one pod first."""
+        out: dict[str, float] = {}
+        for policy in policies:
+            if policy.spec.limits.max_price_per_hour is None:
+                continue
+            nodes = [n for n in self.node_names
+                     if not policy.spec.nodes or n in policy.spec.nodes]
+            estimate = offerprices.policy_price_per_gpu(
+                [(self.virtual_nodes.store.get(n) or {}).get("offerPrices") for n in nodes],
+                providers=policy.spec.providers, gpu_types=policy.spec.gpu_types)
+            if estimate is not None and estimate > 0:
+                out[policy.name] = estimate
+        return out
 
     def _price_per_gpu(self) -> dict[str, float]:
         """What one GPU of each policy costs outside, by policy: the average over its priced

@@ -194,7 +194,8 @@ def budget_condition(*, policy: pol.OverflowPolicy, usage: Usage,
     drops), naming every limit reached; the reason is the first of them.
 
     A $/h limit is reached when what runs outside costs it already, or when one more GPU at the
-    price this policy's pods pay (``price_per_gpu``, what admission expects too) would exceed it.
+    price admission counts an unpriced pod at (``price_per_gpu``: the dearest offer the policy
+    could take, or what its pods pay if higher) would exceed it.
     """
     limits = policy.spec.limits
     reached: list[tuple[str, str]] = []

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from vkprovider.config import NodeSettings
+from vkprovider.placement.offerprices import OFFER_PRICES_ANNOTATION
 from vkprovider.semantics.gpus import GPU_RESOURCE
 from vkprovider.semantics.timefmt import format_time
 
@@ -43,6 +44,9 @@ class NodeCapacity:
 
     gpus: int
     gpu_products: tuple[str, ...] = ()
+    #: the offers' $/GPU-h per account and GPU type, as the annotation's text
+    #: (vkprovider/placement/offerprices.py); None: not published
+    offer_prices: str | None = None
 
 
 # ---- pure rules ---------------------------------------------------------------------------------
@@ -202,3 +206,14 @@ def products_annotation(capacity: NodeCapacity | None) -> str:
     if capacity is None:
         return ""
     return ",".join(sorted(set(capacity.gpu_products)))
+
+
+def metadata_annotations(node: Mapping[str, Any], capacity: NodeCapacity | None
+                         ) -> dict[str, str | None]:
+    """The annotations the status patch must change on ``node`` (None: remove it): the GPU
+    products offered, and the offers' prices (``vkprovider.io/offer-prices``, for the
+    companion's estimate under a $/h cap; docs/kueue.md)."""
+    have = (node.get("metadata") or {}).get("annotations") or {}
+    want = {GPU_PRODUCTS_ANNOTATION: products_annotation(capacity),
+            OFFER_PRICES_ANNOTATION: (capacity.offer_prices or "") if capacity else ""}
+    return {k: v or None for k, v in want.items() if have.get(k, "") != v}

@@ -104,6 +104,7 @@ from vkprovider.node.replicas import EndpointSink, ProberLike, Replicas
 from vkprovider.node.spend import SpendRecorder
 from vkprovider.node.translate import RefSource
 from vkprovider.node.workqueue import ShutDown, WorkQueue
+from vkprovider.placement import offerprices
 from vkprovider.placement import policy as pol
 from vkprovider.placement.blocks import Blocks
 from vkprovider.placement.budget import Usage
@@ -184,6 +185,7 @@ class PodController:
         self.orphans: dict[InstanceKey, float] = {}  # (provider, id) -> first sighting
         self.offers: list[Offer] = []
         self.offers_read = False
+        self._offer_prices_unpublished = False  # too big to publish when last computed
         self.largest_offer: dict[str, int] = {}  # GPU type -> most GPUs ever offered at once
         # Runtime provider changes (node/providerset.py); see the module docstring.
         self.providers_lock = asyncio.Lock()
@@ -256,7 +258,21 @@ class PodController:
             free = min(free, budget)
         self.advertised_gpus = free + held
         return NodeCapacity(gpus=free + held,
-                            gpu_products=tuple(sorted({o.gpu_type for o in offers})))
+                            gpu_products=tuple(sorted({o.gpu_type for o in offers})),
+                            offer_prices=self._offer_prices_text(offers))
+
+    def _offer_prices_text(self, offers: list[Offer]) -> str | None:
+        """The offers' $/GPU-h for the Node annotation the companion estimates with under a
+        $/h cap (placement/offerprices.py); None, logged once, when too big to publish."""
+        text = offerprices.encode(offerprices.offer_prices(offers))
+        if (text is None) != self._offer_prices_unpublished:
+            self._offer_prices_unpublished = text is None
+            if text is None:
+                log.warning("offer prices too many to publish on the node; the companion "
+                            "admits one pod first under a price cap",
+                            extra=kv(node=self.node, offers=len(offers),
+                                     limit=offerprices.MAX_ANNOTATION_BYTES))
+        return text
 
     def held_by_provider(self) -> dict[str, Held]:
         """GPUs and $/h each provider holds for this node (not being deleted), plus in flight."""

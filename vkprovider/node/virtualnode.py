@@ -18,7 +18,10 @@ status says where its kubelet API listens. This module keeps that Node object tr
 * **Capacity.** ``nvidia.com/gpu`` comes from the ``capacity`` callable, refreshed every
   ``capacity_refresh_seconds`` and on ``notify_changed()``, in its own task so a slow cloud never
   delays a heartbeat. When it fails, the last known figure stays; before the first success the
-  Node reports ``0`` GPUs, never a made-up number.
+  Node reports ``0`` GPUs, never a made-up number. The same read gives the GPU products offered
+  and what the offers cost per GPU-hour, which ride the status patch as the Node annotations
+  ``vkprovider.io/gpu-products`` and ``vkprovider.io/offer-prices`` (the companion's estimate
+  under a $/h cap, :mod:`vkprovider.placement.offerprices`).
 * **Heartbeat.** The full status is patched whenever it changes and at least every
   ``status_interval_seconds``; the Lease (see ``lease.py``) is the fast heartbeat. When the
   ``healthy`` gate says False, neither is written (as virtual-kubelet does after a failed ping),
@@ -55,9 +58,9 @@ from vkprovider.kube.errors import APIError, ConflictError, NotFoundError
 from vkprovider.logs import kv
 from vkprovider.node.lease import MAX_BACKOFF_SECONDS, MIN_BACKOFF_SECONDS, LeaseKeeper
 from vkprovider.node.nodebody import (
-    GPU_PRODUCTS_ANNOTATION,
     NodeCapacity,
     build_status,
+    metadata_annotations,
     metadata_patch,
     node_labels,
     our_taints,
@@ -307,16 +310,17 @@ class VirtualNode:
             log.warning("health check raised; treating as unhealthy", extra=kv(error=str(exc)))
             return False
 
-    def _desired_key(self) -> tuple[dict[str, Any], str]:
+    def _desired_key(self) -> tuple[dict[str, Any], str, str | None]:
         status = build_status(
             settings=self.settings,
             capacity=self.capacity,
             version=self.version,
             now=datetime.now(UTC),
         )
-        return status_key(status), products_annotation(self.capacity)
+        return (status_key(status), products_annotation(self.capacity),
+                self.capacity.offer_prices if self.capacity else None)
 
-    async def push_status(self) -> tuple[dict[str, Any], str]:
+    async def push_status(self) -> tuple[dict[str, Any], str, str | None]:
         """Read the Node, fix labels/taint if needed, patch its status; return what was sent.
 
         Raises NotFoundError if the Node is gone.
@@ -332,21 +336,21 @@ class VirtualNode:
             now=datetime.now(UTC),
             previous_conditions=(node.get("status") or {}).get("conditions") or [],
         )
-        products = products_annotation(capacity)
         body: dict[str, Any] = {"status": status}
-        annotations = (node.get("metadata") or {}).get("annotations") or {}
-        if annotations.get(GPU_PRODUCTS_ANNOTATION, "") != products:
-            body["metadata"] = {"annotations": {GPU_PRODUCTS_ANNOTATION: products or None}}
+        annotations = metadata_annotations(node, capacity)
+        if annotations:
+            body["metadata"] = {"annotations": annotations}
         await self._client.patch(f"{self.path}/status", body, patch_type="strategic")
         self.last_status_patch = time.monotonic()
-        return status_key(status), products
+        return (status_key(status), products_annotation(capacity),
+                capacity.offer_prices if capacity else None)
 
     async def _status_loop(self) -> None:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._first_capacity_wait):
                 await self._first_read.wait()  # avoid publishing "0 GPUs" just before the truth
         interval = self.settings.status_interval_seconds
-        last_sent: tuple[dict[str, Any], str] | None = None
+        last_sent: tuple[dict[str, Any], str, str | None] | None = None
         last_at: float | None = None
         failures = 0
         was_healthy = True
