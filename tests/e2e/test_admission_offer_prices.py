@@ -158,16 +158,24 @@ def priced(pods: list[dict[str, Any]]) -> list[str]:
             if PRICE_ANNOTATION in (p["metadata"].get("annotations") or {})]
 
 
+async def first_pass(kube: KubeClient, namespace: str, objects: Cluster, *, published: str,
+                     admission: OverflowAdmission, cap: float) -> list[dict[str, Any]]:
+    """A policy capped at ``cap`` $/h, the unschedulable surge, one admission pass once the
+    companion's watches hold them all; returns the pods that pass admitted."""
+    policy = await capped_policy(objects, namespace=namespace, cap=cap)
+    names = await unschedulable_surge(kube, namespace)
+    await ready_to_decide(admission, policy=policy, node=published, ns=namespace, names=names)
+    await admission.pass_once()
+    return await admitted(kube, namespace)
+
+
 async def test_a_surge_within_the_cap_is_admitted_in_one_pass_before_any_pod_is_priced(
     kube: KubeClient, namespace: str, cluster_objects: Cluster, published: str,
     admission: OverflowAdmission,
 ) -> None:
     # room for 10 GPUs at the dearest offer ($3.00): the whole surge of 8
-    policy = await capped_policy(cluster_objects, namespace=namespace, cap=30.0)
-    names = await unschedulable_surge(kube, namespace)
-    await ready_to_decide(admission, policy=policy, node=published, ns=namespace, names=names)
-    await admission.pass_once()
-    pods = await admitted(kube, namespace)
+    pods = await first_pass(kube, namespace, cluster_objects, published=published,
+                            admission=admission, cap=30.0)
     assert not priced(pods)
     assert len(pods) == SURGE, (
         f"{len(pods)} of {SURGE} admitted in one pass: the companion did not use the offers' "
@@ -179,11 +187,8 @@ async def test_a_cap_too_small_for_the_surge_admits_as_many_as_fit_at_the_deares
     admission: OverflowAdmission,
 ) -> None:
     # $10/h: 3 GPUs at $3.00 (cloud1), though 5 would fit at cloud0's $2.00
-    policy = await capped_policy(cluster_objects, namespace=namespace, cap=10.0)
-    names = await unschedulable_surge(kube, namespace)
-    await ready_to_decide(admission, policy=policy, node=published, ns=namespace, names=names)
-    await admission.pass_once()
-    first = await admitted(kube, namespace)
+    first = await first_pass(kube, namespace, cluster_objects, published=published,
+                             admission=admission, cap=10.0)
     assert len(first) == 3 and not priced(first)
     for pod in first:  # the pod watch shows them admitted: the next pass counts them from it
         await in_store(admission.pods, f"{namespace}/{pod['metadata']['name']}",

@@ -12,8 +12,10 @@ a virtual address except through the address map.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import ssl
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -125,23 +127,42 @@ async def _served_replica(kube: KubeClient, namespace: str, system: System, *, w
     return found
 
 
-async def test_a_hostname_only_replica_serves_through_the_gateway_with_tls_and_the_edge_key(
-        kube: KubeClient, namespace: str, system: System, tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def gateway_fronted_replica(
+        kube: KubeClient, namespace: str, system: System, tmp_path: Path, *, what: str,
+) -> AsyncIterator[tuple[MockCloudProcess, CertificateAuthority, HAProxyProcess,
+                         ProviderProcess, int, dict[str, Any]]]:
+    """A hostname-only mock cloud behind its TLS edge, a real HAProxy standing as the one
+    gateway pod, and the provider programming it; yields once the replica's Service endpoint is
+    the gateway pod's address and is ready: (cloud, edge CA, gateway, provider, port, endpoint).
+    The gateway and its lab route go when the block ends."""
     assert system.network is not None
     cloud, ca = await _edge_cloud(system, tmp_path)
     gateway = HAProxyProcess(work_dir=tmp_path / "gateway", ca_file=ca.cert_path, count=8)
     await gateway.start()
     try:
-        layout = gateway.layout
         _route_gateway_pod(system, gateway)
         provider = _provider(system, tmp_path, cloud, {
-            "instances": [{"address": GATEWAY_POD_IP, "runtime": str(layout.socket)}],
+            "instances": [{"address": GATEWAY_POD_IP, "runtime": str(gateway.layout.socket)}],
             **_layout_settings(gateway)})
-        # Ready by its readinessProbe, which the provider sends to the edge with the cloud's
-        # key; the Service's slice holds the gateway pod's address and an allocated port.
-        address, port, endpoint = await _served_replica(
-            kube, namespace, system, what="a ready endpoint for the hostname-only replica")
+        address, port, endpoint = await _served_replica(kube, namespace, system, what=what)
         assert address == GATEWAY_POD_IP
+        yield cloud, ca, gateway, provider, port, endpoint
+    finally:
+        gateway.stop()
+        (system.network / "gateway-test.json").unlink(missing_ok=True)
+
+
+async def test_a_hostname_only_replica_serves_through_the_gateway_with_tls_and_the_edge_key(
+        kube: KubeClient, namespace: str, system: System, tmp_path: Path) -> None:
+    assert system.network is not None
+    # Ready by its readinessProbe, which the provider sends to the edge with the cloud's key;
+    # the Service's slice holds the gateway pod's address and an allocated port.
+    async with gateway_fronted_replica(
+            kube, namespace, system, tmp_path,
+            what="a ready endpoint for the hostname-only replica") as fronted:
+        cloud, ca, gateway, provider, port, endpoint = fronted
+        address, layout = GATEWAY_POD_IP, gateway.layout
         assert layout.first_port <= port < layout.first_port + layout.count
         assert endpoint["targetRef"]["name"] == "replica"
         [pod] = await list_pods(kube, namespace)
@@ -192,9 +213,6 @@ async def test_a_hostname_only_replica_serves_through_the_gateway_with_tls_and_t
                 until=lambda r: r.status_code == 200, timeout=30,
                 what="the restarted gateway re-programmed")
         assert again.json()["instance"] == instance_id
-    finally:
-        gateway.stop()
-        (system.network / "gateway-test.json").unlink(missing_ok=True)
 
 
 async def test_gateway_pods_are_found_by_label_programmed_over_mutual_tls_and_left_when_unready(

@@ -29,7 +29,6 @@ import websocket
 
 from vkprovider.kube import KubeClient
 from vkprovider.probing.dialing import AddressMap
-from vkprovider.testing.haproxy import HAProxyProcess
 from vkprovider.testing.waiting import eventually
 
 from .conftest import System
@@ -38,11 +37,7 @@ from .test_gateway import (
     DOMAIN,
     GATEWAY_POD_IP,
     KEY,
-    _edge_cloud,
-    _layout_settings,
-    _provider,
-    _route_gateway_pod,
-    _served_replica,
+    gateway_fronted_replica,
 )
 from .test_pods import list_pods
 
@@ -78,18 +73,11 @@ def _websocket_refusal(url: str, **options: Any) -> int:
 async def test_websocket_and_grpc_pass_through_the_gateway_and_the_edge_wants_its_key(
         kube: KubeClient, namespace: str, system: System, tmp_path: Path) -> None:
     assert system.network is not None
-    cloud, ca = await _edge_cloud(system, tmp_path)
-    gateway = HAProxyProcess(work_dir=tmp_path / "gateway", ca_file=ca.cert_path, count=8)
-    await gateway.start()
-    try:
-        layout = gateway.layout
-        _route_gateway_pod(system, gateway)
-        provider = _provider(system, tmp_path, cloud, {
-            "instances": [{"address": GATEWAY_POD_IP, "runtime": str(layout.socket)}],
-            **_layout_settings(gateway)})
-        address, port, _ = await _served_replica(
-            kube, namespace, system, what="a ready gateway endpoint for the replica")
-        assert address == GATEWAY_POD_IP
+    async with gateway_fronted_replica(
+            kube, namespace, system, tmp_path,
+            what="a ready gateway endpoint for the replica") as fronted:
+        cloud, ca, gateway, provider, port, _ = fronted
+        address = GATEWAY_POD_IP
         [pod] = await list_pods(kube, namespace)
         instance_id = pod["metadata"]["annotations"]["vkprovider.io/instance-id"]
         lab = AddressMap(system.network)
@@ -154,6 +142,3 @@ async def test_websocket_and_grpc_pass_through_the_gateway_and_the_edge_wants_it
         assert after["traffic"] - before["traffic"] == 4
         assert KEY not in provider.log_text()
         assert KEY not in gateway.log_path.read_text(errors="replace")
-    finally:
-        gateway.stop()
-        (system.network / "gateway-test.json").unlink(missing_ok=True)

@@ -74,10 +74,12 @@ def condition(pod: dict[str, Any], kind: str) -> dict[str, Any]:
     return next((c for c in status.get("conditions") or [] if c.get("type") == kind), {})
 
 
-async def test_a_hot_cloud_gpu_is_replaced_before_it_is_removed(
-    kube: KubeClient, namespace: str, system: System, companion_kubeconfig: Path,
-    objects: Cluster,
-) -> None:
+async def two_replicas_on_the_cloud(
+        kube: KubeClient, namespace: str, system: System, companion_kubeconfig: Path,
+        objects: Cluster) -> tuple[MockCloudProcess, str, list[dict[str, Any]]]:
+    """The provider and companion, a policy with ``gpuHealth`` (82 °C for 2 s), and a
+    Deployment of two replicas serving from the cloud and reported Ready; returns the cloud,
+    the Deployment's path and its pods."""
     cloud = await start(system, namespace, companion_kubeconfig)
     body = policy(f"hot-{uuid.uuid4().hex[:6]}", namespace=namespace, app="inference",
                   providers=["cloud0"])
@@ -95,6 +97,15 @@ async def test_a_hot_cloud_gpu_is_replaced_before_it_is_removed(
     await eventually(lambda: kube.get(dep_path), timeout=60,
                      until=lambda d: int(d.get("status", {}).get("readyReplicas") or 0) == 2,
                      what="the Deployment reporting 2 ready")
+    return cloud, dep_path, first
+
+
+async def test_a_hot_cloud_gpu_is_replaced_before_it_is_removed(
+    kube: KubeClient, namespace: str, system: System, companion_kubeconfig: Path,
+    objects: Cluster,
+) -> None:
+    cloud, dep_path, first = await two_replicas_on_the_cloud(
+        kube, namespace, system, companion_kubeconfig, objects)
     assert all(condition(p, CONDITION).get("status") != "False" for p in first)
     hot = first[0]
     hot_name = hot["metadata"]["name"]
@@ -214,23 +225,8 @@ async def test_kubectl_scale_up_during_a_live_hot_swap_is_kept(
     cloud's boot delay raised to 15 s before it is created); meanwhile the user scales what they
     read (3) to 4 through the scale subresource. The swap ends with the hot pod gone and 3
     replicas (the user's +1 kept, only the surge taken back), never fewer than 2 ready."""
-    cloud = await start(system, namespace, companion_kubeconfig)
-    body = policy(f"hot-{uuid.uuid4().hex[:6]}", namespace=namespace, app="inference",
-                  providers=["cloud0"])
-    body["spec"]["gpuHealth"] = {"maxTemperatureCelsius": 82, "sustainedFor": "2s"}
-    body["spec"]["moveBack"] = {"timeout": "90s", "cooldown": "5s"}
-    await objects.create(POLICIES, body)
-    dep_path = f"/apis/apps/v1/namespaces/{namespace}/deployments/inference"
-    await kube.create(f"/apis/apps/v1/namespaces/{namespace}/deployments",
-                      gpu_deployment("inference", replicas=2, pool=namespace))
-    first = await eventually(lambda: pods(kube, namespace, "inference"),
-                             until=lambda ps: len(ps) == 2 and all(
-                                 p["spec"].get("nodeName") == system.node_name
-                                 and p["status"].get("phase") == "Running" for p in ps),
-                             timeout=120, what="both replicas serving from the cloud")
-    await eventually(lambda: kube.get(dep_path), timeout=60,
-                     until=lambda d: int(d.get("status", {}).get("readyReplicas") or 0) == 2,
-                     what="the Deployment reporting 2 ready")
+    cloud, dep_path, first = await two_replicas_on_the_cloud(
+        kube, namespace, system, companion_kubeconfig, objects)
     hot = first[0]
     hot_name, hot_uid = hot["metadata"]["name"], hot["metadata"]["uid"]
     hot_instance = hot["metadata"]["annotations"]["vkprovider.io/instance-id"]

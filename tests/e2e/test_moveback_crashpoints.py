@@ -16,25 +16,17 @@ pod outlived (an interrupted move rolled back, before the one that worked).
 
 from __future__ import annotations
 
-import asyncio
 import json
-from pathlib import Path
-from typing import Any
 
 import pytest
-import pytest_asyncio
 
-from vkprovider.kube import KubeClient
-from vkprovider.testing.plugin import GPUNodeFactory
 from vkprovider.testing.waiting import eventually
 
-from .conftest import Cluster, System
-from .test_moveback import INTENT
+from .test_moveback import INTENT as MOVE_INTENT
 from .test_overflow import pods
-from .test_prewarm import DISPLACED, RATE, REPLICAS, Story
+from .test_prewarm import DISPLACED, RATE, REPLICAS, _sent
 from .test_prewarm_crashpoints import Stage, crash_then_restart
-
-MOVE_INTENT = INTENT
+from .test_prewarm_crashpoints import stage as stage  # the fixture: the pre-warm story's stage
 
 pytestmark = pytest.mark.cluster
 
@@ -42,15 +34,6 @@ pytestmark = pytest.mark.cluster
 MOVE_BACK_WRITES = ("move-back: intent recorded", "move-back: deletion cost written",
                     "move-back: surge written", "move-back: surge taken back",
                     "move-back: intent cleared")
-
-
-@pytest_asyncio.fixture
-async def stage(kube: KubeClient, namespace: str, gpu_nodes: GPUNodeFactory, system: System,
-                companion_kubeconfig: Path, cluster_objects: Cluster, kueue_objects: list[str],
-                local_cluster: Any) -> Stage:
-    return Stage(kube=kube, namespace=namespace, gpu_nodes=gpu_nodes, system=system,
-                 companion_kubeconfig=companion_kubeconfig, objects=cluster_objects,
-                 kueue_paths=kueue_objects, local_cluster=local_cluster)
 
 
 @pytest.mark.parametrize("write", MOVE_BACK_WRITES,
@@ -76,7 +59,7 @@ async def test_a_crash_right_after_any_write_of_the_way_back_through_kueue_fails
         assert story.lg is not None
         story.lg.mark("on the cloud")
         sent = story.lg.report().sent
-        await eventually(lambda: _sent(story), until=lambda n: n >= sent + RATE, timeout=30,
+        await eventually(lambda: _sent(story.lg), until=lambda n: n >= sent + RATE, timeout=30,
                          what="a second of load on the cloud")
         await story.kube.delete(f"/apis/batch/v1/namespaces/{story.namespace}/jobs/gang",
                                 propagation="Background")
@@ -96,7 +79,7 @@ async def test_a_crash_right_after_any_write_of_the_way_back_through_kueue_fails
             what="no move left, the Deployment at its count and Ready")
         story.lg.mark("home")
         sent = story.lg.report().sent
-        await eventually(lambda: _sent(story), until=lambda n: n >= sent + 2 * RATE, timeout=30,
+        await eventually(lambda: _sent(story.lg), until=lambda n: n >= sent + 2 * RATE, timeout=30,
                          what="two seconds of load at home")
         report = await story.lg.stop()
     finally:
@@ -123,7 +106,3 @@ async def test_a_crash_right_after_any_write_of_the_way_back_through_kueue_fails
     await eventually(story.live_instances, until=lambda n: n == 0, timeout=90,
                      what="every cloud instance deleted")
 
-
-async def _sent(story: Story) -> int:
-    await asyncio.sleep(0)
-    return story.lg.report().sent if story.lg is not None else 0
