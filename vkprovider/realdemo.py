@@ -350,6 +350,18 @@ async def _check_state(kube: KubeClient, namespace: str, check: str) -> str:
     return ""
 
 
+async def _policy_seen(kube: KubeClient, path: str) -> None:
+    """Until the companion judged the policy's current generation (its ``Valid`` condition)."""
+    def judged(obj: dict[str, Any]) -> bool:
+        gen = obj["metadata"].get("generation")
+        return any(c.get("type") == "Valid" and c.get("status") == "True"
+                   and c.get("observedGeneration") == gen
+                   for c in (obj.get("status") or {}).get("conditions") or [])
+
+    await eventually(lambda: kube.get(path), until=judged, timeout=60,
+                     what=f"the companion's verdict on {path.rsplit('/', 1)[-1]}")
+
+
 def _nat_rules(netns: str) -> str:
     return subprocess.run(["ip", "netns", "exec", netns, "iptables-save", "-t", "nat"],
                           capture_output=True, text=True, check=True, timeout=30).stdout
@@ -433,17 +445,6 @@ async def play_real_story(*, kube: KubeClient, cluster: LocalCluster, node: Real
                                          "kind": "PriorityClass", "metadata": {"name": name},
                                          "value": value})
             made.append(f"{PRIORITY}/{name}")
-        await kube.create(POLICIES, {
-            "apiVersion": "vkprovider.io/v1alpha1", "kind": "OverflowPolicy",
-            "metadata": {"name": f"inference-{tag}"},
-            "spec": {"selector": {"namespaces": [namespace],
-                                  "podSelector": {"matchLabels": {"app": "inference"}}},
-                     "providers": [installed.provider if installed else "cloud0"],
-                     "overflowAfter": "0s",
-                     "moveBack": {"enabled": True, "stableFor": "2s", "maxConcurrent": 2,
-                                  "cooldown": "5s", "timeout": "60s"},
-                     **({"prewarm": {"enabled": True, "timeout": "120s"}} if prewarm else {})}})
-        made.append(f"{POLICIES}/inference-{tag}")
         if prewarm:
             for path, body in kueue_objects(tag=tag, pool=namespace, namespace=namespace):
                 await kube.create(path, body)
@@ -466,6 +467,22 @@ async def play_real_story(*, kube: KubeClient, cluster: LocalCluster, node: Real
                                   what="inference Ready on the real node")
         inside_endpoints = [f"{p['status']['podIP']}:{PORT}" for p in inside]
         story.timings["inference Ready inside"] = time.monotonic() - t0
+        # the policy comes once inference serves inside: with overflowAfter 0s a replica the
+        # scheduler could not place at once (its cache a moment behind the GPUs just offered,
+        # or an earlier story's pods still terminating there) would otherwise overflow and be
+        # moved back before the story begins, a cloud instance that serves nobody
+        await kube.create(POLICIES, {
+            "apiVersion": "vkprovider.io/v1alpha1", "kind": "OverflowPolicy",
+            "metadata": {"name": f"inference-{tag}"},
+            "spec": {"selector": {"namespaces": [namespace],
+                                  "podSelector": {"matchLabels": {"app": "inference"}}},
+                     "providers": [installed.provider if installed else "cloud0"],
+                     "overflowAfter": "0s",
+                     "moveBack": {"enabled": True, "stableFor": "2s", "maxConcurrent": 2,
+                                  "cooldown": "5s", "timeout": "60s"},
+                     **({"prewarm": {"enabled": True, "timeout": "120s"}} if prewarm else {})}})
+        made.append(f"{POLICIES}/inference-{tag}")
+        await _policy_seen(kube, f"{POLICIES}/inference-{tag}")
         spaces = InstanceSpaces(node=node, instances=cloud.instances, container_port=PORT)
         await spaces.start()
         client = f"client-{tag}"

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from vkprovider.kube import KubeClient
-from vkprovider.probing.dialing import Route, publish_routes
+from vkprovider.probing.dialing import RECHECK_SECONDS, Route, publish_routes
 from vkprovider.testing.cluster import LocalCluster
 from vkprovider.testing.realnode import find_kubectl
 from vkprovider.testing.waiting import eventually
@@ -122,11 +122,21 @@ async def big_answer_server(cluster: LocalCluster, pod: dict[str, Any], size: in
     owner = "zz-port-forward-e2e"
     publish_routes(directory=cluster.address_map_dir, owner=owner,
                    routes=[Route(host=host, port=int(port), to_host="127.0.0.1", to_port=real)])
+    # the provider's map is seen by its first dial RECHECK_SECONDS after the change: a dial
+    # sooner (the request just before) may still go to the mock cloud's server
+    await asyncio.sleep(4 * RECHECK_SECONDS)
     try:
         yield body
     finally:
         (cluster.address_map_dir / f"{owner}.json").unlink(missing_ok=True)
         server.close()
+
+
+def _first_difference(got: bytes, want: bytes) -> str:
+    at = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
+              min(len(got), len(want)))
+    return (f"{len(got)} bytes, not {len(want)}; first difference at byte {at}: "
+            f"{got[max(0, at - 16):at + 48]!r}; the start: {got[:200]!r}")
 
 
 async def test_kubectl_port_forward_reaches_the_model_server_of_a_cloud_pod(
@@ -166,7 +176,9 @@ async def test_kubectl_port_forward_reaches_the_model_server_of_a_cloud_pod(
         async with big_answer_server(local_cluster, pod, 3 * 2**20) as body, \
                 httpx.AsyncClient(timeout=60) as fresh:  # a new connection: a new dial
             big = await fresh.get(f"http://127.0.0.1:{forward.local_port}/big")
-        assert big.status_code == 200 and big.content == body
+        assert big.status_code == 200, big.text[:500]
+        assert len(big.content) == len(body) and big.content == body, _first_difference(
+            big.content, body)
         assert forward.proc.returncode is None, "kubectl port-forward stays up"
 
     assert system.provider is not None

@@ -26,7 +26,11 @@ from typing import Protocol
 
 from vkprovider.errors import VKError
 
-__all__ = ["DIRECT", "AddressMap", "Dialer", "NoRoute", "Route", "publish_routes"]
+__all__ = ["DIRECT", "RECHECK_SECONDS", "AddressMap", "Dialer", "NoRoute", "Route",
+           "publish_routes"]
+
+#: how stale a reader's map may be: a change is seen by the first dial this long after it
+RECHECK_SECONDS = 0.05
 
 
 class NoRoute(VKError):
@@ -94,7 +98,7 @@ class AddressMap:
     route at all when ``strict`` is False) pass through unchanged.
     """
 
-    def __init__(self, directory: Path, *, recheck_seconds: float = 0.05,
+    def __init__(self, directory: Path, *, recheck_seconds: float = RECHECK_SECONDS,
                  strict: bool = True) -> None:
         self.directory = directory
         self._recheck = recheck_seconds
