@@ -21,12 +21,14 @@ from providers.addresses import (
     refusal,
     screen,
 )
-from providers.base import Instance, InstanceState, PublishedPort
+from providers.base import TAG_NODE, TAG_UID, Instance, InstanceState, Provider, PublishedPort
 from providers.mock import client as mock_client
 from vkprovider.config import Settings, load_settings
 from vkprovider.errors import ConfigError
 from vkprovider.metrics import Metrics
+from vkprovider.node import addressscreen, podsweep
 from vkprovider.node.addressscreen import AddressScreen
+from vkprovider.node.pods import PodController
 
 REFUSED_IPS: list[tuple[str, str]] = [
     # RFC 1918
@@ -307,3 +309,70 @@ def test_an_instance_listed_as_before_is_not_screened_again() -> None:
     assert len(s.untold("u")) == 2, "a new address is told too"
     s.keep_only([])
     assert not cast(Any, s)._last
+
+
+def test_a_clean_instance_leaves_no_entry_and_passes_by_identity() -> None:
+    s = AddressScreen(policy=AddressPolicy(), metrics=Metrics())
+    good = Instance(id="i-1", name="n", provider="mock", state=InstanceState.RUNNING,
+                    published=(PublishedPort(container_port=80, host="198.18.0.9", port=80,
+                                             kind="ip"),))
+    screened = s.screen(uid="u", provider="mock", instance=good)
+    assert screened is good and not cast(Any, s)._last, "a clean pod keeps nothing here"
+    assert AddressScreen.passed(instance=good, screened=screened)
+    bad = Instance(id="i-2", name="n", provider="mock", state=InstanceState.RUNNING,
+                   published=(PublishedPort(container_port=80, host="10.0.0.5", port=80,
+                                            kind="ip"),))
+    refused = s.screen(uid="v", provider="mock", instance=bad)
+    assert not AddressScreen.passed(instance=bad, screened=refused)
+    assert AddressScreen.passed(instance=bad, screened=None) is False
+
+
+class FixedListCloud:
+    """A cloud whose list hands back the same Instance objects every time (as the adapters'
+    list cache does while nothing changed)."""
+
+    name = "mock"
+
+    def __init__(self, instances: list[Instance]) -> None:
+        self.instances = instances
+
+    async def list(self) -> list[Instance]:
+        return list(self.instances)
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_a_sweep_screens_a_clean_instance_once_and_a_refused_one_from_its_entry(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def inst(uid: str, host: str) -> Instance:
+        return Instance(id=f"i-{uid}", name=uid, provider="mock", state=InstanceState.RUNNING,
+                        tags={TAG_UID: uid, TAG_NODE: Settings().node.name},
+                        published=(PublishedPort(container_port=80, host=host, port=80,
+                                                 kind="ip"),))
+
+    cloud = FixedListCloud([inst("clean", "198.18.0.9"), inst("dirty", "10.0.0.5")])
+    ctl = PodController(client=cast(Any, None), settings=Settings(),
+                        providers={"mock": cast(Provider, cloud)},
+                        events=cast(Any, None), refs=cast(Any, None), metrics=Metrics())
+    calls: list[str] = []
+    real = addressscreen.screen
+
+    def counting(published: Any, *, policy: AddressPolicy) -> Any:
+        calls.append(published[0].host)
+        return real(published, policy=policy)
+
+    monkeypatch.setattr(addressscreen, "screen", counting)
+    records = []
+    for _ in range(3):
+        results = await ctl.lister.round([("mock", cast(Provider, cloud))])
+        async with ctl.providers_lock:
+            podsweep.apply_lists(ctl, results, served=["mock"])
+        records.append((ctl.placed.get("clean"), ctl.placed.get("dirty")))
+    clean, dirty = records[-1]
+    assert clean is not None and dirty is not None
+    assert clean.instance is cloud.instances[0] and dirty.instance.published == ()
+    assert calls == ["198.18.0.9", "10.0.0.5"], "each screened once, on its first sweep"
+    assert records[1] == records[2] and records[1][0] is records[2][0], "listed as before"
+    assert set(cast(Any, ctl.addresses)._last) == {"dirty"}
+    await ctl.aclose()

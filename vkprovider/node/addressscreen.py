@@ -53,10 +53,19 @@ class AddressScreen:
         self._metrics = metrics
         self._seen: dict[str, set[_Key]] = {}  # uid -> refusals counted
         self._untold: dict[str, list[tuple[str, Instance, Refused]]] = {}
-        # uid -> (the adapter's instance, what screening it gave): adapters hand back the same
-        # Instance while nothing changed (providers/listcache.py), so a steady pod costs one
-        # identity check per sweep, and keeps its record (the sweep's "listed as before").
+        # uid -> (the adapter's instance, what screening it gave), for pods with a refusal only:
+        # adapters hand back the same Instance while nothing changed (providers/listcache.py),
+        # so such a pod keeps its screened record (the sweep's "listed as before"). A clean
+        # instance screens to itself: the sweep knows it by identity (``passed``), and 5,000
+        # steady pods keep no entry here.
         self._last: dict[str, tuple[Instance, Instance]] = {}
+
+    @staticmethod
+    def passed(*, instance: Instance, screened: Instance | None) -> bool:
+        """Whether ``instance`` is known to pass: ``screened`` (what screening gave before)
+        is the very same object, which screening returns only for an instance it refused
+        nothing of. Screening then would give ``instance`` again."""
+        return screened is instance
 
     def screen(self, *, uid: str, provider: str, instance: Instance) -> Instance:
         """``instance`` without the published entries the policy refuses (the same object
@@ -65,7 +74,10 @@ class AddressScreen:
         if last is not None and last[0] is instance:
             return last[1]
         result = self._screen(uid=uid, provider=provider, instance=instance)
-        self._last[uid] = (instance, result)
+        if result is instance:
+            self._last.pop(uid, None)
+        else:
+            self._last[uid] = (instance, result)
         return result
 
     def _screen(self, *, uid: str, provider: str, instance: Instance) -> Instance:

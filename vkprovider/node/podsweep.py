@@ -26,6 +26,7 @@ from vkprovider.node import (
     podend,
     vanished,
 )
+from vkprovider.node.addressscreen import AddressScreen
 from vkprovider.node.listing import ListResult
 from vkprovider.node.placements import Placed
 from vkprovider.node.podstate import (
@@ -140,7 +141,11 @@ def apply_lists(c: PodController, results: list[ListResult], *, served: list[str
         cost = 0.0
         for listed in ours:
             uid = listed.tags[TAG_UID]
-            inst = c.addresses.screen(uid=uid, provider=name, instance=listed)
+            prev = c.placed.get(uid)
+            if prev is not None and AddressScreen.passed(instance=listed, screened=prev.instance):
+                inst = listed  # listed as before, and it passed the screen then
+            else:
+                inst = c.addresses.screen(uid=uid, provider=name, instance=listed)
             cost += inst.price_per_hour
             other = seen.get(uid)
             if other is not None and other.instance.id != inst.id:
@@ -155,7 +160,6 @@ def apply_lists(c: PodController, results: list[ListResult], *, served: list[str
                 seen[uid] = Placed(provider=name_kept, instance=inst, seen_at=at)
                 fresh.append(uid)
                 continue
-            prev = c.placed.get(uid)
             if prev is not None and prev.instance is inst and prev.provider == name \
                     and prev.listed:
                 # Listed exactly as before (the adapter hands back the same Instance):
