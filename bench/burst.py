@@ -36,7 +36,10 @@ told apart: the provider's own steps, or what it waits on (the cloud, the API se
 
 ``--repeat N`` runs every size N times (each round alternates which system goes first, since the
 cluster warms and ages as the runs go) and adds a table of medians with ratios to the Go node
-with lifted limits; one run per size is too noisy to judge a gap of 10-20%. This release's
+with lifted limits; one run per size is too noisy to judge a gap of 10-20%. Before the rounds,
+one burst of the first size runs on vkprovider unmeasured (``--no-settle`` skips it): after the
+warm-up alone the first system measured was ~2x slower at p50, whatever code it ran
+(bench/results/burst-order.txt and burst-same.txt). This release's
 results came from:
 
     .venv/bin/python -m bench.burst --pods 1000 3000 5000 --repeat 3 --compare-go --go-modes lifted
@@ -739,7 +742,7 @@ def phases_table(results: list[dict[str, Any]]) -> str:
 
 
 def render(*, info: dict[str, Any], results: list[dict[str, Any]], load: tuple[float, ...],
-           workers: int = WORKERS, repeat: int = 1,
+           workers: int = WORKERS, repeat: int = 1, settle: bool = False,
            timeout_note: str) -> str:
     header = ["system", "pods", "wall to all Running (s)", "create->Running p50/p99 (ms)",
               "bind->cloud create p50/p99 (ms)", "watch->cloud create p50/p99 (ms)",
@@ -760,7 +763,8 @@ def render(*, info: dict[str, Any], results: list[dict[str, Any]], load: tuple[f
         f"Python {info['python']}; load average at start {load[0]:.2f} {load[1]:.2f} "
         f"{load[2]:.2f} (the machine is shared: other work ran beside the bench)",
         f"settings: one LocalCluster, warmed up by {WARM_UP_PODS} pods created and deleted "
-        "first; each system alone on its own node, "
+        + ("and one unmeasured burst on vkprovider " if settle else "")
+        + "first; each system alone on its own node, "
         + ("run once per size (numbers are noisy)" if repeat == 1 else
            f"run {repeat} times per size (one row per run, medians below)")
         + f"; pods created by {CREATE_CONCURRENCY} concurrent clients with "
@@ -815,7 +819,8 @@ async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float]
                workers: int = WORKERS, event_loops: tuple[str, ...] = (),
                event_qps: tuple[float, ...] = (),
                go_modes: tuple[str, ...] = ("default", "lifted"), dev_venv: bool = False,
-               repeat: int = 1, baseline: Path | None = None, phases: bool = False) -> int:
+               repeat: int = 1, baseline: Path | None = None, phases: bool = False,
+               settle: bool = True) -> int:
     work = Path(tempfile.mkdtemp(prefix="vkp-bench-"))
     traces = work / "phases" if phases else None
     if traces is not None:
@@ -832,6 +837,13 @@ async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float]
                                                      path=work / "provider.kubeconfig")
             sys.stderr.write(f"warm-up: {WARM_UP_PODS} pods created and deleted ...\n")
             await warm_up(kube=kube, n=WARM_UP_PODS)
+            if settle:
+                sys.stderr.write(f"settling burst: {sizes[0]} pods on vkprovider, not measured "
+                                 "...\n")
+                first = Ours(work=work, kubeconfig=kubeconfig, n=sizes[0], workers=workers,
+                             python=python)
+                await grant_provider_node(kube=kube, node=first.node)
+                await run_system(kube=kube, system=first, n=sizes[0], timeout=timeouts[sizes[0]])
             for round_, n in enumerate(n for n in sizes for _ in range(repeat)):
                 systems: list[System] = [Ours(work=work, kubeconfig=kubeconfig, n=n,
                                               workers=workers, event_loop=loop, python=python,
@@ -859,6 +871,7 @@ async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float]
         cluster.stop()
     info = machine()
     text = render(info=info, results=results, load=load, workers=workers, repeat=repeat,
+                  settle=settle,
                   timeout_note=limits_note(timeouts))
     sys.stdout.write(text)
     settings = {"create_concurrency": CREATE_CONCURRENCY, "workers": workers,
@@ -869,7 +882,7 @@ async def main(*, sizes: list[int], compare_go: bool, timeouts: dict[int, float]
                 "event_loops": list(event_loops) or ["auto"],
                 "event_qps": list(event_qps) or ["default"],
                 "provider_python": "dev venv" if dev_venv else "runtime-only venv",
-                "phase_trace": phases,
+                "phase_trace": phases, "settling_burst": settle,
                 "provider": {"capacity_refresh_seconds": 30,
                              "gpu_metrics_interval_seconds": 15}}
     path = write(name, {"machine": info, "settings": settings, "results": results})
@@ -916,6 +929,11 @@ if __name__ == "__main__":
                         help="also run the provider from another checkout of the project (e.g. "
                              "`git worktree add /tmp/base REV`), as a system of its own in the "
                              "same run: a before/after on the same cluster and mock cloud")
+    parser.add_argument("--no-settle", dest="settle", action="store_false",
+                        help="skip the settling burst: by default one burst of the first size "
+                             "runs on vkprovider, unmeasured, after the warm-up; without it the "
+                             "first system measured is ~2x slower at p50 whatever code it runs "
+                             "(bench/results/burst-order.txt, burst-same.txt)")
     parser.add_argument("--phases", action="store_true",
                         help="time each pod's steps inside every vkprovider system (watch event, "
                              "worker, cloud create call, status write; bench/phasetrace) and add "
@@ -930,4 +948,4 @@ if __name__ == "__main__":
                               timeouts=phase_timeouts(args.pods, args.phase_timeout),
                               name=args.name, profile=args.profile, dev_venv=args.dev_venv,
                               repeat=args.repeat, baseline=args.baseline,
-                              phases=args.phases)))
+                              phases=args.phases, settle=args.settle)))
