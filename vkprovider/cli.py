@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from vkprovider import __version__, cliflags, eventloop, logs
-from vkprovider.errors import ConfigError, one_line
-from vkprovider.kube import startup
+from vkprovider.errors import APIServerUnreachable, ConfigError, one_line
+from vkprovider.memtune import without_http2_client
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,7 @@ def _recorded_address_map(kubeconfig: str | None) -> str | None:
 
 def _dev_curl(args: argparse.Namespace) -> int:
     from vkprovider.devcurl import DevCurlError, address_map_dir, curl_service, parse_target
+    from vkprovider.kube import startup
     from vkprovider.kube.errors import APIError
 
     target = parse_target(args.target)  # what was typed wrong: one line, exit 2
@@ -129,8 +130,10 @@ def tune_memory() -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    without_http2_client()  # before anything imports httpcore (memtune.py says why)
     from vkprovider.api.tls import self_signed_files, server_context
     from vkprovider.config import Settings, load_model
+    from vkprovider.kube import startup
     from vkprovider.service import run_virtual_kubelet
 
     overrides: dict[str, Any] = {"kubeconfig": args.kubeconfig,
@@ -266,8 +269,10 @@ def _one_or_many(names: list[str]) -> str | list[str]:
 
 
 def _descheduler(args: argparse.Namespace) -> int:
+    without_http2_client()  # before anything imports httpcore (memtune.py says why)
     from vkprovider.config import load_companion_settings
     from vkprovider.descheduler.service import run_companion
+    from vkprovider.kube import startup
 
     leader: dict[str, Any] = {"enabled": args.leader_elect, "namespace": args.leader_namespace}
     overrides: dict[str, Any] = {  # flags given win over the file; None: not given
@@ -307,6 +312,7 @@ def _descheduler(args: argparse.Namespace) -> int:
 def _decommission(args: argparse.Namespace) -> int:
     from vkprovider.config import Settings, load_model
     from vkprovider.decommission import run_decommission
+    from vkprovider.kube import startup
 
     settings = load_model(Settings, args.config, overrides={
         "kubeconfig": args.kubeconfig, "api_server_timeout_seconds": args.api_server_timeout})
@@ -606,7 +612,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130
-    except startup.APIServerUnreachable as exc:
+    except APIServerUnreachable as exc:
         sys.stderr.write(f"vkprovider: error: {one_line(str(exc))}\n")
         return 1
     except BaseException as exc:

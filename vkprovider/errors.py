@@ -15,6 +15,10 @@ class ConfigError(VKError):
     """The service's own configuration is wrong; the message names the setting."""
 
 
+class APIServerUnreachable(VKError):
+    """The API server did not answer within the start-up timeout (exit status 1)."""
+
+
 class PodRejected(VKError):
     """The pod asks for something no cloud can do; it is failed and never sent to a cloud.
 

@@ -16,6 +16,11 @@ CPU per sweep.
 
 An operator's own ``MALLOC_*`` environment settings win: a setting named there is left alone.
 Elsewhere than glibc (musl, macOS) this does nothing.
+
+:func:`without_http2_client` is the other start-up saving: httpcore imports the ``h2`` stack
+whenever it is installed (the image installs it for the mock cloud's HTTP/2 edge), ~1.4 MiB
+resident in a process whose clients all speak HTTP/1.1 (the API server over the project's own
+pool, the clouds over httpx's default). The provider and the companion call it first thing.
 """
 
 from __future__ import annotations
@@ -23,11 +28,12 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import sys
 from collections.abc import Mapping
 
 from vkprovider.logs import kv
 
-__all__ = ["SETTINGS", "tune_malloc"]
+__all__ = ["SETTINGS", "tune_malloc", "without_http2_client"]
 
 log = logging.getLogger(__name__)
 
@@ -65,3 +71,23 @@ def tune_malloc(*, environ: Mapping[str, str] | None = None) -> list[str]:
         else:  # glibc refused it: say so, run on with its default
             log.warning("mallopt refused a setting", extra=kv(setting=name, value=value))
     return applied
+
+
+def without_http2_client() -> bool:
+    """Load httpcore without its optional HTTP/2 connection class (its ``import h2`` fails once,
+    so httpcore keeps the stub it has for installs without h2); ``h2`` itself stays importable
+    for code that serves HTTP/2. False, changing nothing, when httpcore or h2 is loaded already.
+
+    In this process an ``httpx`` client made with ``http2=True`` then fails at its first
+    request (httpcore: "the h2 package is not installed"); no client of the provider or the
+    companion asks for HTTP/2.
+    """
+    if "httpcore" in sys.modules or "h2" in sys.modules:
+        return False
+    sys.modules["h2"] = None  # type: ignore[assignment]  # the import system's "not here"
+    try:
+        import httpcore  # noqa: F401
+    finally:
+        if "h2" in sys.modules and sys.modules["h2"] is None:
+            del sys.modules["h2"]
+    return True

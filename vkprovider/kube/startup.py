@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from vkprovider import logs
-from vkprovider.errors import ConfigError, VKError, one_line
+from vkprovider.errors import APIServerUnreachable, ConfigError, one_line
 from vkprovider.kube.client import KubeClient
 
 __all__ = [
@@ -31,10 +31,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT = 10.0  # seconds one reachability probe may take
-
-
-class APIServerUnreachable(VKError):
-    """The API server did not answer within the start-up timeout (exit status 1)."""
 
 
 def default_kubeconfig_problem() -> str | None:
