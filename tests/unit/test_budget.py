@@ -210,3 +210,23 @@ def test_gpus_outside_counts_claims_not_yet_placed() -> None:
     book.put("placed", claim(gpus=2))
     book.put("in-flight", claim(gpus=3))
     assert book.gpus_outside({"placed"}) == 3
+
+
+def test_pods_that_claim_alike_share_one_claim_and_the_totals_stay_exact() -> None:
+    book = BudgetBook()
+    for i in range(100):
+        book.put(f"u{i}", Claim(policy="p", gpus=1, price_per_hour=2.5, memory_bytes=2**33))
+    book.put("dear", Claim(policy="p", gpus=1, price_per_hour=3.5, memory_bytes=2**33))
+    held = {id(book.get(f"u{i}")) for i in range(100)}
+    assert len(held) == 1, "one object for 100 alike claims"
+    assert book.get("dear") is not book.get("u0")
+    assert book.usage("p") == Usage(pods=101, gpus=101, price_per_hour=253.5)
+    book.priced("u7", 2.75)  # the cloud's own price: a claim of its own
+    assert book.get("u7") is not book.get("u0") and book.get("u7") == Claim(
+        policy="p", gpus=1, price_per_hour=2.75, memory_bytes=2**33)
+    assert book.usage("p").price_per_hour == 253.75
+    for i in range(100):
+        book.drop(f"u{i}")
+    book.drop("dear")
+    assert book.usage("p") == Usage() and book.node().pods == 0
+    assert not book._shared, "a claim no pod holds is not kept"

@@ -58,3 +58,17 @@ def test_forget_makes_the_next_repeat_a_new_event() -> None:
     c.forget(first.key)
     again = c.observe(uid="u", obj_name="p", type_="Normal", reason="R", message="m")
     assert again is not None and again.new and again.count == 1
+
+
+def test_a_repeated_message_counts_once_and_keeps_no_set() -> None:
+    now = [0.0]
+    c = correlator(now, aggregate_after=2)
+    for _ in range(5):  # one message again and again: never "too many similar"
+        d = c.observe(uid="u", obj_name="p", type_="Warning", reason="R", message="same")
+        assert d is not None and not d.message.startswith(AGGREGATED_PREFIX)
+    similar = c._similar[("u", "Warning", "R")]
+    assert similar.more is None, "one distinct message needs no set"
+    c.observe(uid="u", obj_name="p", type_="Warning", reason="R", message="other")
+    third = c.observe(uid="u", obj_name="p", type_="Warning", reason="R", message="third")
+    assert similar.more == {"same", "other", "third"}
+    assert third is not None and third.message == f"{AGGREGATED_PREFIX}third"
