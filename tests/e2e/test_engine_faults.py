@@ -235,3 +235,47 @@ async def test_a_restart_with_one_cloud_unlisted_keeps_its_replicas_in_services(
 
 async def lg_replicas(lg: LoadGenerator) -> set[str]:
     return {r for r, n in lg.report().by_replica.items() if n > 0}
+
+
+async def test_a_duplicate_on_a_cloud_listed_first_never_costs_the_serving_replica(
+    kube: KubeClient, namespace: str, system: System
+) -> None:
+    """Item 6: two instances carry one pod's UID (a create retried elsewhere after its answer
+    was lost). The one the pod names (its instance-id annotation) serves; the duplicate sits on
+    the cloud listed first. The duplicate goes; the serving replica stays in its Service."""
+    # the pod asks for an H100: only cloud1 has them
+    await system.start(clouds=2, inventories=["A100:us-east:8:1.29", "H100:eu-west:16:2.19"])
+    cloud0, cloud1 = system.clouds
+    await node_ready(kube, system.node_name)
+    await service(kube, namespace, "web", "web")
+    await create_pod(kube, namespace, "a", pod_spec(system.node_name, container=server()),
+                     labels={"app": "web"})
+    await eventually(lambda: slices(kube, namespace, "web", ours=True), timeout=60,
+                     until=lambda s: endpoint_ready(s, "a") is True, what="a Ready")
+    notes = by_name(await list_pods(kube, namespace), "a")["metadata"]["annotations"]
+    assert notes["vkprovider.io/provider"] == "cloud1", "placed where the H100s are"
+    serving = notes["vkprovider.io/instance-id"]
+    [original] = [i for i in await cloud1.instances() if i["id"] == serving]
+
+    # the same pod's instance made again on cloud0, tags and all (as the provider's retry of a
+    # create whose answer was lost would have made it), and running
+    copy = await cloud0.admin("POST", "/instances", json={
+        "name": original["name"], "image": original.get("image") or "server:1",
+        "gpu_count": 1, "gpu_type": "A100", "tags": original["tags"]})
+    seen: list[bool | None] = []
+
+    async def duplicate_state() -> str:
+        seen.append(endpoint_ready(await slices(kube, namespace, "web", ours=True), "a"))
+        return next(e["state"] for e in await cloud0.ledger() if e["id"] == copy["id"])
+
+    await eventually(duplicate_state, until=lambda s: s == "deleted", timeout=60,
+                     what="the duplicate on cloud0 deleted")
+    [kept] = [e for e in await cloud1.ledger() if e["id"] == serving]
+    assert kept["state"] == "running", f"the serving instance was deleted instead: {kept}"
+    notes = by_name(await list_pods(kube, namespace), "a")["metadata"]["annotations"]
+    assert (notes["vkprovider.io/provider"], notes["vkprovider.io/instance-id"]) == (
+        "cloud1", serving)
+    assert seen and all(ready is True for ready in seen), (
+        f"the replica stays Ready in its Service throughout: {seen}")
+    after = await slices(kube, namespace, "web", ours=True)
+    assert endpoint_ready(after, "a") is True, after
