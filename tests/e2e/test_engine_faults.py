@@ -49,6 +49,14 @@ def log_lines(text: str, message: str) -> list[dict[str, Any]]:
     return out
 
 
+async def web_replica(kube: KubeClient, namespace: str, system: System, name: str) -> None:
+    """A pod of the Service "web" with a model server, once it is Ready in that Service."""
+    await create_pod(kube, namespace, name, pod_spec(system.node_name, container=server()),
+                     labels={"app": "web"})
+    await eventually(lambda: slices(kube, namespace, "web", ours=True), timeout=60,
+                     until=lambda s: endpoint_ready(s, name) is True, what=f"{name} Ready")
+
+
 async def test_a_vanished_instance_is_a_container_that_died(
     kube: KubeClient, namespace: str, system: System
 ) -> None:
@@ -171,14 +179,8 @@ async def test_a_restart_with_one_cloud_unlisted_keeps_its_replicas_in_services(
     cloud0, cloud1 = system.clouds
     await node_ready(kube, system.node_name)
     await service(kube, namespace, "web", "web")
-    await create_pod(kube, namespace, "a", pod_spec(system.node_name, container=server()),
-                     labels={"app": "web"})
-    await eventually(lambda: slices(kube, namespace, "web", ours=True), timeout=60,
-                     until=lambda s: endpoint_ready(s, "a") is True, what="a Ready")
-    await create_pod(kube, namespace, "b", pod_spec(system.node_name, container=server()),
-                     labels={"app": "web"})
-    await eventually(lambda: slices(kube, namespace, "web", ours=True), timeout=60,
-                     until=lambda s: endpoint_ready(s, "b") is True, what="b Ready")
+    await web_replica(kube, namespace, system, "a")
+    await web_replica(kube, namespace, system, "b")
     pods = await list_pods(kube, namespace)
     assert by_name(pods, "a")["metadata"]["annotations"]["vkprovider.io/provider"] == "cloud0"
     assert by_name(pods, "b")["metadata"]["annotations"]["vkprovider.io/provider"] == "cloud1"
@@ -248,10 +250,7 @@ async def test_a_duplicate_on_a_cloud_listed_first_never_costs_the_serving_repli
     cloud0, cloud1 = system.clouds
     await node_ready(kube, system.node_name)
     await service(kube, namespace, "web", "web")
-    await create_pod(kube, namespace, "a", pod_spec(system.node_name, container=server()),
-                     labels={"app": "web"})
-    await eventually(lambda: slices(kube, namespace, "web", ours=True), timeout=60,
-                     until=lambda s: endpoint_ready(s, "a") is True, what="a Ready")
+    await web_replica(kube, namespace, system, "a")
     notes = by_name(await list_pods(kube, namespace), "a")["metadata"]["annotations"]
     assert notes["vkprovider.io/provider"] == "cloud1", "placed where the H100s are"
     serving = notes["vkprovider.io/instance-id"]
