@@ -24,6 +24,7 @@ from providers.addresses import AddressPolicy
 from vkprovider.descheduler.fit import DEFAULT_HEALTH_TAINTS, parse_health_taint
 from vkprovider.errors import ConfigError
 from vkprovider.eventloop import EventLoopChoice
+from vkprovider.semantics.selectors import label_problem
 
 
 class _Frozen(BaseModel):
@@ -76,6 +77,9 @@ class PodSettings(_Frozen):
     max_backoff_seconds: float = Field(default=60.0, gt=0)
     spend_record_seconds: float = Field(default=15.0, gt=0)  # persist the spend book this often
     require_policy: bool = False  # issue 6: only pods an OverflowPolicy selects
+    # Only the OverflowPolicies that carry all these labels govern this node ({}: every policy):
+    # another install's policies in the same cluster are not this node's (docs/policies.md)
+    policy_labels: dict[str, str] = Field(default_factory=dict)
     # "minimal": one Normal Event per pod on the happy path (Started; ProviderCreated only while
     # an instance boots); "verbose" adds ProviderCreated always and Killing. Warnings: always.
     lifecycle_events: Literal["minimal", "verbose"] = "minimal"
@@ -89,6 +93,15 @@ class PodSettings(_Frozen):
     # Labs only: a directory of address maps (vkprovider.probing.dialing) that probes dial
     # through instead of the network, as the test harness's simulated DNAT. None: direct.
     probe_address_map: str | None = None
+
+    @field_validator("policy_labels")
+    @classmethod
+    def _policy_labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, val in value.items():
+            problem = label_problem(key=key, value=val)
+            if problem:
+                raise ValueError(f"policy_labels: {problem}")
+        return value
 
 
 class EndpointSettings(_Frozen):

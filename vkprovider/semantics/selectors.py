@@ -17,8 +17,10 @@ terms are ORed; within a term ``matchExpressions`` (which also allow ``Gt`` and 
 exactly one value, a non-negative integer; the node's label must parse as a 64-bit integer or
 the requirement does not match.
 
-Not checked here: the syntax of label keys and values. The API server validated every stored
-pod, node and policy; a key no object can carry simply matches no label.
+Not checked when matching: the syntax of label keys and values. The API server validated every
+stored pod, node and policy; a key no object can carry simply matches no label. Labels that are
+sent to the API server as a ``labelSelector`` (a setting's) are checked first:
+:func:`label_problem`.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ __all__ = [
     "LABEL_OPERATORS",
     "NODE_OPERATORS",
     "SelectorError",
+    "label_problem",
     "label_selector_matches",
+    "labels_selector",
     "node_selector_matches",
     "node_selector_term_matches",
 ]
@@ -49,6 +53,27 @@ _INT = re.compile(r"[+-]?[0-9]+")
 # A Gt/Lt value must also be a valid label value, so no sign.
 _REQUIREMENT_INT = re.compile(r"[0-9]+")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+# apimachinery's IsQualifiedName (an optional DNS-subdomain prefix, then a name) and label value
+_LABEL_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+
+
+def label_problem(*, key: str, value: str) -> str | None:
+    """What makes ``key=value`` no valid Kubernetes label, or None."""
+    prefix, _, name = key.rpartition("/")
+    if "/" in key and (not prefix or len(prefix) > 253 or not _LABEL_PREFIX.fullmatch(prefix)):
+        return f"{key!r}: the prefix is not a DNS subdomain"
+    if not name or len(name) > 63 or not _LABEL_NAME.fullmatch(name):
+        return f"{key!r} is not a label key (a name of at most 63 of [A-Za-z0-9-_.])"
+    if len(value) > 63 or not _LABEL_VALUE.fullmatch(value):
+        return f"{key}={value!r}: not a label value (at most 63 of [A-Za-z0-9-_.])"
+    return None
+
+
+def labels_selector(labels: Mapping[str, str]) -> str:
+    """``labels`` as the ``labelSelector`` query that selects objects carrying all of them."""
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
 class SelectorError(ValueError):
