@@ -7,6 +7,9 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+# pytest-xdist workers: the suite runs on 2 against one shared control plane (tests that act
+# cluster-wide run one at a time: tests/e2e/conftest.py); PYTEST_WORKERS=0 runs it in one process
+PYTEST_WORKERS ?= 2
 DIST := dist
 
 .PHONY: demo test setup lint controlplane kueue venv lock release clean
@@ -39,7 +42,8 @@ demo:
 
 # PYTEST_ARGS picks tests: make test PYTEST_ARGS='tests/image -k entrypoint'
 test:
-	@env=$$(bash tools/setup.sh) && eval "$$env" && $(BIN)/python -m pytest $(PYTEST_ARGS)
+	@env=$$(bash tools/setup.sh) && eval "$$env" \
+	  && $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: venv
 	bash tools/image/lint.sh

@@ -16,6 +16,7 @@ from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError
 from vkprovider.testing.cluster import LocalCluster
 from vkprovider.testing.harness import (
+    SIDE_BY_SIDE_VAR,
     CompanionProcess,
     MockCloudProcess,
     ProviderProcess,
@@ -69,6 +70,59 @@ def crds(local_cluster: LocalCluster) -> list[str]:
             return await install_crds(kube)
 
     return asyncio.run(install())
+
+
+# ---- which tests may run side by side (pytest-xdist, `make test`) ----------------------------
+#
+# The workers share one control plane, so a test that acts on what the whole cluster shares
+# would act on its neighbour's objects too: a companion decides for every OverflowPolicy and
+# every pending pod they select, and for every Workload with the pre-warm check; a provider
+# serves every GPUProvider; Kueue and the real node are one per cluster. Such tests form one
+# xdist group (``--dist loadgroup`` runs a group on one worker, one test at a time). So do the
+# tests that start a control plane of their own, which load the machine as much as the whole
+# shared one. Everything else runs beside them. A test lands in the cluster-wide group by the
+# fixtures it uses (_CLUSTER_WIDE_FIXTURES) or by the ``cluster_wide`` mark; the rest is checked
+# as it runs: a test outside both groups gets providers that ignore GPUProviders, and starting
+# a companion there fails (vkprovider.testing.harness.SIDE_BY_SIDE_VAR).
+CLUSTER_WIDE = "cluster-wide"
+OWN_CLUSTER = "own-cluster"
+_CLUSTER_WIDE_FIXTURES = frozenset({"kueue", "kueue_objects", "real_node", "companion_kubeconfig",
+                                    "cluster_objects"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "cluster_wide: acts on cluster-wide state (a companion, OverflowPolicies, "
+        "GPUProviders, Kueue, the real node): never runs beside another such test")
+    config.addinivalue_line(
+        "markers", "own_cluster: starts a control plane of its own: never runs beside another "
+        "such test")
+
+
+def side_by_side_group(item: pytest.Item) -> str | None:
+    """The xdist group ``item`` must run in, or None when it may run beside anything."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if item.get_closest_marker("cluster_wide") or fixtures & _CLUSTER_WIDE_FIXTURES:
+        return CLUSTER_WIDE
+    if item.get_closest_marker("own_cluster"):
+        return OWN_CLUSTER
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        group = side_by_side_group(item) if item.path.is_relative_to(here) else None
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.fixture(autouse=True)
+def _side_by_side(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside both groups, say so to the harness (it then refuses what acts cluster-wide)."""
+    if side_by_side_group(request.node) is None:
+        monkeypatch.setenv(SIDE_BY_SIDE_VAR, request.node.nodeid)
 
 
 class System:

@@ -51,7 +51,7 @@ from vkprovider.testing.waiting import eventually
 
 from .invariants import check_spend, overlapping_live_instances
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.own_cluster]
 
 NODE = "vk-chaos-mixed"
 NS = "chaos"

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography import x509
 
 from vkprovider.kube import KubeClient
 from vkprovider.testing.cluster import COMPONENTS, LocalCluster, find_binaries
@@ -219,3 +220,34 @@ async def test_teardown_leaves_no_process_and_no_temp_files(tmp_path: Path) -> N
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert not work.exists()
+
+
+async def test_another_process_adopts_a_running_cluster_and_stops_it_by_process_group(
+        tmp_path: Path) -> None:
+    """How pytest-xdist workers share one cluster (vkprovider.testing.plugin): one starts it and
+    saves its state, another adopts it (its API, its CA, its logs), and the controller, which
+    started none of its processes, stops it."""
+    cluster = LocalCluster(bin_dir=find_binaries())
+    await cluster.start()
+    try:
+        state = tmp_path / "cluster.json"
+        cluster.save(state)
+        adopted = LocalCluster.adopt(state)
+        assert sorted(adopted.pids()) == sorted(cluster.pids())
+        assert adopted.server == cluster.server
+        async with adopted.client() as kube:
+            assert (await kube.get("/api/v1/namespaces/default"))["metadata"]["name"] == "default"
+        pair = adopted.ca.issue(stem="adopter", common_name="adopter", client=True)
+        issued = x509.load_pem_x509_certificate(pair.cert.read_bytes())
+        issued.verify_directly_issued_by(
+            x509.load_pem_x509_certificate(cluster.ca_path.read_bytes()))
+        assert {n: c.log_path for n, c in adopted.components.items()} == {
+            n: c.log_path for n, c in cluster.components.items()}
+        adopted.stop()
+        assert not any(c.alive() for c in adopted.components.values())
+        assert not cluster.work_dir.exists()
+    finally:
+        cluster.stop()  # reaps what the adopter ended (they are this process's children)
+    for pid in adopted.pids():
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

@@ -37,7 +37,7 @@ from vkprovider.testing.waiting import eventually
 from .conftest import Cluster
 from .test_chart import helm, render  # noqa: F401 - helm: the module fixture (built helm)
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.cluster_wide]  # decommission reads every GPUProvider
 
 LEADER_NS = "vkprovider-system"  # the provider's leader_election.namespace (its default)
 REPLICAS = 4

@@ -27,7 +27,7 @@ from vkprovider.storyreport import (
     StoryResult,
 )
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.own_cluster]
 
 
 def check_the_story(result: StoryResult, printed: str) -> None:

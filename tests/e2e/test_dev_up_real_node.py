@@ -26,7 +26,7 @@ from vkprovider.testing.realnode import find_kubectl
 
 from .test_quickstart import Block, FirstTerminal
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.cluster, pytest.mark.cluster_wide, pytest.mark.timeout(600)]
 
 READY = r"^\[ *[0-9.]+s\] ready$"
 NODE_LINE = re.compile(r"real node (?P<name>\S+) Ready in [0-9.]+s: network namespace "

@@ -19,7 +19,7 @@ from vkprovider.storyreport import ON_CLOUD, PREWARM
 
 from .test_demo import check_the_story
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.own_cluster]
 
 
 async def test_the_story_with_a_hostname_only_cloud_fails_no_request_and_serves_from_it(

@@ -31,7 +31,7 @@ from vkprovider.testing.waiting import eventually
 from .conftest import System
 from .test_gpuproviders import FAST, Objects, cond, gpup
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.cluster_wide]  # GPUProviders, policies
 
 STOLEN = "stolen-key-3f9c2e"  # a value the listener would see if the Secret were sent
 

@@ -30,7 +30,7 @@ from vkprovider.testing.waiting import eventually
 
 from .conftest import System
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.cluster_wide]  # GPUProviders, policies
 
 GPUPROVIDERS = "/apis/vkprovider.io/v1alpha1/gpuproviders"
 TOLERATION = {"key": "virtual-kubelet.io/provider", "operator": "Equal", "value": "vkprovider",

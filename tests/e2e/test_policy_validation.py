@@ -34,7 +34,7 @@ from vkprovider.placement.policy import (
 )
 from vkprovider.testing.cluster import REPO_ROOT
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.cluster_wide]  # GPUProviders, policies
 
 EXAMPLES = {path.name: [o for o in yaml.safe_load_all(path.read_text()) if o]
             for path in sorted((REPO_ROOT / "manifests" / "examples").glob("*.yaml"))}

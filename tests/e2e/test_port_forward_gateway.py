@@ -40,7 +40,7 @@ from .test_gpuproviders import GPUPROVIDERS, Objects, secret, trusting
 from .test_pods import node_ready
 from .test_port_forward import cloud_pod, port_forward
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.cluster_wide]  # GPUProviders, policies
 
 
 async def test_kubectl_port_forward_reaches_a_hostname_only_pod_through_the_gateway(

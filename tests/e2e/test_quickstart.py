@@ -50,7 +50,7 @@ from vkprovider.kube.auth import BearerAuth, load_credentials
 from vkprovider.testing.cluster import REPO_ROOT
 from vkprovider.testing.waiting import eventually
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.cluster, pytest.mark.own_cluster, pytest.mark.timeout(600)]
 
 PAGE = REPO_ROOT / "docs" / "quickstart.md"
 DIRECTIVE = re.compile(r"^<!--\s*quickstart-test:\s*(?P<body>.*?)\s*-->$")

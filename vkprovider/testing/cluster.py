@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import random
@@ -35,6 +36,7 @@ from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import APIError, NotFoundError
 from vkprovider.logs import kv
 from vkprovider.semantics.timefmt import format_time
+from vkprovider.testing import workers
 from vkprovider.testing.pki import CertificateAuthority, service_account_keys
 
 log = logging.getLogger(__name__)
@@ -86,10 +88,11 @@ def free_port() -> int:
     Picked below the kernel's ephemeral range: a port the kernel hands out itself (``bind(0)``)
     can be taken as the source port of any outbound connection before the process binds it, and
     the processes under test open many (a demo run lost its provider to "Address already in
-    use" that way). Ports are not handed out twice by one process.
+    use" that way). Ports are not handed out twice by one process, nor by two pytest-xdist
+    workers (each picks from its own slice: vkprovider.testing.workers).
     """
     high = min(_ephemeral_start(), 65536)
-    low = max(1024, high - 12000)
+    low, high = workers.port_range(low=max(1024, high - 12000), high=high)
     for _ in range(200):
         port = random.randrange(low, high)
         if port in _HANDED_OUT:
@@ -152,9 +155,49 @@ class Component:
             return ""
 
 
+def _pid(comp: Component) -> int | None:
+    if isinstance(comp, AdoptedComponent):
+        return comp.pid
+    return None if comp.process is None else comp.process.pid
+
+
 def _kill_group(pid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, sig)
+
+
+@dataclass
+class AdoptedComponent(Component):
+    """A component another process of this run started: the pytest-xdist worker that started
+    the run's shared cluster (vkprovider.testing.plugin). Known by its pid, which leads its own
+    process group (``start_new_session``); not this process's child, so it is watched and
+    stopped by signals, never waited for."""
+
+    pid: int = 0
+
+    def start(self, *, env: dict[str, str] | None = None) -> None:
+        raise ControlPlaneError(f"{self.name} was started by another process; it is not "
+                                "restarted from here")
+
+    def alive(self) -> bool:
+        try:
+            state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        return state not in ("Z", "X")  # a zombie has ended; its parent just has not reaped it
+
+    def stop(self, *, timeout: float = 10.0) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if not self.alive():
+                return
+            _kill_group(self.pid, sig)
+            deadline = time.monotonic() + timeout
+            while self.alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        if self.alive():
+            _kill_group(self.pid, signal.SIGKILL)
 
 
 class LocalCluster:
@@ -234,7 +277,47 @@ class LocalCluster:
         return self.start_component(name="fake-kubelet", argv=argv)
 
     def pids(self) -> list[int]:
-        return [c.process.pid for c in self.components.values() if c.process is not None]
+        return [pid for c in self.components.values() if (pid := _pid(c)) is not None]
+
+    # ---- one cluster for several processes (pytest-xdist workers) -------------------------------
+
+    def save(self, path: Path) -> None:
+        """Write what another process needs to :meth:`adopt` this running cluster to ``path``."""
+        state = {
+            "work_dir": str(self.work_dir), "log_dir": str(self.log_dir),
+            "api_port": self.api_port, "etcd_url": self.etcd_url,
+            "components": {name: {"pid": pid, "argv": c.argv, "log": str(c.log_path)}
+                           for name, c in self.components.items()
+                           if (pid := _pid(c)) is not None},
+        }
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, path)
+
+    @classmethod
+    def adopt(cls, path: Path) -> LocalCluster:
+        """The cluster :meth:`save` described, as this process's own: clients, certificates,
+        component logs, and :meth:`stop`, which ends its processes by their process groups."""
+        state = json.loads(path.read_text())
+        cluster = cls.__new__(cls)
+        cluster.bin_dir = None
+        cluster.work_dir = Path(state["work_dir"])
+        cluster.log_dir = Path(state["log_dir"])
+        cluster.pki_dir = cluster.work_dir / "pki"
+        cluster.kubeconfig = cluster.work_dir / "kubeconfig"
+        cluster.address_map_dir = cluster.work_dir / "addressmap"
+        cluster.api_port = int(state["api_port"])
+        cluster.server = f"https://127.0.0.1:{cluster.api_port}"
+        cluster.etcd_url = str(state["etcd_url"])
+        cluster._extra = ()
+        cluster.ca = CertificateAuthority.load(directory=cluster.pki_dir)
+        cluster.ca_path = cluster.ca.cert_path
+        cluster.ca_key_path = cluster.ca.key_path
+        cluster.components = {
+            name: AdoptedComponent(name=name, argv=list(c["argv"]), log_path=Path(c["log"]),
+                                   pid=int(c["pid"]))
+            for name, c in state["components"].items()}
+        return cluster
 
     def client(self) -> KubeClient:
         """An admin (system:masters) client; the caller closes it."""

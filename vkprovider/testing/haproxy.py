@@ -20,13 +20,16 @@ from pathlib import Path
 
 from vkprovider.gateway.haproxycfg import GatewayLayout, RuntimeTLS, write
 from vkprovider.gateway.runtime import RuntimeClient, RuntimeUnavailable
+from vkprovider.testing import workers
 
 __all__ = ["HAProxyProcess", "free_port_block"]
 
 
 def free_port_block(count: int, *, low: int = 20000, high: int = 32000) -> int:
     """The first of ``count`` consecutive loopback ports free now (below the ephemeral range,
-    at a random place so parallel test runs do not collide)."""
+    at a random place so parallel test runs do not collide, in this pytest-xdist worker's
+    slice of the range)."""
+    low, high = workers.port_range(low=low, high=high)
     for _ in range(200):
         first = random.randrange(low, high - count)
         for port in range(first, first + count):

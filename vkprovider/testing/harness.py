@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import sys
 import time
@@ -19,11 +20,33 @@ from typing import Any
 import httpx
 import yaml
 
+from providers.mock.records import PUBLIC_BLOCKS
+from vkprovider.errors import VKError
 from vkprovider.kube import KubeClient
 from vkprovider.kube.errors import ConflictError
+from vkprovider.testing import workers
 from vkprovider.testing.cluster import REPO_ROOT, Component, LocalCluster, free_port
 
 MANIFESTS = REPO_ROOT / "manifests"
+
+#: Set (to the test's id) while a test runs beside others on the shared cluster (pytest-xdist;
+#: tests/e2e/conftest.py): its providers then ignore GPUProvider objects and other tests'
+#: OverflowPolicies unless it configures ``gpu_providers`` or ``pods.policy_labels`` itself, and
+#: it may not start a companion, which acts on every policy.
+SIDE_BY_SIDE_VAR = "VKP_TEST_SIDE_BY_SIDE"
+
+
+#: the label that makes an OverflowPolicy a side-by-side test's own (pods.policy_labels)
+TEST_POLICY_LABEL = "vkprovider.io/e2e-test"
+
+
+def policy_label_for(test_id: str) -> str:
+    """A label value naming one test (its node id, hashed to fit)."""
+    return hashlib.sha256(test_id.encode()).hexdigest()[:16]
+
+
+class SideBySideError(VKError):
+    """A test that runs beside others started something that acts on the whole cluster."""
 
 # kind -> (API path prefix, plural, namespaced)
 _KINDS: dict[str, tuple[str, str, bool]] = {
@@ -199,9 +222,12 @@ class MockCloudProcess(MockCloudAPI, _Process):
                   "--boot-delay", str(boot_delay), "--delete-delay", str(delete_delay),
                   *(["--inventory", inventory] if inventory else []),
                   *(["--scenario", str(scenario)] if scenario else []),
-                  *(["--address-map-dir", str(address_map_dir), "--name", name]
+                  # route file and address block: this pytest-xdist worker's own, as workers
+                  # share the lab network's address map (vkprovider.testing.workers)
+                  *(["--address-map-dir", str(address_map_dir), "--name", workers.tag(name)]
                     if address_map_dir is not None else []),
-                  "--public-block", str(public_block),
+                  "--public-block", str(workers.public_block(public_block,
+                                                             blocks=PUBLIC_BLOCKS)),
                   *(["--event-loop", event_loop] if event_loop else []),
                   # hostname-only mode (--edge-domain ...; providers/mock/edge.py)
                   *edge_args],
@@ -274,6 +300,14 @@ class ProviderProcess(_Process):
                             "gpu_metrics_interval_seconds": 2, **(kubelet_api or {})},
             **(extra or {}),
         }
+        beside = os.environ.get(SIDE_BY_SIDE_VAR)
+        if beside and "gpu_providers" not in config:
+            # GPUProviders are cluster-wide: a neighbour test's are not this test's to serve
+            config["gpu_providers"] = {"enabled": False}
+        if beside and "policy_labels" not in config["pods"]:
+            # nor are its OverflowPolicies: once one exists, every pod needs one (node/
+            # policygate.py); this test's provider is governed by the policies it labels so
+            config["pods"]["policy_labels"] = {TEST_POLICY_LABEL: policy_label_for(beside)}
         if config_providers:
             config["providers"] = [{"name": c.name, "type": "mock", "url": c.url}
                                    for c in clouds]
@@ -318,6 +352,12 @@ class CompanionProcess(_Process):
         )
 
     def start(self) -> None:
+        test = os.environ.get(SIDE_BY_SIDE_VAR)
+        if test:
+            raise SideBySideError(
+                f"{test} starts a companion, which acts on every OverflowPolicy and pre-warm "
+                "Workload in the cluster, beside other tests: mark it cluster_wide "
+                "(tests/e2e/conftest.py)")
         self.component.start()
 
 

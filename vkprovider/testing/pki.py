@@ -81,6 +81,21 @@ class CertificateAuthority:
         self.cert_path.write_bytes(self._cert.public_bytes(serialization.Encoding.PEM))
         _write_key(self.key_path, self._key)
 
+    @classmethod
+    def load(cls, *, directory: Path) -> CertificateAuthority:
+        """The CA another process made in ``directory`` (``ca.crt``/``ca.key``), to sign more
+        certificates with it: an xdist worker that adopts the run's shared cluster."""
+        ca = cls.__new__(cls)
+        ca.directory = directory
+        ca.cert_path = directory / "ca.crt"
+        ca.key_path = directory / "ca.key"
+        key = serialization.load_pem_private_key(ca.key_path.read_bytes(), password=None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise TypeError(f"{ca.key_path} is not the EC key this module writes")
+        ca._key = key
+        ca._cert = x509.load_pem_x509_certificate(ca.cert_path.read_bytes())
+        return ca
+
     def issue(
         self,
         *,

@@ -15,15 +15,25 @@ Fixtures:
 
 A failing test gets the tail of every component's log attached to its report; the full logs stay
 under ``.artifacts/controlplane-logs`` (or ``VKP_ARTIFACTS``).
+
+Under pytest-xdist (``-n N``) the workers share the one cluster too: the first worker that needs
+it starts it, under a lock in a folder the controller hands every worker, and writes down how to
+reach it (:meth:`LocalCluster.save`); the others adopt it (:meth:`LocalCluster.adopt`). No worker
+stops it: a worker may finish while another still runs tests, so the controller, which outlives
+them all, stops it at the end by its processes' groups. What the workers could pick alike
+(ports, mock-cloud address blocks) each picks from its own share
+(:mod:`vkprovider.testing.workers`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import re
 import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
@@ -43,14 +53,17 @@ from vkprovider.testing.mockcloud import (  # noqa: F401 - pytest registers thes
 from vkprovider.testing.waiting import eventually
 
 _CLUSTER_KEY = pytest.StashKey[LocalCluster]()
+#: the controller's folder for what its xdist workers share (the cluster's state file, a lock)
+_SHARED_KEY = pytest.StashKey[Path]()
+_WORKER_INPUT = "vkp_shared_dir"
+_STATE = "cluster.json"
 
 
 def _artifacts() -> Path:
     return Path(os.environ.get("VKP_ARTIFACTS", REPO_ROOT / ".artifacts"))
 
 
-@pytest.fixture(scope="session")
-def local_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+def _start_cluster() -> LocalCluster:
     log_dir = _artifacts() / "controlplane-logs"
     shutil.rmtree(log_dir, ignore_errors=True)
     cluster = LocalCluster(log_dir=log_dir)
@@ -58,10 +71,71 @@ def local_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
         asyncio.run(cluster.start())
         cluster.start_fake_kubelet(start_delay=0.3, max_grace=1,
                                    address_map_dir=cluster.address_map_dir)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def local_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    shared = _worker_shared_dir(request.config)
+    if shared is not None:  # an xdist worker: the run's one cluster, started by whoever came first
+        with _locked(shared / "lock"):
+            state = shared / _STATE
+            if state.exists():
+                cluster = LocalCluster.adopt(state)
+            else:
+                cluster = _start_cluster()
+                cluster.save(state)
+        request.config.stash[_CLUSTER_KEY] = cluster
+        yield cluster  # the controller stops it once every worker is done (pytest_unconfigure)
+        return
+    cluster = _start_cluster()
+    try:
         request.config.stash[_CLUSTER_KEY] = cluster
         yield cluster
     finally:
         cluster.stop()
+
+
+def _worker_shared_dir(config: pytest.Config) -> Path | None:
+    workerinput = getattr(config, "workerinput", None)
+    if not workerinput or _WORKER_INPUT not in workerinput:
+        return None
+    return Path(workerinput[_WORKER_INPUT])
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist's controller, for each worker: where the workers meet (one folder a run)."""
+    config: pytest.Config = node.config
+    shared = config.stash.get(_SHARED_KEY, None)
+    if shared is None:
+        shared = Path(tempfile.mkdtemp(prefix="vkp-xdist-"))
+        config.stash[_SHARED_KEY] = shared
+    node.workerinput[_WORKER_INPUT] = str(shared)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The controller, after every worker ended: stop the cluster one of them started."""
+    shared = config.stash.get(_SHARED_KEY, None)
+    if shared is None:
+        return
+    state = shared / _STATE
+    if state.exists():
+        LocalCluster.adopt(state).stop()
+    shutil.rmtree(shared, ignore_errors=True)
 
 
 @pytest_asyncio.fixture
