@@ -285,6 +285,7 @@ def _descheduler(args: argparse.Namespace) -> int:
         "preemption_fast_path": args.preemption_fast_path,
         "gpu_health_taints": tuple(args.gpu_health_taint) if args.gpu_health_taint else None,
         "event_loop": args.event_loop,
+        "policy_labels": dict(args.policy_label) if args.policy_label else None,
     }
     settings = load_companion_settings(args.config, overrides=overrides)
     if settings.metrics_port:
@@ -306,7 +307,8 @@ def _descheduler(args: argparse.Namespace) -> int:
             leader_elect=settings.leader_election.enabled,
             leader_namespace=settings.leader_election.namespace,
             preemption_fast_path=settings.preemption_fast_path,
-            gpu_health_taints=settings.gpu_health_taints)), choice=settings.event_loop)
+            gpu_health_taints=settings.gpu_health_taints,
+            policy_labels=settings.policy_labels)), choice=settings.event_loop)
 
 
 def _decommission(args: argparse.Namespace) -> int:
@@ -495,6 +497,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "node.kubernetes.io/out-of-service)")
     comp.add_argument("--metrics-port", type=cliflags.port_type(allow_zero=True),
                       help="Prometheus port; 0: off (default)")
+    comp.add_argument("--policy-label", action="append", type=cliflags.label_pair,
+                      metavar="KEY=VALUE", help="act only on OverflowPolicies with this label "
+                      "(repeat it: all of them; the providers' pods.policy_labels; default: "
+                      "every policy)")
     comp.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=None,
                       help="Lease-based leader election (run two replicas for HA)")
     comp.add_argument("--leader-namespace", help="default: vkprovider-system")

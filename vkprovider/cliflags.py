@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from vkprovider.errors import one_line
+from vkprovider.semantics.selectors import label_problem
 
 __all__ = [
     "LOG_LEVELS",
@@ -40,6 +41,17 @@ def log_level(value: str) -> str:
         raise argparse.ArgumentTypeError(
             f"{value!r} is not a log level ({', '.join(x.lower() for x in LOG_LEVELS)})")
     return level
+
+
+def label_pair(value: str) -> tuple[str, str]:
+    """``KEY=VALUE``, a valid Kubernetes label."""
+    key, sep, val = value.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"{value!r} is not KEY=VALUE")
+    problem = label_problem(key=key, value=val)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return key, val
 
 
 def finite_number(value: str) -> float:

@@ -60,6 +60,14 @@ class NodeSettings(_Frozen):
     event_burst: int = Field(default=100, ge=1)
 
 
+def _checked_labels(value: dict[str, str]) -> dict[str, str]:
+    for key, val in value.items():
+        problem = label_problem(key=key, value=val)
+        if problem:
+            raise ValueError(problem)
+    return value
+
+
 class PodSettings(_Frozen):
     """How pods are driven to their cloud instances."""
 
@@ -97,11 +105,7 @@ class PodSettings(_Frozen):
     @field_validator("policy_labels")
     @classmethod
     def _policy_labels(cls, value: dict[str, str]) -> dict[str, str]:
-        for key, val in value.items():
-            problem = label_problem(key=key, value=val)
-            if problem:
-                raise ValueError(f"policy_labels: {problem}")
-        return value
+        return _checked_labels(value)
 
 
 class EndpointSettings(_Frozen):
@@ -429,11 +433,19 @@ class CompanionSettings(_Frozen):
     # A replica the scheduler preempted is replaced on the virtual node without waiting the
     # policy's overflowAfter (descheduler/preemption.py); false: every pod waits it out.
     preemption_fast_path: bool = True
+    # Only the OverflowPolicies that carry all these labels are this companion's ({}: every
+    # policy); the same labels as its providers' pods.policy_labels (docs/policies.md)
+    policy_labels: dict[str, str] = Field(default_factory=dict)
     metrics_port: int = Field(default=0, ge=0, le=65535)  # Prometheus; 0: off
     api_server_timeout_seconds: float = Field(default=60.0, gt=0)  # start-up wait, then exit 1
     event_loop: EventLoopChoice = "auto"  # as the provider's event_loop
     leader_election: CompanionLeaderElectionSettings = Field(
         default_factory=CompanionLeaderElectionSettings)
+
+    @field_validator("policy_labels")
+    @classmethod
+    def _policy_labels(cls, value: dict[str, str]) -> dict[str, str]:
+        return _checked_labels(value)
 
     @field_validator("node_name")
     @classmethod

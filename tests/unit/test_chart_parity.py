@@ -224,6 +224,7 @@ def full_values() -> Obj:
                           "gpuTypes": {"H100": "H100_SXM"}, "maxGPUs": 4}],
         "provider": {"settings": {"pods": {"workers": 20}}},
         "companion": {"settings": {"api_server_timeout_seconds": 30}},
+        "policyLabels": {"example.com/burst-install": "full"},
     }
 
 
@@ -270,6 +271,7 @@ def test_settings_files_load_and_say_what_the_values_say(full_values_file: Path,
     assert provider.kubelet_api.client_ca_file == "/etc/vkprovider/cluster-ca/ca.crt"
     assert companion.leader_election.enabled and companion.metrics_port == 9465
     assert companion.node_names() == [provider.node.name] == ["vk-gpu-burst"]
+    assert provider.pods.policy_labels == companion.policy_labels == {}  # every policy
 
     full = template(values=full_values_file)
     provider, companion = settings_files(full, tmp_path)
@@ -283,6 +285,9 @@ def test_settings_files_load_and_say_what_the_values_say(full_values_file: Path,
     assert {"name": "VKP_API_KEY_MY_RUNPOD", "valueFrom": {"secretKeyRef": {
         "name": "runpod-credentials", "key": "apiKey"}}} in env
     assert provider.pods.workers == 20 and companion.api_server_timeout_seconds == 30
+    # one value, both halves: the install's policies are the same for its gate and its companion
+    assert provider.pods.policy_labels == companion.policy_labels == {
+        "example.com/burst-install": "full"}
     (gpup,) = [o for o in full if o["kind"] == "GPUProvider"]
     assert gpup["spec"]["credentialsSecret"] == {"name": "vastai-credentials",
                                                  "namespace": NAMESPACE}

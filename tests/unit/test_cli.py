@@ -322,7 +322,8 @@ def test_descheduler_reads_a_config_file_and_flags_win(tmp_path: Path,
                     "leader_elect": True, "leader_namespace": "ns-file",
                     "preemption_fast_path": True,
                     "gpu_health_taints": ("AggregatedNodeHealth", "GPUHealth",
-                                          "node.kubernetes.io/out-of-service")}
+                                          "node.kubernetes.io/out-of-service"),
+                    "policy_labels": {}}
     code, _, err = run_main(["descheduler", "--config", str(config), "--interval", "1.5",
                              "--node-name", "vk-flag", "--no-leader-elect",
                              "--leader-namespace", "ns-flag"], capsys)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
 
-from vkprovider.config import load_settings
+from vkprovider.cliflags import label_pair
+from vkprovider.config import load_companion_settings, load_settings
 from vkprovider.errors import ConfigError
 from vkprovider.semantics.selectors import label_problem, labels_selector
 
@@ -36,3 +38,14 @@ def test_a_settings_file_with_a_bad_label_fails_naming_the_field(tmp_path: Path)
         load_settings(path)
     path.write_text("pods:\n  policy_labels:\n    example.com/team: ml\n")
     assert load_settings(path).pods.policy_labels == {"example.com/team": "ml"}
+
+
+def test_the_companions_flag_takes_key_value_and_names_what_is_wrong() -> None:
+    assert label_pair("example.com/burst-install=team-a") == ("example.com/burst-install",
+                                                              "team-a")
+    with pytest.raises(argparse.ArgumentTypeError, match="is not KEY=VALUE"):
+        label_pair("team")
+    with pytest.raises(argparse.ArgumentTypeError, match="not a label value"):
+        label_pair("team=a b")
+    settings = load_companion_settings(None, overrides={"policy_labels": {"team": "a"}})
+    assert settings.policy_labels == {"team": "a"}

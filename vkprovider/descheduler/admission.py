@@ -79,6 +79,7 @@ from vkprovider.placement.budget import (
     pod_price,
 )
 from vkprovider.semantics.gpus import GPU_RESOURCE
+from vkprovider.semantics.selectors import labels_selector
 from vkprovider.semantics.taints import tolerates
 from vkprovider.semantics.timefmt import TimeFormatError, parse_time
 
@@ -254,6 +255,7 @@ class OverflowAdmission:
         metrics: CompanionMetrics | None = None,
         clock: Callable[[], float] = time.time,
         preemptions: PreemptionTracker | None = None,
+        policy_labels: Mapping[str, str] | None = None,
     ) -> None:
         if not node_names:
             raise ValueError("the companion needs at least one virtual node")
@@ -280,8 +282,10 @@ class OverflowAdmission:
         self.virtual_nodes = Informer(client=client, path="/api/v1/nodes",
                                       params={"labelSelector": "type=virtual-kubelet"},
                                       name="virtual-nodes", transform=_slim_node)
+        # only this install's policies, when it names them (policy_labels, as its providers')
         self.policies = Informer(client=client, path=POLICIES_PATH, name="policies",
-                                 handler=self._poke)
+                                 params={"labelSelector": labels_selector(policy_labels)}
+                                 if policy_labels else None, handler=self._poke)
         self.namespaces = Informer(client=client, path="/api/v1/namespaces", name="namespaces")
         self.gpu_providers = Informer(client=client, path=pol.PROVIDERS_PATH,
                                       name="gpuproviders", missing_ok=True)

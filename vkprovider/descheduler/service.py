@@ -22,7 +22,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable, Coroutine, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -171,6 +171,7 @@ async def run_companion(
     leader_namespace: str = "vkprovider-system",
     preemption_fast_path: bool = True,
     gpu_health_taints: Sequence[str] = DEFAULT_HEALTH_TAINTS,
+    policy_labels: Mapping[str, str] | None = None,
 ) -> int:
     nodes = [node_name] if isinstance(node_name, str) else list(node_name)
     client = KubeClient.from_kubeconfig(kubeconfig=kubeconfig,
@@ -181,7 +182,7 @@ async def run_companion(
     kueue = await _discover_kueue(client)
     admission = OverflowAdmission(
         client=client, events=events, node_names=nodes, interval=interval, metrics=metrics,
-        preemptions=preemptions)
+        preemptions=preemptions, policy_labels=policy_labels)
     moveback = MoveBack(client=client, events=events, node_names=nodes, admission=admission,
                         interval=move_back_interval, headroom_gpus=headroom_gpus,
                         metrics=metrics, health_taints=gpu_health_taints, kueue=kueue,

@@ -201,6 +201,7 @@ true
                           "ca_file" (printf "%s/ca.crt" $tls)
                           "server_name" $g.runtimeServerName)) -}}
 {{- end -}}
+{{- with .Values.policyLabels }}{{ $_ := set $provider "pods" (dict "policy_labels" .) }}{{ end -}}
 {{- $provider = mustMergeOverwrite $provider (include "vkprovider.providers" . | fromYaml) -}}
 {{- $provider = mustMergeOverwrite $provider (deepCopy .Values.provider.settings) -}}
 {{- toYaml $provider -}}
@@ -215,6 +216,7 @@ true
       "headroom_gpus" .Values.companion.headroomGPUs
       "metrics_port" .Values.companion.metricsPort
       "leader_election" (dict "enabled" .Values.leaderElection.enabled "namespace" .Release.Namespace) -}}
+{{- with .Values.policyLabels }}{{ $_ := set $companion "policy_labels" . }}{{ end -}}
 {{- $companion = mustMergeOverwrite $companion (deepCopy .Values.companion.settings) -}}
 {{- toYaml $companion -}}
 {{- end -}}
