@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -29,6 +30,7 @@ from vkprovider.testing.kueue import (
     KueueManager,
     kueue,  # noqa: F401 - the session's real Kueue fixture
 )
+from vkprovider.testing.plugin import worker_shared_dir
 from vkprovider.testing.realnode import RealNode
 
 
@@ -109,20 +111,39 @@ def side_by_side_group(item: pytest.Item) -> str | None:
     return None
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
-    for item in items:
-        group = side_by_side_group(item) if item.path.is_relative_to(here) else None
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Marked as each test is collected: before xdist reads the marks (its own
+    ``pytest_collection_modifyitems``, which may run ahead of a conftest's)."""
+    group = side_by_side_group(item) if item.path.is_relative_to(Path(__file__).parent) else None
+    if group is not None:
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)
-def _side_by_side(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Outside both groups, say so to the harness (it then refuses what acts cluster-wide)."""
-    if side_by_side_group(request.node) is None:
+def _side_by_side(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+                  ) -> Iterator[None]:
+    """Outside both groups, say so to the harness (it then refuses what acts cluster-wide).
+    Inside one, under xdist, hold the group's lock for the test: a second test of the group
+    running at the same time (the groups not honoured) fails at once instead of flaking."""
+    group = side_by_side_group(request.node)
+    if group is None:
         monkeypatch.setenv(SIDE_BY_SIDE_VAR, request.node.nodeid)
+        yield
+        return
+    shared = worker_shared_dir(request.config)
+    if shared is None:  # one process: one test at a time anyway
+        yield
+        return
+    with open(shared / f"group-{group}.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pytest.fail(f"another test of the {group} group is running on another worker: "
+                        "the xdist groups are not honoured (vkprovider/testing/xdistgroups.py)")
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 class System:

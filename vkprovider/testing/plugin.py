@@ -79,7 +79,7 @@ def _start_cluster() -> LocalCluster:
 
 @pytest.fixture(scope="session")
 def local_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
-    shared = _worker_shared_dir(request.config)
+    shared = worker_shared_dir(request.config)
     if shared is not None:  # an xdist worker: the run's one cluster, started by whoever came first
         with _locked(shared / "lock"):
             state = shared / _STATE
@@ -99,7 +99,8 @@ def local_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
         cluster.stop()
 
 
-def _worker_shared_dir(config: pytest.Config) -> Path | None:
+def worker_shared_dir(config: pytest.Config) -> Path | None:
+    """The folder the xdist controller shares with this worker (None outside xdist)."""
     workerinput = getattr(config, "workerinput", None)
     if not workerinput or _WORKER_INPUT not in workerinput:
         return None
@@ -125,6 +126,28 @@ def pytest_configure_node(node: Any) -> None:
         shared = Path(tempfile.mkdtemp(prefix="vkp-xdist-"))
         config.stash[_SHARED_KEY] = shared
     node.workerinput[_WORKER_INPUT] = str(shared)
+
+
+@pytest.hookimpl(trylast=True)  # after every plugin and conftest marked its tests
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """An xdist worker: tell the controller which group each test is in (xdistgroups)."""
+    shared = worker_shared_dir(config)
+    if shared is not None:
+        from vkprovider.testing.xdistgroups import write_groups
+
+        worker = str(getattr(config, "workerinput", {}).get("workerid", "gw"))
+        write_groups(folder=shared, worker=worker, items=items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """The controller: ``--dist loadgroup`` by the groups the workers wrote down."""
+    shared = config.stash.get(_SHARED_KEY, None)
+    if shared is None or config.getvalue("dist") != "loadgroup":
+        return None
+    from vkprovider.testing.xdistgroups import GroupScheduling
+
+    return GroupScheduling(config, log, folder=shared)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
