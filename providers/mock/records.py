@@ -9,6 +9,7 @@ view needs the others.
 from __future__ import annotations
 
 import enum
+import ipaddress
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -41,6 +42,16 @@ class Phase(enum.StrEnum):
 #: /24 networks per public address block; 16 blocks fill 198.18.0.0/15.
 PUBLIC_BLOCK_NETS = 32
 PUBLIC_BLOCKS = 16
+#: where every mock instance's public address is (RFC 2544's benchmarking range)
+PUBLIC_NETWORK = ipaddress.IPv4Network("198.18.0.0/15")
+
+
+def is_public_address(text: str) -> bool:
+    """``text`` is an address a mock cloud hands out as an instance's public one."""
+    try:
+        return ipaddress.ip_address(text) in PUBLIC_NETWORK
+    except ValueError:
+        return False
 
 
 @dataclass(kw_only=True, eq=False)

@@ -41,7 +41,7 @@ from vkprovider.devenv import (
     write_private,
 )
 from vkprovider.storyreport import Narrator
-from vkprovider.testing import realnode
+from vkprovider.testing import realnode, workers
 from vkprovider.testing.cluster import REPO_ROOT, Component
 from vkprovider.testing.harness import MockCloudProcess
 
@@ -234,6 +234,8 @@ def test_a_process_that_dies_while_up_is_reported_with_its_log(which: str,
 
 def test_every_process_that_serves_or_dials_a_replica_shares_the_clusters_address_map(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in (workers.WORKER_VAR, workers.COUNT_VAR):  # as a user runs it, not an xdist worker
+        monkeypatch.delenv(var, raising=False)
     env = DevEnv(options=DevOptions(), narrator=Narrator(quiet=True))
     try:
         network = env.cluster.address_map_dir
