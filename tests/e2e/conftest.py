@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -30,7 +29,7 @@ from vkprovider.testing.kueue import (
     KueueManager,
     kueue,  # noqa: F401 - the session's real Kueue fixture
 )
-from vkprovider.testing.plugin import worker_shared_dir
+from vkprovider.testing.plugin import locked, worker_shared_dir
 from vkprovider.testing.realnode import RealNode
 
 
@@ -134,17 +133,13 @@ def _side_by_side(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
     if shared is None:  # one process: one test at a time anyway
         yield
         return
-    with open(shared / f"group-{group}.lock", "a") as lock:
+    with contextlib.ExitStack() as held:
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.enter_context(locked(shared / f"group-{group}.lock", wait=False))
         except BlockingIOError:
             pytest.fail(f"another test of the {group} group is running on another worker: "
                         "the xdist groups are not honoured (vkprovider/testing/xdistgroups.py)")
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
+        yield
 
 class System:
     """Mock clouds and one provider process for one test, with its own virtual node."""

@@ -79,7 +79,7 @@ from vkprovider.placement.budget import (
     pod_price,
 )
 from vkprovider.semantics.gpus import GPU_RESOURCE
-from vkprovider.semantics.selectors import labels_selector
+from vkprovider.semantics.selectors import labels_params
 from vkprovider.semantics.taints import tolerates
 from vkprovider.semantics.timefmt import TimeFormatError, parse_time
 
@@ -282,10 +282,8 @@ class OverflowAdmission:
         self.virtual_nodes = Informer(client=client, path="/api/v1/nodes",
                                       params={"labelSelector": "type=virtual-kubelet"},
                                       name="virtual-nodes", transform=_slim_node)
-        # only this install's policies, when it names them (policy_labels, as its providers')
-        self.policies = Informer(client=client, path=POLICIES_PATH, name="policies",
-                                 params={"labelSelector": labels_selector(policy_labels)}
-                                 if policy_labels else None, handler=self._poke)
+        self.policies = Informer(client=client, path=POLICIES_PATH, name="policies",  # ours
+                                 params=labels_params(policy_labels), handler=self._poke)
         self.namespaces = Informer(client=client, path="/api/v1/namespaces", name="namespaces")
         self.gpu_providers = Informer(client=client, path=pol.PROVIDERS_PATH,
                                       name="gpuproviders", missing_ok=True)

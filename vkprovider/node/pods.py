@@ -108,7 +108,7 @@ from vkprovider.placement import offerprices
 from vkprovider.placement import policy as pol
 from vkprovider.placement.blocks import Blocks
 from vkprovider.placement.budget import Usage
-from vkprovider.semantics.selectors import labels_selector
+from vkprovider.semantics.selectors import labels_params
 
 POLICIES_PATH = "/apis/vkprovider.io/v1alpha1/overflowpolicies"
 #: Beyond the request timeout, how long after a create failed a list must start before its
@@ -160,10 +160,8 @@ class PodController:
         # called on every policy watch event (the gateway re-routes on a traffic change)
         self.on_policy_change: Callable[[], None] = lambda: None
         # only this install's policies, when it names them (pods.policy_labels)
-        chosen = settings.pods.policy_labels
         self.policies = Informer(client=client, path=POLICIES_PATH, name="policies",
-                                 params={"labelSelector": labels_selector(chosen)} if chosen
-                                 else None,
+                                 params=labels_params(settings.pods.policy_labels),
                                  missing_ok=True, handler=lambda _e, _o: self.on_policy_change())
         self.gate = PolicyGate(client=client, node=self.node, policies=self.policies,
                                require_policy=settings.pods.require_policy, clock=clock)

@@ -36,6 +36,7 @@ __all__ = [
     "SelectorError",
     "label_problem",
     "label_selector_matches",
+    "labels_params",
     "labels_selector",
     "node_selector_matches",
     "node_selector_term_matches",
@@ -74,6 +75,12 @@ def label_problem(*, key: str, value: str) -> str | None:
 def labels_selector(labels: Mapping[str, str]) -> str:
     """``labels`` as the ``labelSelector`` query that selects objects carrying all of them."""
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def labels_params(labels: Mapping[str, str] | None) -> dict[str, str] | None:
+    """The list/watch query of the objects carrying all ``labels`` (None: no labels, every
+    object)."""
+    return {"labelSelector": labels_selector(labels)} if labels else None
 
 
 class SelectorError(ValueError):

@@ -81,7 +81,7 @@ def _start_cluster() -> LocalCluster:
 def local_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     shared = worker_shared_dir(request.config)
     if shared is not None:  # an xdist worker: the run's one cluster, started by whoever came first
-        with _locked(shared / "lock"):
+        with locked(shared / "lock"):
             state = shared / _STATE
             if state.exists():
                 cluster = LocalCluster.adopt(state)
@@ -108,9 +108,11 @@ def worker_shared_dir(config: pytest.Config) -> Path | None:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path, *, wait: bool = True) -> Iterator[None]:
+    """An exclusive lock on ``path`` for the block, between processes; with ``wait=False``,
+    ``BlockingIOError`` when another holds it."""
     with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         try:
             yield
         finally:
